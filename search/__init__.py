@@ -1,0 +1,23 @@
+"""locality-search: multi-objective search over soft-locality vision transformers.
+
+The public API; the modules behind it are private (``search._spec``, ``search._store``, ...).
+"""
+
+from search._pareto import pareto_front, pareto_mask
+from search._query import format_front, front_of, load_experiment, load_trials
+from search._spec import SearchSpec, load_spec
+from search._store import EPOCH_COLUMNS, TRIAL_COLUMNS, ResultsStore
+
+__all__ = [
+    "SearchSpec",
+    "load_spec",
+    "pareto_front",
+    "pareto_mask",
+    "ResultsStore",
+    "TRIAL_COLUMNS",
+    "EPOCH_COLUMNS",
+    "load_experiment",
+    "load_trials",
+    "front_of",
+    "format_front",
+]

@@ -1,0 +1,132 @@
+"""A Ray Tune callback on the driver: trial events -> rows in the results store, progress lines."""
+
+from __future__ import annotations
+
+import datetime as dt
+import sys
+import time
+from typing import Any, TextIO
+
+from ray.tune import Callback
+
+from search._store import TRIAL_VALUE_OF, ResultsStore
+
+__all__ = ["StoreCallback", "error_line"]
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
+
+
+def error_line(error: BaseException | str | None) -> str:
+    """The last meaningful line of a (possibly remote) exception, e.g.
+    'NonFiniteLossError: training loss became nan at epoch 2, ...'."""
+    if error is None:
+        return "unknown error"
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    for line in reversed(lines):
+        if not line.startswith(("File ", "^", "~")):
+            # 'trainers.train.NonFiniteLossError: msg' -> 'NonFiniteLossError: msg'
+            head, sep, rest = line.partition(": ")
+            if sep and "." in head and " " not in head:
+                head = head.rsplit(".", 1)[1]
+            return (head + sep + rest)[:500]
+    return type(error).__name__ if isinstance(error, BaseException) else "unknown error"
+
+
+class StoreCallback(Callback):
+    def __init__(
+        self,
+        store: ResultsStore,
+        *,
+        experiment: str,
+        model: str,
+        spec_hash: str,
+        git_commit: str | None,
+        seed: int,
+        total_trials: int,
+        time_limit_s: float | None,
+        out: TextIO = sys.stdout,
+    ) -> None:
+        self.store = store
+        self.common = {"experiment": experiment, "model": model, "spec_hash": spec_hash, "git_commit": git_commit, "seed": seed}
+        self.total_trials = total_trials
+        self.time_limit_s = time_limit_s
+        self.out = out
+        self._started: dict[str, dt.datetime] = {}
+        self._study_start = time.monotonic()
+        self._finished = 0
+
+    # -- Tune events ------------------------------------------------------------------------
+    def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        self._started.setdefault(trial.trial_id, _now())
+
+    def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
+        row = dict(result)
+        row["trial_id"] = trial.trial_id
+        row["reported_at"] = _now()
+        self.store.add_epoch(row)
+
+    def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        result = trial.last_result or {}
+        if "stop_reason" in result:
+            state, reason = "COMPLETE", result["stop_reason"]
+        else:
+            timed_out = self.time_limit_s is not None and time.monotonic() - self._study_start >= self.time_limit_s
+            state, reason = "PRUNED", "time_limit" if timed_out else "scheduler"
+        self._finish(trial, state=state, stop_reason=reason, error=None)
+
+    def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        try:
+            error = trial.get_error()
+        except Exception as exc:  # the error file may be unreadable; the trial still failed
+            error = exc
+        self._finish(trial, state="FAILED", stop_reason="error", error=error_line(error))
+
+    def on_experiment_end(self, trials: list, **info: Any) -> None:
+        self.store.flush()
+
+    # -- rows -------------------------------------------------------------------------------
+    def _finish(self, trial: Any, *, state: str, stop_reason: str, error: str | None) -> None:
+        result = trial.last_result or {}
+        ended = _now()
+        started = self._started.get(trial.trial_id, ended)
+        row: dict[str, Any] = {
+            **self.common,
+            **{k: result.get(k) for k in (
+                "family", "throughput", "throughput_device", "throughput_batch", "throughput_precision",
+                "throughput_threads", "torch_version", "params", "flops", "node_ip",
+            )},
+            "trial_id": trial.trial_id,
+            "trial_name": str(trial),
+            "state": state,
+            "stop_reason": stop_reason,
+            "error": error,
+            "epochs_run": int(result.get("epoch", 0) or 0),
+            "val_acc": result.get(TRIAL_VALUE_OF["val_acc"]),
+            "val_loss": result.get(TRIAL_VALUE_OF["val_loss"]),
+            "final_val_acc": result.get("val_acc"),
+            "started_at": started,
+            "ended_at": ended,
+            "duration_s": (ended - started).total_seconds(),
+        }
+        self.store.add_trial(row, trial.config)
+        self.store.flush()
+        self._finished += 1
+        self._print_line(row)
+
+    def _print_line(self, row: dict[str, Any]) -> None:
+        acc = row["val_acc"]
+        tput = row["throughput"]
+        parts = [
+            f"[{self._finished}/{self.total_trials}]",
+            f"{row['state']:<8}",
+            f"val_acc={acc:.4f}" if acc is not None else "val_acc=-",
+            f"throughput={tput:,.0f} img/s" if tput is not None else "throughput=-",
+            f"epochs={row['epochs_run']}",
+            f"({row['stop_reason']})",
+            row["trial_name"],
+        ]
+        if row["error"]:
+            parts.append(f"error: {row['error']}")
+        print(" ".join(parts), file=self.out, flush=True)

@@ -1,0 +1,238 @@
+"""Run a study: spec -> dataset prepared once -> Ray Tune + Optuna -> results store."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, TextIO
+
+from search._spec import ParamSpec, SearchSpec, to_plain
+from search._store import TRIAL_VALUE_OF, ResultsStore, write_json_atomic
+from trainers.errors import ConfigError
+
+__all__ = ["run_study", "default_cache_dir", "optuna_space", "make_sampler"]
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+def default_cache_dir() -> Path:
+    """Where converted datasets (.beton files) are kept between studies."""
+    env = os.environ.get("LOCALITY_SEARCH_CACHE")
+    if env:
+        return Path(env).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "locality-search" / "datasets"
+
+
+def git_commit() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(PROJECT_ROOT), "rev-parse", "HEAD"],
+            capture_output=True, text=True, timeout=10, check=True,
+        )
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def optuna_space(space: dict[str, ParamSpec]):
+    """A define-by-run function for Optuna: one ``suggest_*`` per knob, bounds inclusive."""
+
+    def define(trial) -> None:
+        for key, p in space.items():
+            if p.type == "choice":
+                trial.suggest_categorical(key, list(p.values))
+            elif p.type == "int":
+                trial.suggest_int(key, int(p.low), int(p.high), step=int(p.step or 1), log=p.log)
+            else:
+                trial.suggest_float(key, p.low, p.high, log=p.type == "loguniform", step=p.step)
+        return None
+
+    return define
+
+
+def make_sampler(spec: SearchSpec):
+    import optuna
+
+    algorithm = spec.algorithm
+    if algorithm.name == "tpe":
+        kwargs: dict[str, Any] = {"seed": algorithm.seed, "multivariate": True}
+        if algorithm.n_startup_trials is not None:
+            kwargs["n_startup_trials"] = algorithm.n_startup_trials
+        return optuna.samplers.TPESampler(**kwargs)
+    if algorithm.name == "nsga2":
+        return optuna.samplers.NSGAIISampler(seed=algorithm.seed)
+    return optuna.samplers.RandomSampler(seed=algorithm.seed)
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    return str(value)
+
+
+def trial_label(trial: Any) -> str:
+    """'<id>_locality_strength=1.2,local_up_to_layer=3' — what the trial tries, at a glance."""
+    config = ",".join(f"{k}={_short(v)}" for k, v in sorted(trial.config.items()))
+    return f"{trial.trial_id}_{config}"
+
+
+def trial_dirname(trial: Any) -> str:
+    return re.sub(r"[^A-Za-z0-9_.=,-]", "_", trial_label(trial))[:120]
+
+
+def _check_experiment_dir(path: Path) -> None:
+    if (path / "trials.parquet").exists() or (path / "experiment.json").exists():
+        raise ConfigError(
+            f"{path} already holds a study; pass --name NEW_NAME (or --storage DIR) for a new one, "
+            "or delete that folder to start over"
+        )
+
+
+def run_study(
+    spec: SearchSpec,
+    *,
+    address: str | None = None,
+    cache_dir: str | os.PathLike | None = None,
+    dashboard_host: str = "127.0.0.1",
+    out: TextIO = sys.stdout,
+) -> Path:
+    """Run ``spec`` to the end; returns the experiment folder holding the Parquet files."""
+    import ray
+    from ray import tune
+    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
+    from ray.tune.search.optuna import OptunaSearch
+
+    from search._callback import StoreCallback
+    from search._trainable import TrialTemplate, run_tune_trial
+    from trainers.data import DatasetRequest, prepare_dataset
+
+    exp_dir = spec.experiment_dir
+    _check_experiment_dir(exp_dir)
+
+    # The dataset is converted once, on the driver; trials only read the .beton files.
+    data = prepare_dataset(
+        DatasetRequest(
+            name=spec.dataset.name,
+            data_dir=spec.dataset.data_dir,
+            train_fraction=spec.dataset.train_fraction,
+            val_fraction=spec.dataset.val_fraction,
+            image_size=spec.dataset.image_size,
+            seed=spec.algorithm.seed,
+        ),
+        cache_dir=cache_dir or default_cache_dir(),
+    )
+    print(
+        f"dataset {data.name}: {data.counts['train']} train / {data.counts['val']} val images "
+        f"({data.image_size}x{data.image_size}x{data.channels}, {data.num_classes} classes)",
+        file=out, flush=True,
+    )
+
+    exp_dir.mkdir(parents=True, exist_ok=True)
+    commit = git_commit()
+    write_json_atomic(
+        {
+            "name": spec.name,
+            "spec": to_plain(spec),
+            "spec_hash": spec.spec_hash,
+            "objectives": [[o.metric, o.mode] for o in spec.objectives],
+            "git_commit": commit,
+            "created_at": dt.datetime.now(dt.timezone.utc).isoformat(),
+            "dataset": {"content_hash": data.content_hash, "counts": data.counts},
+        },
+        exp_dir / "experiment.json",
+    )
+
+    objectives = [(o.metric, o.mode) for o in spec.objectives]
+    store = ResultsStore(exp_dir, space={k: p.to_json() for k, p in spec.space.items()}, objectives=objectives)
+    store.flush()  # empty files with the full schema: readers can open them from the start
+
+    if not ray.is_initialized():
+        init_args: dict[str, Any] = {
+            "runtime_env": {"env_vars": {"PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")]))}},
+            "log_to_driver": False,  # trial output goes to the trial folders; errors go to the store
+            "configure_logging": True,
+            "logging_level": "WARNING",
+        }
+        if address:
+            init_args["address"] = address
+        else:
+            init_args.update(include_dashboard=True, dashboard_host=dashboard_host)
+        context = ray.init(**init_args)
+        url = getattr(context, "dashboard_url", None)
+        if url:
+            print(f"Ray dashboard: http://{url}", file=out, flush=True)
+
+    template = TrialTemplate(
+        model=spec.model.name,
+        model_args=dict(spec.model.args),
+        data=data,
+        epochs=spec.budget.max_epochs,
+        train=spec.train,
+        throughput=spec.throughput,
+        patience=spec.budget.patience,
+        seed=spec.algorithm.seed,
+    )
+    searcher = OptunaSearch(
+        space=optuna_space(spec.space),
+        metric=[TRIAL_VALUE_OF[m] for m, _ in objectives],
+        mode=[mode for _, mode in objectives],
+        sampler=make_sampler(spec),
+    )
+    if spec.scheduler.name == "asha":
+        scheduler = ASHAScheduler(
+            time_attr="training_iteration",
+            metric=TRIAL_VALUE_OF["val_acc"],
+            mode="max",
+            max_t=spec.budget.max_epochs,
+            grace_period=spec.budget.grace_epochs,
+            reduction_factor=spec.scheduler.reduction_factor,
+        )
+    else:
+        scheduler = FIFOScheduler()
+
+    resources = {"cpu": spec.resources.cpus, "gpu": spec.resources.gpus}
+    trainable = tune.with_resources(tune.with_parameters(run_tune_trial, template=template), resources)
+    callback = StoreCallback(
+        store,
+        experiment=spec.name,
+        model=spec.model.name,
+        spec_hash=spec.spec_hash,
+        git_commit=commit,
+        seed=spec.algorithm.seed,
+        total_trials=spec.budget.trials,
+        time_limit_s=spec.budget.time_limit_s,
+        out=out,
+    )
+    tuner = tune.Tuner(
+        trainable,
+        tune_config=tune.TuneConfig(
+            search_alg=searcher,
+            scheduler=scheduler,
+            num_samples=spec.budget.trials,
+            reuse_actors=True,
+            time_budget_s=spec.budget.time_limit_s,
+            trial_name_creator=trial_label,
+            trial_dirname_creator=trial_dirname,
+        ),
+        run_config=tune.RunConfig(
+            name="ray",
+            storage_path=str(exp_dir),
+            callbacks=[callback],
+            verbose=0,
+            checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
+            failure_config=tune.FailureConfig(max_failures=0),
+        ),
+    )
+    print(
+        f"study {spec.name}: {spec.budget.trials} trials x up to {spec.budget.max_epochs} epochs of "
+        f"{spec.model.name}, objectives {', '.join(f'{m} ({mode})' for m, mode in objectives)}; "
+        f"results in {exp_dir}",
+        file=out, flush=True,
+    )
+    tuner.fit()
+    store.flush()
+    return exp_dir

@@ -1,0 +1,316 @@
+"""The search spec: one YAML file in ``spaces/`` -> a frozen, validated :class:`SearchSpec`.
+
+Space keys are either a training setting (a field of :class:`TrainSettings`) or a keyword
+argument of the model constructor; nothing renames them on the way to the trainer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import inspect
+import json
+import math
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from search._schema import FieldError, SpecLocation, from_dict
+from trainers.config import TRAIN_KEYS, ThroughputSettings, TrainSettings
+from trainers.errors import ConfigError
+
+__all__ = [
+    "SearchSpec",
+    "DatasetSpec",
+    "ModelSpec",
+    "TrainSettings",
+    "ParamSpec",
+    "Objective",
+    "Budget",
+    "AlgorithmSpec",
+    "SchedulerSpec",
+    "Resources",
+    "ThroughputSettings",
+    "load_spec",
+    "OBJECTIVE_METRICS",
+]
+
+# Metrics a study can optimise; each is a column of trials.parquet.
+OBJECTIVE_METRICS = ("val_acc", "val_loss", "throughput", "params", "flops")
+
+
+@dataclasses.dataclass(frozen=True)
+class DatasetSpec:
+    name: str
+    train_fraction: float = 1.0
+    val_fraction: float = 0.1
+    image_size: int | None = None
+    data_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.train_fraction <= 1.0:
+            raise FieldError("train_fraction", f"must be in (0, 1], got {self.train_fraction}; 0.1 keeps 10% of each class")
+        if not 0.0 < self.val_fraction < 1.0:
+            raise FieldError("val_fraction", f"must be in (0, 1), got {self.val_fraction}; 0.1 holds out 10% of the training split")
+        if self.image_size is not None and self.image_size < 4:
+            raise FieldError("image_size", f"must be at least 4 pixels, got {self.image_size}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    args: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+
+
+@dataclasses.dataclass(frozen=True)
+class ParamSpec:
+    """One searched knob. Bounds are inclusive, for floats and integers alike."""
+
+    type: Literal["uniform", "loguniform", "int", "choice"]
+    low: float | None = None
+    high: float | None = None
+    values: tuple[Any, ...] | None = None
+    step: float | None = None
+    log: bool = False
+
+    def __post_init__(self) -> None:
+        if self.type == "choice":
+            if not self.values:
+                raise FieldError("values", "a choice needs a non-empty list: values: [a, b]")
+            if self.low is not None or self.high is not None:
+                raise FieldError("", "a choice takes 'values', not low/high")
+            return
+        if self.values is not None:
+            raise FieldError("values", f"'{self.type}' takes low and high, not values; use type: choice for a list")
+        for key in ("low", "high"):
+            if getattr(self, key) is None:
+                raise FieldError(key, f"missing; a {self.type} range needs low and high")
+        assert self.low is not None and self.high is not None
+        if not (math.isfinite(self.low) and math.isfinite(self.high)):
+            raise FieldError("", "low and high must be finite numbers")
+        if self.low > self.high:
+            raise FieldError("low", f"low ({self.low}) is greater than high ({self.high}); swap them")
+        if self.type in ("uniform", "loguniform") and self.low == self.high:
+            raise FieldError("high", f"the range [{self.low}, {self.high}] is empty; widen it or fix the value in model.args / train")
+        if self.type == "loguniform" and self.low <= 0:
+            raise FieldError("low", f"a loguniform range needs low > 0, got {self.low}")
+        if self.type == "int":
+            if self.low != int(self.low) or self.high != int(self.high):
+                raise FieldError("low", "an int range needs whole-number bounds")
+            if self.log and self.low < 1:
+                raise FieldError("low", "a log-scaled int range needs low >= 1")
+        if self.step is not None and self.step <= 0:
+            raise FieldError("step", f"must be positive, got {self.step}")
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None and v is not False}
+
+
+@dataclasses.dataclass(frozen=True)
+class Objective:
+    metric: str
+    mode: Literal["max", "min"]
+
+    def __post_init__(self) -> None:
+        if self.metric not in OBJECTIVE_METRICS:
+            raise FieldError("metric", f"unknown metric {self.metric!r}; use one of {', '.join(OBJECTIVE_METRICS)}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Budget:
+    trials: int
+    max_epochs: int
+    grace_epochs: int = 1
+    patience: int | None = None
+    time_limit_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.trials < 1:
+            raise FieldError("trials", f"must be at least 1, got {self.trials}")
+        if self.max_epochs < 1:
+            raise FieldError("max_epochs", f"must be at least 1, got {self.max_epochs}")
+        if not 1 <= self.grace_epochs <= self.max_epochs:
+            raise FieldError("grace_epochs", f"must be between 1 and max_epochs ({self.max_epochs}), got {self.grace_epochs}")
+        if self.patience is not None and self.patience < 1:
+            raise FieldError("patience", f"must be at least 1 epoch (or leave it out), got {self.patience}")
+        if self.time_limit_s is not None and self.time_limit_s <= 0:
+            raise FieldError("time_limit_s", f"must be positive seconds, got {self.time_limit_s}")
+
+
+@dataclasses.dataclass(frozen=True)
+class AlgorithmSpec:
+    name: Literal["tpe", "nsga2", "random"] = "tpe"
+    seed: int = 0
+    n_startup_trials: int | None = None  # tpe: random trials before the model kicks in
+
+
+@dataclasses.dataclass(frozen=True)
+class SchedulerSpec:
+    name: Literal["asha", "none"] = "asha"
+    reduction_factor: float = 2.0
+
+    def __post_init__(self) -> None:
+        if self.reduction_factor <= 1:
+            raise FieldError("reduction_factor", f"must be > 1, got {self.reduction_factor}; 2 or 3 is usual")
+
+
+@dataclasses.dataclass(frozen=True)
+class Resources:
+    cpus: float = 1.0
+    gpus: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.cpus <= 0:
+            raise FieldError("cpus", f"must be positive, got {self.cpus}")
+        if self.gpus < 0:
+            raise FieldError("gpus", f"must be >= 0, got {self.gpus}; 0.5 shares a GPU between two trials")
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchSpec:
+    name: str
+    dataset: DatasetSpec
+    model: ModelSpec
+    space: dict[str, ParamSpec]
+    objectives: tuple[Objective, ...]
+    budget: Budget
+    train: TrainSettings = dataclasses.field(default_factory=TrainSettings)
+    algorithm: AlgorithmSpec = dataclasses.field(default_factory=AlgorithmSpec)
+    scheduler: SchedulerSpec = dataclasses.field(default_factory=SchedulerSpec)
+    resources: Resources = dataclasses.field(default_factory=Resources)
+    throughput: ThroughputSettings = dataclasses.field(default_factory=ThroughputSettings)
+    storage: str = "results"
+    description: str = ""
+    source: str = ""  # the file it came from (not part of the YAML)
+
+    def __post_init__(self) -> None:
+        if not self.name or any(c in self.name for c in "/\\ \t") or self.name.startswith("."):
+            raise FieldError("name", f"{self.name!r} is not usable as a folder name; use letters, digits, '_' or '-'")
+        if not self.objectives:
+            raise FieldError("objectives", "list at least one, e.g. - {metric: val_acc, mode: max}")
+        metrics = [o.metric for o in self.objectives]
+        if len(set(metrics)) != len(metrics):
+            raise FieldError("objectives", f"a metric is listed twice: {metrics}")
+        if not self.space:
+            raise FieldError("space", "is empty; add at least one knob, e.g. lr: {type: loguniform, low: 1e-4, high: 1e-2}")
+
+    # -- derived -------------------------------------------------------------------------
+    @property
+    def experiment_dir(self) -> Path:
+        return Path(self.storage).expanduser().resolve() / self.name
+
+    @property
+    def spec_hash(self) -> str:
+        """Identifies what was searched (not where results go or how many trials were asked)."""
+        data = to_plain(self)
+        for key in ("storage", "source", "description"):
+            data.pop(key, None)
+        data["budget"].pop("trials", None)
+        return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+    def train_keys(self) -> list[str]:
+        return [k for k in self.space if k in TRAIN_KEYS]
+
+    def model_keys(self) -> list[str]:
+        return [k for k in self.space if k not in TRAIN_KEYS]
+
+    def with_overrides(self, **changes: Any) -> "SearchSpec":
+        """``trials``/``max_epochs`` go to the budget, ``storage``/``name`` to the top level."""
+        budget_changes = {k: changes.pop(k) for k in ("trials", "max_epochs") if changes.get(k) is not None}
+        top = {k: v for k, v in changes.items() if v is not None}
+        dataset_dir = top.pop("data_dir", None)
+        budget = self.budget
+        if budget_changes:
+            if "max_epochs" in budget_changes:
+                budget_changes.setdefault("grace_epochs", min(budget.grace_epochs, budget_changes["max_epochs"]))
+            try:
+                budget = dataclasses.replace(budget, **budget_changes)
+            except FieldError as exc:
+                raise ConfigError(f"--{exc.key.replace('_', '-')}: {exc}") from None
+        dataset = self.dataset if dataset_dir is None else dataclasses.replace(self.dataset, data_dir=dataset_dir)
+        try:
+            return dataclasses.replace(self, budget=budget, dataset=dataset, **top)
+        except FieldError as exc:
+            raise ConfigError(f"--{exc.key}: {exc}") from None
+
+
+def to_plain(obj: Any) -> Any:
+    """A dataclass tree as JSON-able dicts/lists (for hashing and the experiment record)."""
+    if dataclasses.is_dataclass(obj):
+        return {f.name: to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, dict):
+        return {k: to_plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_plain(v) for v in obj]
+    return obj
+
+
+def load_spec(path: str | Path, *, check_model: bool = True) -> SearchSpec:
+    """Read and validate a spec file; every problem is a one-line :class:`ConfigError`."""
+    path = Path(path)
+    where = SpecLocation(str(path))
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such spec file; pass a YAML file such as spaces/convit_locality.yaml")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = f" line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or "not valid YAML"
+        raise ConfigError(f"{path}:{line}: {problem}; fix the YAML syntax") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not a text file; pass a YAML search spec") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top (name:, dataset:, model:, space:, ...)")
+    if "source" in data:
+        raise where.child("source").error("unknown key; it is set from the file name")
+    spec: SearchSpec = from_dict(SearchSpec, data, where)
+    spec = dataclasses.replace(spec, source=str(path))
+    _check_space_keys(spec, where, set(data.get("train") or {}))
+    if check_model:
+        check_model_args(spec, where)
+    return spec
+
+
+def _check_space_keys(spec: SearchSpec, where: SpecLocation, fixed_train_keys: set[str]) -> None:
+    for key in spec.space:
+        if key in fixed_train_keys:
+            raise where.child(f"space.{key}").error(
+                f"is also set under train; set it in one place (remove train.{key} to search it)"
+            )
+        if key in spec.model.args:
+            raise where.child(f"space.{key}").error(
+                f"is also fixed in model.args; set it in one place (remove model.args.{key} to search it)"
+            )
+
+
+def check_model_args(spec: SearchSpec, where: SpecLocation | None = None) -> None:
+    """The model exists in timm's registry and every model key is a constructor argument."""
+    import timm
+    import torch
+
+    import trainers.models  # noqa: F401  (registers the project's families with timm)
+
+    where = where or SpecLocation(spec.source or "<spec>")
+    if not timm.is_model(spec.model.name):
+        ours = ", ".join(n for n in timm.list_models("ls_*"))
+        raise where.child("model.name").error(
+            f"{spec.model.name!r} is not a registered model; use one of this project's ({ours}) or any timm model name"
+        )
+    try:
+        with torch.device("meta"):
+            model = timm.create_model(spec.model.name, **spec.model.args)
+    except (TypeError, ValueError) as exc:
+        raise where.child("model.args").error(f"{exc}".splitlines()[0] + "; fix the fixed model arguments") from None
+    params = inspect.signature(type(model).__init__).parameters
+    takes_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    for key in spec.model_keys():
+        if key not in params and not takes_kwargs:
+            choices = [p for p in params if p != "self" and params[p].kind is not inspect.Parameter.VAR_KEYWORD]
+            raise where.child(f"space.{key}").error(
+                f"is neither a training setting ({', '.join(TRAIN_KEYS)}) nor an argument of "
+                f"{spec.model.name} ({', '.join(choices)}); rename it"
+            )

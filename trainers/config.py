@@ -1,0 +1,88 @@
+"""The plain, typed records a trial runs from. ``search`` builds them; trainers know nothing of Ray."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:  # only a type here; importing the data package pulls in FFCV and numba
+    from trainers.data import PreparedDataset
+
+__all__ = ["SettingError", "TrainSettings", "ThroughputSettings", "TrialConfig", "TRAIN_KEYS"]
+
+
+class SettingError(ValueError):
+    """A setting is out of range; ``key`` names it (relative to its record)."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainSettings:
+    """Optimisation and input settings; in a spec any of them may be searched instead."""
+
+    batch_size: int = 128
+    lr: float = 1e-3  # peak learning rate of AdamW, reached after warm-up
+    weight_decay: float = 0.05
+    warmup_epochs: float = 1.0
+    min_lr: float = 1e-5  # the cosine decay ends here
+    label_smoothing: float = 0.1
+    grad_clip: float | None = None  # max global grad norm; None: no clipping
+    num_workers: int = 2  # FFCV loader threads
+    pad_crop: int = 2  # random pad-and-crop augmentation, pixels
+    flip: bool | None = None  # horizontal flips; None: what the dataset catalog says
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise SettingError("batch_size", f"must be at least 1, got {self.batch_size}")
+        if self.lr <= 0:
+            raise SettingError("lr", f"must be positive, got {self.lr}")
+        if self.min_lr < 0 or self.min_lr > self.lr:
+            raise SettingError("min_lr", f"must be in [0, lr={self.lr}], got {self.min_lr}")
+        if self.weight_decay < 0:
+            raise SettingError("weight_decay", f"must be >= 0, got {self.weight_decay}")
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise SettingError("label_smoothing", f"must be in [0, 1), got {self.label_smoothing}")
+        if self.warmup_epochs < 0:
+            raise SettingError("warmup_epochs", f"must be >= 0, got {self.warmup_epochs}")
+        if self.grad_clip is not None and self.grad_clip <= 0:
+            raise SettingError("grad_clip", f"must be positive (or leave it out), got {self.grad_clip}")
+        if self.num_workers < 1:
+            raise SettingError("num_workers", f"must be at least 1, got {self.num_workers}")
+        if self.pad_crop < 0:
+            raise SettingError("pad_crop", f"must be >= 0, got {self.pad_crop}")
+
+
+TRAIN_KEYS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(TrainSettings))
+
+
+@dataclasses.dataclass(frozen=True)
+class ThroughputSettings:
+    batch_size: int = 256
+    warmup: int = 3
+    repeats: int = 10
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # auto: fp32 on CPU, fp16 on CUDA
+
+    def __post_init__(self) -> None:
+        for key in ("batch_size", "repeats"):
+            if getattr(self, key) < 1:
+                raise SettingError(key, f"must be at least 1, got {getattr(self, key)}")
+        if self.warmup < 0:
+            raise SettingError("warmup", f"must be >= 0, got {self.warmup}")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrialConfig:
+    """Everything one trial needs, with no reference to the search that made it."""
+
+    model: str  # a timm model name (this project's families are registered with timm)
+    model_args: dict[str, Any]  # constructor keyword arguments: fixed ones and searched ones
+    data: PreparedDataset
+    epochs: int
+    train: TrainSettings = dataclasses.field(default_factory=TrainSettings)
+    throughput: ThroughputSettings = dataclasses.field(default_factory=ThroughputSettings)
+    patience: int | None = None  # stop after this many epochs without a better val_acc
+    seed: int = 0
+    device: str = "auto"  # auto: cuda when available, else cpu

@@ -1,0 +1,268 @@
+"""What one trial runs: build the model, measure it, train it, report once per epoch.
+
+Read top to bottom: ``train_trial`` is the whole loop. It knows nothing of Ray; the search
+passes ``on_epoch`` (which calls ``tune.report`` with a checkpoint) and, on restore, ``resume``.
+
+    model   = timm.create_model(name, num_classes, in_chans, img_size, **args)
+    measure = params, FLOPs/image, inference images/s          (before any training)
+    loaders = FFCV train (random pad-crop, flip) / val (plain)
+    optim   = AdamW over the model's parameter groups, lr_at(step): linear warm-up, cosine decay
+    epochs  = train -> validate -> on_epoch(metrics, state) -> stop on max_epochs or patience
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Any, Callable
+
+import timm
+import torch
+from torch import nn
+
+import trainers.models  # noqa: F401  (registers this project's model families with timm)
+from trainers.config import TrialConfig
+from trainers.data import make_loader
+from trainers.throughput import count_flops, count_params, measure_throughput
+
+__all__ = ["train_trial", "TrialOutcome", "NonFiniteLossError", "lr_at", "build_model", "evaluate", "pick_device"]
+
+EpochCallback = Callable[[dict[str, Any], Callable[[], dict[str, Any]]], None]
+
+
+class NonFiniteLossError(RuntimeError):
+    """The training loss became NaN or infinite; the trial fails with this reason."""
+
+
+@dataclasses.dataclass
+class TrialOutcome:
+    history: list[dict[str, Any]]  # one metrics dict per epoch run
+    best_val_acc: float
+    epochs_run: int
+    stop_reason: str  # max_epochs | patience
+    measurement: dict[str, Any]  # params, flops, throughput and how it was measured
+
+
+def lr_at(step: int, *, total_steps: int, warmup_steps: int, peak_lr: float, min_lr: float) -> float:
+    """Linear warm-up from 0 to ``peak_lr``, then cosine decay to ``min_lr`` at ``total_steps``."""
+    if warmup_steps > 0 and step < warmup_steps:
+        return peak_lr * (step + 1) / warmup_steps
+    decay_steps = max(1, total_steps - warmup_steps)
+    progress = min(1.0, (step - warmup_steps) / decay_steps)
+    return min_lr + 0.5 * (peak_lr - min_lr) * (1.0 + math.cos(math.pi * progress))
+
+
+def pick_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def build_model(cfg: TrialConfig) -> nn.Module:
+    """timm model sized for the dataset; ``img_size`` is passed only to models that take it."""
+    data = cfg.data
+    args = {"num_classes": data.num_classes, "in_chans": data.channels, "img_size": data.image_size}
+    args.update(cfg.model_args)
+    try:
+        return timm.create_model(cfg.model, **args)
+    except TypeError as exc:
+        if "img_size" not in str(exc) or "img_size" in cfg.model_args:
+            raise
+        del args["img_size"]  # e.g. ResNets are size-agnostic
+        return timm.create_model(cfg.model, **args)
+
+
+def default_param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """No weight decay on biases, norms and what the model lists in ``no_weight_decay()``."""
+    skip = set(getattr(model, "no_weight_decay", lambda: set())())
+    decay, no_decay = [], []
+    for name, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
+        (no_decay if param.ndim <= 1 or name in skip else decay).append(param)
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return [g for g in groups if g["params"]]
+
+
+@torch.inference_mode()
+def evaluate(model: nn.Module, loader, *, autocast) -> tuple[float, float]:
+    """(mean cross-entropy, accuracy) over every image of ``loader``."""
+    model.eval()
+    loss_sum = torch.zeros((), dtype=torch.float64)
+    correct = 0
+    count = 0
+    for images, labels in loader:  # images (B, C, H, W) float, labels (B,) int64
+        with autocast():
+            logits = model(images)  # (B, num_classes)
+        loss_sum += nn.functional.cross_entropy(logits.float(), labels, reduction="sum").double().cpu()
+        correct += int((logits.argmax(dim=1) == labels).sum())
+        count += labels.numel()
+    model.train()
+    return float(loss_sum) / max(count, 1), correct / max(count, 1)
+
+
+def train_trial(
+    cfg: TrialConfig,
+    *,
+    on_epoch: EpochCallback | None = None,
+    resume: dict[str, Any] | None = None,
+) -> TrialOutcome:
+    """Train one configuration. ``on_epoch(metrics, get_state)`` is called after every epoch;
+    ``get_state()`` returns what ``resume`` takes to continue after that epoch."""
+    settings = cfg.train
+    data = cfg.data
+    device = pick_device(cfg.device)
+    torch.manual_seed(cfg.seed)
+    on_cuda = device.type == "cuda"
+    amp_dtype = (torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16) if on_cuda else None
+
+    def autocast():
+        return torch.autocast("cuda", dtype=amp_dtype) if on_cuda else torch.autocast("cpu", enabled=False)
+
+    # -- model, measured before any training --------------------------------------------
+    model = build_model(cfg).to(device)
+    if on_cuda:
+        model = model.to(memory_format=torch.channels_last)
+    input_shape = (data.channels, data.image_size, data.image_size)
+    if resume is not None:
+        measurement = dict(resume["measurement"])
+    else:
+        result = measure_throughput(
+            model,
+            input_shape=input_shape,
+            batch_size=cfg.throughput.batch_size,
+            warmup=cfg.throughput.warmup,
+            repeats=cfg.throughput.repeats,
+            precision=cfg.throughput.precision,
+            channels_last=on_cuda,
+        )
+        measurement = {
+            "family": getattr(model, "family", type(model).__name__.lower()),
+            "params": count_params(model),
+            "flops": count_flops(model, input_shape),
+            "throughput": result.images_per_s,
+            "throughput_device": result.device,
+            "throughput_batch": result.batch_size,
+            "throughput_precision": result.precision,
+            "throughput_threads": result.threads,
+            "torch_version": result.torch_version,
+        }
+
+    # -- data ---------------------------------------------------------------------------
+    flip = data.flip if settings.flip is None else settings.flip
+    common = dict(mean=data.mean, std=data.std, device=device, num_workers=settings.num_workers, channels_last=on_cuda)
+    train_loader = make_loader(
+        data.train_path, batch_size=settings.batch_size, train=True, seed=cfg.seed,
+        flip=flip, pad_crop=settings.pad_crop, **common,
+    )
+    val_loader = make_loader(data.val_path, batch_size=max(256, settings.batch_size), train=False, **common)
+    steps_per_epoch = len(train_loader)
+    total_steps = steps_per_epoch * cfg.epochs
+    warmup_steps = round(settings.warmup_epochs * steps_per_epoch)
+
+    # -- optimisation -------------------------------------------------------------------
+    if hasattr(model, "param_groups"):  # e.g. ConViT: its own LR multiplier for the gates
+        groups = model.param_groups(weight_decay=settings.weight_decay)
+    else:
+        groups = default_param_groups(model, settings.weight_decay)
+    optimizer = torch.optim.AdamW(groups, lr=settings.lr)
+    scaler = torch.amp.GradScaler("cuda", enabled=amp_dtype == torch.float16)
+    criterion = nn.CrossEntropyLoss(label_smoothing=settings.label_smoothing)
+
+    start_epoch, best_val_acc, best_val_loss, bad_epochs, history = 0, -1.0, math.inf, 0, []
+    if resume is not None:
+        model.load_state_dict(resume["model"])
+        optimizer.load_state_dict(resume["optimizer"])
+        scaler.load_state_dict(resume["scaler"])
+        torch.set_rng_state(resume["rng"])
+        start_epoch = int(resume["epoch"])
+        best_val_acc = float(resume["best_val_acc"])
+        best_val_loss = float(resume["best_val_loss"])
+        bad_epochs = int(resume["bad_epochs"])
+        history = list(resume["history"])
+
+    stop_reason = "max_epochs"
+    for epoch in range(start_epoch, cfg.epochs):
+        epoch_start = time.perf_counter()
+        model.train()
+        loss_sum = torch.zeros((), device=device)
+        nonfinite = torch.zeros((), dtype=torch.bool, device=device)
+        lr = settings.lr
+        for step, (images, labels) in enumerate(train_loader):  # (B, C, H, W), (B,)
+            global_step = epoch * steps_per_epoch + step
+            lr = lr_at(global_step, total_steps=total_steps, warmup_steps=warmup_steps,
+                       peak_lr=settings.lr, min_lr=settings.min_lr)
+            for group in optimizer.param_groups:
+                group["lr"] = lr * group.get("lr_scale", 1.0)
+            with autocast():
+                loss = criterion(model(images), labels)
+            nonfinite |= ~torch.isfinite(loss.detach())
+            # Checking every step would sync the GPU each step; every 50 is soon enough.
+            if (step % 50 == 49 or step == steps_per_epoch - 1) and bool(nonfinite):
+                raise NonFiniteLossError(
+                    f"training loss became {loss.item()} at epoch {epoch + 1}, step {step + 1}; "
+                    f"lower the learning rate (lr={settings.lr:g}) or set train.grad_clip"
+                )
+            optimizer.zero_grad(set_to_none=True)
+            scaler.scale(loss).backward()
+            if settings.grad_clip is not None:
+                scaler.unscale_(optimizer)
+                nn.utils.clip_grad_norm_(model.parameters(), settings.grad_clip)
+            scaler.step(optimizer)
+            scaler.update()
+            loss_sum += loss.detach().float()
+        train_time = time.perf_counter() - epoch_start
+
+        val_loss, val_acc = evaluate(model, val_loader, autocast=autocast)
+        best_val_loss = min(best_val_loss, val_loss)
+        if val_acc > best_val_acc:
+            best_val_acc, bad_epochs = val_acc, 0
+        else:
+            bad_epochs += 1
+        done = epoch + 1 == cfg.epochs
+        if not done and cfg.patience is not None and bad_epochs >= cfg.patience:
+            stop_reason, done = "patience", True
+        metrics = {
+            "epoch": epoch + 1,
+            "train_loss": float(loss_sum) / max(steps_per_epoch, 1),
+            "val_loss": val_loss,
+            "val_acc": val_acc,
+            "best_val_acc": best_val_acc,
+            "best_val_loss": best_val_loss,
+            "lr": lr,
+            "epoch_time_s": time.perf_counter() - epoch_start,
+            "train_time_s": train_time,
+            "train_images_per_s": steps_per_epoch * settings.batch_size / train_time,
+            **measurement,
+        }
+        if done:
+            metrics["stop_reason"] = stop_reason
+        history.append(metrics)
+
+        def get_state(epoch_done: int = epoch + 1) -> dict[str, Any]:
+            return {
+                "model": model.state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "scaler": scaler.state_dict(),
+                "rng": torch.get_rng_state(),
+                "epoch": epoch_done,
+                "best_val_acc": best_val_acc,
+                "best_val_loss": best_val_loss,
+                "bad_epochs": bad_epochs,
+                "history": history,
+                "measurement": measurement,
+            }
+
+        if on_epoch is not None:
+            on_epoch(metrics, get_state)
+        if done:
+            break
+
+    return TrialOutcome(
+        history=history,
+        best_val_acc=best_val_acc,
+        epochs_run=len(history),
+        stop_reason=stop_reason,
+        measurement=measurement,
+    )
