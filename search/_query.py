@@ -6,10 +6,9 @@ import json
 from pathlib import Path
 
 import pandas as pd
-import pyarrow.parquet as pq
 
 from search._pareto import pareto_front
-from search._store import TRIAL_COLUMNS
+from search._store import TRIAL_COLUMNS, read_table
 from trainers.errors import ConfigError
 
 __all__ = ["load_experiment", "load_trials", "front_of", "format_front"]
@@ -35,7 +34,7 @@ def load_experiment(path: str | Path) -> dict:
 
 
 def load_trials(path: str | Path) -> pd.DataFrame:
-    return pq.read_table(_experiment_dir(path) / "trials.parquet").to_pandas()
+    return read_table(_experiment_dir(path) / "trials.parquet").to_pandas()
 
 
 def front_of(path: str | Path) -> tuple[pd.DataFrame, list[tuple[str, str]]]:

@@ -6,7 +6,10 @@
     <storage>/<name>/pareto.parquet    the non-dominated COMPLETE trials, same schema as trials
 
 Every file is written whole to a temporary name in the same folder and renamed over the old
-one, so a reader sees the previous version or the new one, never half of one.
+one, so a reader sees the previous version or the new one, never half of one. A reader must
+open the file once (``pq.read_table(open(path, "rb"))``, as :func:`read_table` does): pyarrow's
+path-based reader takes the size from one ``stat`` and the bytes from a later ``open``, and a
+rename in between makes it read a mix of two versions.
 """
 
 from __future__ import annotations
@@ -130,8 +133,10 @@ def write_json_atomic(data: Any, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def read_table(path: Path) -> pa.Table:
-    return pq.read_table(path)
+def read_table(path: str | os.PathLike) -> pa.Table:
+    """One version of a store file, even while the search rewrites it (see the module doc)."""
+    with open(path, "rb") as handle:
+        return pq.read_table(handle)
 
 
 class ResultsStore:

@@ -1,0 +1,146 @@
+"""Search specs: every shipped space loads; malformed specs give one line naming the key, exit 2."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from search import load_spec
+from search._cli import main
+from trainers.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parent.parent
+SPACES = sorted((ROOT / "spaces").glob("*.yaml"))
+
+GOOD = {
+    "name": "t",
+    "dataset": {"name": "synthetic"},
+    "model": {"name": "ls_convit_nano"},
+    "space": {
+        "locality_strength": {"type": "uniform", "low": 0.5, "high": 2.0},
+        "lr": {"type": "loguniform", "low": 1e-4, "high": 1e-2},
+    },
+    "objectives": [{"metric": "val_acc", "mode": "max"}, {"metric": "throughput", "mode": "max"}],
+    "budget": {"trials": 2, "max_epochs": 1},
+}
+
+
+def _with(change: dict, base: dict = GOOD) -> dict:
+    out = yaml.safe_load(yaml.safe_dump(base))
+    for dotted, value in change.items():
+        node = out
+        *parents, leaf = dotted.split(".")
+        for key in parents:
+            node = node[key]
+        if value is _DELETE:
+            del node[leaf]
+        else:
+            node[leaf] = value
+    return out
+
+
+_DELETE = object()
+
+
+def test_there_are_spaces():
+    assert any(p.name == "convit_locality.yaml" for p in SPACES)
+
+
+@pytest.mark.parametrize("path", SPACES, ids=[p.name for p in SPACES])
+def test_every_space_loads(path):
+    spec = load_spec(path)
+    assert spec.name == path.stem
+    assert spec.space and spec.objectives
+    assert len(spec.spec_hash) == 16
+
+
+def test_good_spec_loads(tmp_path):
+    path = tmp_path / "good.yaml"
+    path.write_text(yaml.safe_dump(GOOD))
+    spec = load_spec(path)
+    assert spec.space["lr"].type == "loguniform"
+    assert spec.model_keys() == ["locality_strength"] and spec.train_keys() == ["lr"]
+
+
+# (change to the good spec, text the message must contain)
+MALFORMED = [
+    ({"bogus": 1}, "bogus: unknown key"),
+    ({"budget.trails": 3}, "budget.trails: unknown key; did you mean 'trials'?"),
+    ({"budget.trials": "ten"}, "budget.trials: expected a whole number"),
+    ({"budget.trials": 0}, "budget.trials: must be at least 1"),
+    ({"budget.max_epochs": _DELETE}, "budget.max_epochs: missing"),
+    ({"space.lr.low": 1.0}, "space.lr.low: low (1.0) is greater than high"),
+    ({"space.locality_strength.high": 0.5}, "space.locality_strength.high: the range [0.5, 0.5] is empty"),
+    ({"space.lr.low": 0.0}, "space.lr.low: a loguniform range needs low > 0"),
+    ({"space.lr.type": "gaussian"}, "space.lr.type: 'gaussian' is not allowed"),
+    ({"space.lr": {"type": "choice", "values": []}}, "space.lr.values: a choice needs a non-empty list"),
+    ({"space.alpha": {"type": "uniform", "low": 0, "high": 1}}, "space.alpha: is neither a training setting"),
+    ({"objectives": [{"metric": "accuracy", "mode": "max"}]}, "objectives[0].metric: unknown metric 'accuracy'"),
+    ({"objectives": [{"metric": "val_acc", "mode": "up"}]}, "objectives[0].mode: 'up' is not allowed"),
+    ({"model.name": "no_such_model"}, "model.name: 'no_such_model' is not a registered model"),
+    ({"model.args": {"depth": "deep"}}, "model.args"),
+    ({"dataset.train_fraction": 1.5}, "dataset.train_fraction: must be in (0, 1]"),
+    ({"scheduler": {"name": "hyperband"}}, "scheduler.name: 'hyperband' is not allowed"),
+    ({"algorithm": {"name": "cmaes"}}, "algorithm.name: 'cmaes' is not allowed"),
+    ({"resources": {"cpus": 0}}, "resources.cpus: must be positive"),
+    ({"name": "a/b"}, "name: 'a/b' is not usable as a folder name"),
+    ({"train": {"lr": 0.01}}, "space.lr: is also set under train"),
+]
+
+
+@pytest.mark.parametrize("change,message", MALFORMED, ids=[m for _, m in MALFORMED])
+def test_malformed_spec_names_the_key(tmp_path, capsys, change, message):
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(_with(change)))
+    with pytest.raises(ConfigError) as info:
+        load_spec(path)
+    text = str(info.value)
+    assert message in text
+    assert text.startswith(str(path)) and "\n" not in text
+    # The CLI turns it into one line on stderr and exit code 2, without a traceback.
+    assert main(["check", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err and "Traceback" not in err
+
+
+def test_missing_file_and_bad_yaml(tmp_path, capsys):
+    assert main(["check", str(tmp_path / "nope.yaml")]) == 2
+    assert "no such spec file" in capsys.readouterr().err
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: [unclosed\n")
+    assert main(["check", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "line" in err and "fix the YAML syntax" in err
+
+
+def test_yaml_is_read_safely(tmp_path):
+    path = tmp_path / "evil.yaml"
+    path.write_text("!!python/object/apply:os.system ['echo pwned']\n")
+    with pytest.raises(ConfigError):
+        load_spec(path)
+
+
+def test_cli_exit_code_in_a_real_process(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(_with({"budget.trials": -1})))
+    proc = subprocess.run(
+        [sys.executable, "-m", "search", "run", str(path), "--storage", str(tmp_path)],
+        capture_output=True, text=True, cwd=ROOT, timeout=300,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0
+    assert "budget.trials: must be at least 1" in proc.stderr
+
+
+def test_overrides(tmp_path):
+    path = tmp_path / "good.yaml"
+    path.write_text(yaml.safe_dump(GOOD))
+    spec = load_spec(path).with_overrides(trials=7, max_epochs=3, storage=str(tmp_path / "r"), name="other")
+    assert spec.budget.trials == 7 and spec.budget.max_epochs == 3
+    assert spec.experiment_dir == (tmp_path / "r" / "other").resolve()
+    with pytest.raises(ConfigError, match="--trials"):
+        load_spec(path).with_overrides(trials=0)

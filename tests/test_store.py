@@ -1,0 +1,86 @@
+"""The results store: typed Parquet files, written whole, readable without this project."""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+
+import duckdb
+import pyarrow.parquet as pq
+import pytest
+
+from search._store import EPOCH_COLUMNS, TRIAL_COLUMNS, ResultsStore
+
+SPACE = {
+    "locality_strength": {"type": "uniform", "low": 0.1, "high": 3.0},
+    "local_up_to_layer": {"type": "int", "low": 0, "high": 6},
+    "act": {"type": "choice", "values": ["gelu", "relu"]},
+}
+OBJECTIVES = [("val_acc", "max"), ("throughput", "max")]
+
+
+def _trial(i: int, state: str, acc: float | None, tput: float | None) -> dict:
+    now = dt.datetime.now(dt.timezone.utc)
+    return {
+        "trial_id": f"t{i}", "trial_name": f"t{i}_x", "experiment": "e", "model": "m", "family": "convit",
+        "state": state, "stop_reason": "max_epochs", "epochs_run": 2, "val_acc": acc, "throughput": tput,
+        "params": 1000 + i, "flops": 10**6, "seed": 0, "started_at": now, "ended_at": now, "duration_s": 1.0,
+    }
+
+
+def test_files_round_trip_through_independent_readers(tmp_path):
+    store = ResultsStore(tmp_path, space=SPACE, objectives=OBJECTIVES)
+    store.flush()
+    for name in ("trials", "epochs", "pareto"):
+        table = pq.read_table(tmp_path / f"{name}.parquet")
+        assert table.num_rows == 0  # empty but typed from the start
+    store.add_epoch({"trial_id": "t0", "epoch": 1, "val_acc": 0.5, "reported_at": dt.datetime.now(dt.timezone.utc)})
+    store.add_trial(_trial(0, "COMPLETE", 0.9, 100.0), {"locality_strength": 1.5, "local_up_to_layer": 3, "act": "gelu"})
+    store.add_trial(_trial(1, "COMPLETE", 0.8, 50.0), {"locality_strength": 0.5, "local_up_to_layer": 0, "act": "relu"})
+    store.add_trial(_trial(2, "PRUNED", 0.99, 1e6), {"locality_strength": 0.2, "local_up_to_layer": 1, "act": "relu"})
+    store.add_trial(_trial(3, "FAILED", None, None) | {"error": "NonFiniteLossError: nan"}, {"locality_strength": 2.0, "local_up_to_layer": 2, "act": "gelu"})
+    store.flush()
+
+    con = duckdb.connect()
+    rows = con.execute(f"select trial_id, state, val_acc, local_up_to_layer from '{tmp_path}/trials.parquet' order by trial_id").fetchall()
+    assert rows == [("t0", "COMPLETE", 0.9, 3), ("t1", "COMPLETE", 0.8, 0), ("t2", "PRUNED", 0.99, 1), ("t3", "FAILED", None, 2)]
+    # Only COMPLETE trials compete for the front; the pruned one is not there despite its numbers.
+    front = con.execute(f"select trial_id from '{tmp_path}/pareto.parquet'").fetchall()
+    assert front == [("t0",)]
+    schema = pq.read_schema(tmp_path / "trials.parquet")
+    assert set(TRIAL_COLUMNS) <= set(schema.names)
+    assert str(schema.field("local_up_to_layer").type) == "int64"
+    assert str(schema.field("act").type) == "string"
+    assert set(pq.read_schema(tmp_path / "epochs.parquet").names) == set(EPOCH_COLUMNS)
+
+
+def test_space_keys_may_not_shadow_result_columns(tmp_path):
+    with pytest.raises(ValueError, match="clash"):
+        ResultsStore(tmp_path, space={"params": {"type": "int", "low": 1, "high": 2}}, objectives=OBJECTIVES)
+
+
+def test_readers_never_see_a_partial_file(tmp_path):
+    """A reader polling while the writer rewrites the files only ever opens whole files."""
+    store = ResultsStore(tmp_path, space=SPACE, objectives=OBJECTIVES)
+    store.flush()
+    stop = threading.Event()
+    seen, errors = [], []
+
+    def reader():
+        while not stop.is_set():
+            try:
+                with open(tmp_path / "trials.parquet", "rb") as handle:  # one open: one version
+                    seen.append(pq.read_table(handle).num_rows)
+            except Exception as exc:  # a half-written file would land here
+                errors.append(exc)
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    for i in range(60):
+        store.add_trial(_trial(i, "COMPLETE", 0.5 + i / 1000, 100.0 - i), {"locality_strength": 1.0, "local_up_to_layer": 1, "act": "gelu"})
+        store.flush()
+    stop.set()
+    thread.join()
+    assert not errors
+    assert seen == sorted(seen) and seen[-1] <= 60
+    assert not list(tmp_path.glob(".*.tmp"))  # no temporary files left behind
