@@ -57,6 +57,16 @@ class StoreCallback(Callback):
         self._study_start = time.monotonic()
         self._finished = 0
 
+    def __getstate__(self) -> dict[str, Any]:
+        # Tune pickles its callbacks with the experiment state; a stream does not pickle.
+        state = dict(self.__dict__)
+        state["out"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.out = self.out or sys.stdout
+
     # -- Tune events ------------------------------------------------------------------------
     def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         self._started.setdefault(trial.trial_id, _now())

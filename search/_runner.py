@@ -14,7 +14,7 @@ from search._spec import ParamSpec, SearchSpec, to_plain
 from search._store import TRIAL_VALUE_OF, ResultsStore, write_json_atomic
 from trainers.errors import ConfigError
 
-__all__ = ["run_study", "default_cache_dir", "optuna_space", "make_sampler"]
+__all__ = ["run_study", "default_cache_dir", "OptunaSpace", "make_sampler"]
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -38,11 +38,16 @@ def git_commit() -> str | None:
         return None
 
 
-def optuna_space(space: dict[str, ParamSpec]):
-    """A define-by-run function for Optuna: one ``suggest_*`` per knob, bounds inclusive."""
+class OptunaSpace:
+    """Define-by-run space for Optuna: one ``suggest_*`` per knob, bounds inclusive.
 
-    def define(trial) -> None:
-        for key, p in space.items():
+    A class rather than a closure: Tune pickles the searcher with the experiment state."""
+
+    def __init__(self, space: dict[str, ParamSpec]) -> None:
+        self.space = dict(space)
+
+    def __call__(self, trial) -> None:
+        for key, p in self.space.items():
             if p.type == "choice":
                 trial.suggest_categorical(key, list(p.values))
             elif p.type == "int":
@@ -50,8 +55,6 @@ def optuna_space(space: dict[str, ParamSpec]):
             else:
                 trial.suggest_float(key, p.low, p.high, log=p.type == "loguniform", step=p.step)
         return None
-
-    return define
 
 
 def make_sampler(spec: SearchSpec):
@@ -109,6 +112,15 @@ def run_study(
     from search._callback import StoreCallback
     from search._trainable import TrialTemplate, run_tune_trial
     from trainers.data import DatasetRequest, prepare_dataset
+
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    # The store keeps the results; Tune's own TensorBoard/CSV/JSON loggers would only add I/O.
+    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
+    # Every epoch checkpoints (so trials can be restored), which makes Tune warn about frequent
+    # experiment snapshots; at one epoch per tens of seconds that cost is negligible.
+    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
 
     exp_dir = spec.experiment_dir
     _check_experiment_dir(exp_dir)
@@ -177,7 +189,7 @@ def run_study(
         seed=spec.algorithm.seed,
     )
     searcher = OptunaSearch(
-        space=optuna_space(spec.space),
+        space=OptunaSpace(spec.space),
         metric=[TRIAL_VALUE_OF[m] for m, _ in objectives],
         mode=[mode for _, mode in objectives],
         sampler=make_sampler(spec),
@@ -223,7 +235,7 @@ def run_study(
             storage_path=str(exp_dir),
             callbacks=[callback],
             verbose=0,
-            checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
+            checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
             failure_config=tune.FailureConfig(max_failures=0),
         ),
     )

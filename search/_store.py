@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -45,7 +44,7 @@ TRIAL_COLUMNS: dict[str, tuple[pa.DataType, str]] = {
     "model": (pa.string(), "timm model name"),
     "family": (pa.string(), "model family (convit, ...)"),
     "state": (pa.string(), "COMPLETE (ran to max_epochs or stopped by patience), PRUNED (stopped by the scheduler or the time limit), FAILED"),
-    "stop_reason": (pa.string(), "max_epochs | patience | scheduler | time_limit | error"),
+    "stop_reason": (pa.string(), "max_epochs, patience, scheduler, time_limit or error"),
     "error": (pa.string(), "why a FAILED trial failed (one line)"),
     "epochs_run": (pa.int64(), "epochs trained"),
     "val_acc": (pa.float64(), "best validation accuracy over the epochs run"),
@@ -54,7 +53,7 @@ TRIAL_COLUMNS: dict[str, tuple[pa.DataType, str]] = {
     "throughput": (pa.float64(), "inference images/s, measured before training"),
     "throughput_device": (pa.string(), "device that measured throughput"),
     "throughput_batch": (pa.int64(), "batch size of the throughput measurement"),
-    "throughput_precision": (pa.string(), "fp32 | bf16 | fp16"),
+    "throughput_precision": (pa.string(), "fp32, bf16 or fp16"),
     "throughput_threads": (pa.int64(), "torch CPU threads during the measurement"),
     "torch_version": (pa.string(), "torch version of the trial"),
     "params": (pa.int64(), "trainable + frozen parameters"),
@@ -140,7 +139,9 @@ def read_table(path: str | os.PathLike) -> pa.Table:
 
 
 class ResultsStore:
-    """Collects trial and epoch rows on the driver and rewrites the Parquet files atomically."""
+    """Collects trial and epoch rows on the driver and rewrites the Parquet files atomically.
+
+    Tune calls its callbacks from the driver's one event loop, so there is no locking here."""
 
     def __init__(
         self,
@@ -162,25 +163,21 @@ class ResultsStore:
         self.epoch_schema = pa.schema([(name, typ) for name, (typ, _) in EPOCH_COLUMNS.items()])
         self._trials: list[dict[str, Any]] = []
         self._epochs: list[dict[str, Any]] = []
-        self._lock = threading.Lock()
 
     # -- rows ---------------------------------------------------------------------------
     def add_epoch(self, row: Mapping[str, Any]) -> None:
-        with self._lock:
-            self._epochs.append({name: row.get(name) for name in EPOCH_COLUMNS})
+        self._epochs.append({name: row.get(name) for name in EPOCH_COLUMNS})
 
     def add_trial(self, row: Mapping[str, Any], config: Mapping[str, Any]) -> None:
         out = {name: row.get(name) for name in TRIAL_COLUMNS}
         for key, typ in self._config_types.items():
             value = config.get(key)
             out[key] = None if value is None else (str(value) if typ == pa.string() else value)
-        with self._lock:
-            self._trials.append(out)
+        self._trials.append(out)
 
     @property
     def trials(self) -> list[dict[str, Any]]:
-        with self._lock:
-            return list(self._trials)
+        return list(self._trials)
 
     # -- files --------------------------------------------------------------------------
     def trials_table(self) -> pa.Table:
@@ -200,8 +197,6 @@ class ResultsStore:
         return pa.Table.from_pylist(front, schema=self.trial_schema)
 
     def flush(self) -> None:
-        with self._lock:
-            epochs = list(self._epochs)
-        write_atomic(pa.Table.from_pylist(epochs, schema=self.epoch_schema), self.directory / "epochs.parquet")
+        write_atomic(pa.Table.from_pylist(self._epochs, schema=self.epoch_schema), self.directory / "epochs.parquet")
         write_atomic(self.trials_table(), self.directory / "trials.parquet")
         write_atomic(self.pareto_table(), self.directory / "pareto.parquet")

@@ -84,3 +84,11 @@ def test_readers_never_see_a_partial_file(tmp_path):
     assert not errors
     assert seen == sorted(seen) and seen[-1] <= 60
     assert not list(tmp_path.glob(".*.tmp"))  # no temporary files left behind
+
+
+def test_readme_documents_every_column():
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    for name, (typ, meaning) in {**TRIAL_COLUMNS, **EPOCH_COLUMNS}.items():
+        assert f"| `{name}` | {typ} | {meaning} |" in readme, f"README's schema tables lack {name}"

@@ -119,5 +119,5 @@ def measure_throughput(
         device=device_name(device),
         precision=precision,
         threads=torch.get_num_threads(),
-        torch_version=torch.__version__,
+        torch_version=str(torch.__version__),  # TorchVersion would not load with weights_only
     )

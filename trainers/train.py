@@ -109,7 +109,8 @@ def train_trial(
     resume: dict[str, Any] | None = None,
 ) -> TrialOutcome:
     """Train one configuration. ``on_epoch(metrics, get_state)`` is called after every epoch;
-    ``get_state()`` returns what ``resume`` takes to continue after that epoch."""
+    ``get_state()`` returns what ``resume`` takes to continue after that epoch. Its tensors are
+    the live ones: serialise them inside ``on_epoch`` (as the Tune adapter does)."""
     settings = cfg.train
     data = cfg.data
     device = pick_device(cfg.device)
@@ -182,6 +183,7 @@ def train_trial(
         bad_epochs = int(resume["bad_epochs"])
         history = list(resume["history"])
 
+    train_loader.next_epoch = start_epoch  # a resumed trial sees the batches it would have seen
     stop_reason = "max_epochs"
     for epoch in range(start_epoch, cfg.epochs):
         epoch_start = time.perf_counter()
@@ -250,7 +252,7 @@ def train_trial(
                 "best_val_acc": best_val_acc,
                 "best_val_loss": best_val_loss,
                 "bad_epochs": bad_epochs,
-                "history": history,
+                "history": list(history),
                 "measurement": measurement,
             }
 

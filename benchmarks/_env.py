@@ -1,0 +1,77 @@
+"""Where a benchmark ran, and one JSON file per benchmark and device.
+
+    write_result("gpsa_layer", {...})  ->  benchmarks/results/gpsa_layer-<device-slug>.json
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import platform
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = ["environment", "write_result", "RESULTS_DIR"]
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def device_name(device: str | torch.device = "cpu") -> str:
+    """The CUDA device's name for a CUDA device, else the CPU model."""
+    device = torch.device(device)
+    if device.type == "cuda" and torch.cuda.is_available():
+        return torch.cuda.get_device_name(device)
+    return _cpu_name()
+
+
+def environment(device: str | torch.device = "cpu") -> dict[str, Any]:
+    """What the numbers depend on (no hostname): device, library versions, threads, platform."""
+    try:
+        import timm
+        timm_version = timm.__version__
+    except ImportError:
+        timm_version = None
+    return {
+        "device": str(torch.device(device)),
+        "device_name": device_name(device),
+        "cpu": _cpu_name(),
+        "cuda_available": torch.cuda.is_available(),
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "timm": timm_version,
+        "python": platform.python_version(),
+        "torch_num_threads": torch.get_num_threads(),
+        "platform": platform.platform(),
+    }
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "unknown"
+
+
+def write_result(name: str, payload: dict[str, Any], device: str | torch.device = "cpu") -> Path:
+    """Write payload + environment + UTC timestamp to benchmarks/results/<name>-<device-slug>.json."""
+    env = environment(device)
+    record = {
+        "name": name,
+        **payload,
+        "environment": env,
+        "timestamp_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    path = RESULTS_DIR / f"{name}-{_slug(env['device_name'])}.json"
+    path.write_text(json.dumps(record, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+    return path

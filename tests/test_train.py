@@ -1,0 +1,86 @@
+"""The training loop without Ray: schedule, reports, early stopping, NaN, checkpoint/resume."""
+
+from __future__ import annotations
+
+import io
+import math
+
+import pytest
+import torch
+
+from trainers.config import ThroughputSettings, TrainSettings, TrialConfig
+from trainers.data import DatasetRequest, prepare_dataset
+from trainers.train import NonFiniteLossError, lr_at, train_trial
+
+FAST_THROUGHPUT = ThroughputSettings(batch_size=16, warmup=1, repeats=2)
+
+
+@pytest.fixture(scope="module")
+def synthetic(tmp_path_factory):
+    return prepare_dataset(DatasetRequest(name="synthetic", val_fraction=0.2), cache_dir=tmp_path_factory.mktemp("cache"))
+
+
+def _config(data, **train) -> TrialConfig:
+    epochs = train.pop("epochs", 2)
+    patience = train.pop("patience", None)
+    settings = TrainSettings(**{"batch_size": 64, "num_workers": 1, "warmup_epochs": 0.5, **train})
+    return TrialConfig(model="ls_convit_nano", model_args={}, data=data, epochs=epochs, train=settings,
+                       throughput=FAST_THROUGHPUT, patience=patience, seed=0)
+
+
+def test_lr_schedule():
+    kw = dict(total_steps=100, warmup_steps=10, peak_lr=1.0, min_lr=0.01)
+    assert lr_at(0, **kw) == pytest.approx(0.1)
+    assert lr_at(9, **kw) == pytest.approx(1.0)
+    assert lr_at(10, **kw) == pytest.approx(1.0)
+    assert lr_at(55, **kw) == pytest.approx(0.01 + 0.99 * 0.5)
+    assert lr_at(100, **kw) == pytest.approx(0.01)
+    after = [lr_at(s, **kw) for s in range(10, 101)]
+    assert all(a >= b for a, b in zip(after, after[1:]))
+    assert lr_at(0, total_steps=10, warmup_steps=0, peak_lr=1.0, min_lr=0.0) == pytest.approx(1.0)
+
+
+def test_reports_once_per_epoch(synthetic):
+    reports = []
+    outcome = train_trial(_config(synthetic), on_epoch=lambda m, state: reports.append(m))
+    assert [m["epoch"] for m in reports] == [1, 2]
+    assert outcome.epochs_run == 2 and outcome.stop_reason == "max_epochs"
+    assert reports[-1]["stop_reason"] == "max_epochs" and "stop_reason" not in reports[0]
+    for m in reports:
+        assert 0.0 <= m["val_acc"] <= 1.0 and math.isfinite(m["train_loss"])
+        assert m["throughput"] > 0 and m["params"] > 0 and m["flops"] > 0
+        assert m["throughput_batch"] == 16 and m["throughput_device"].startswith("cpu")
+        assert m["family"] == "convit"
+    assert outcome.best_val_acc == max(m["val_acc"] for m in reports)
+    assert reports[0]["lr"] > reports[1]["lr"]  # cosine decay
+
+
+def test_patience_stops_a_flat_trial(synthetic):
+    # A learning rate of ~0 leaves the model as it is: no epoch beats the first one.
+    outcome = train_trial(_config(synthetic, epochs=6, patience=2, lr=1e-12, min_lr=0.0))
+    assert outcome.stop_reason == "patience"
+    assert outcome.epochs_run == 3
+    assert outcome.history[-1]["stop_reason"] == "patience"
+
+
+def test_nan_loss_fails_with_the_reason(synthetic):
+    with pytest.raises(NonFiniteLossError, match="lower the learning rate"):
+        train_trial(_config(synthetic, lr=1e30))
+
+
+def test_checkpoint_resume_matches_an_uninterrupted_run(synthetic):
+    saved = []
+
+    def save(metrics, get_state):  # what the Tune adapter does: torch.save inside the callback
+        buffer = io.BytesIO()
+        torch.save(get_state(), buffer)
+        saved.append(buffer.getvalue())
+
+    full = train_trial(_config(synthetic, epochs=2), on_epoch=save)
+    state = torch.load(io.BytesIO(saved[0]), weights_only=True)  # after epoch 1
+    resumed = train_trial(_config(synthetic, epochs=2), resume=state)
+    assert resumed.epochs_run == 2
+    assert resumed.history[0] == full.history[0]
+    assert resumed.history[1]["throughput"] == full.history[1]["throughput"]  # measured once, kept
+    assert resumed.history[1]["val_acc"] == pytest.approx(full.history[1]["val_acc"], abs=1e-6)
+    assert resumed.history[1]["train_loss"] == pytest.approx(full.history[1]["train_loss"], rel=1e-4)

@@ -1,0 +1,7 @@
+"""Model families, one file each; importing this package registers them with timm.
+
+After ``import trainers.models``, ``timm.create_model("ls_convit_nano", ...)`` works.
+"""
+from .ls_convit import LocalityConViT
+
+__all__ = ["LocalityConViT"]
