@@ -106,6 +106,7 @@ def run_study(
     """Run ``spec`` to the end; returns the experiment folder holding the Parquet files."""
     import ray
     from ray import tune
+    from ray.tune.logger import JsonLoggerCallback
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
     from ray.tune.search.optuna import OptunaSearch
 
@@ -116,7 +117,8 @@ def run_study(
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    # The store keeps the results; Tune's own TensorBoard/CSV/JSON loggers would only add I/O.
+    # The store keeps the results; of Tune's own loggers only the JSON one is kept (its
+    # ResultGrid reads result.json), not TensorBoard's and the CSV one.
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
     # Every epoch checkpoints (so trials can be restored), which makes Tune warn about frequent
     # experiment snapshots; at one epoch per tens of seconds that cost is negligible.
@@ -233,7 +235,7 @@ def run_study(
         run_config=tune.RunConfig(
             name="ray",
             storage_path=str(exp_dir),
-            callbacks=[callback],
+            callbacks=[callback, JsonLoggerCallback()],
             verbose=0,
             checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
             failure_config=tune.FailureConfig(max_failures=0),
