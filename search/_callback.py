@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import sys
 import time
+from pathlib import Path
 from typing import Any, TextIO
 
 from ray.tune import Callback
@@ -87,9 +88,13 @@ class StoreCallback(Callback):
         self._finish(trial, state=state, stop_reason=reason, error=None)
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        # Tune has just written the error (with its traceback) to the trial's local folder; its
+        # copy in storage (trial.get_error()) may not be synced yet.
+        error: BaseException | str | None
         try:
-            error = trial.get_error()
-        except Exception as exc:  # the error file may be unreadable; the trial still failed
+            path = trial.error_file
+            error = Path(path).read_text() if path else trial.get_error()
+        except Exception as exc:  # an unreadable error file: the trial still failed
             error = exc
         self._finish(trial, state="FAILED", stop_reason="error", error=error_line(error))
 

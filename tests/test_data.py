@@ -6,6 +6,7 @@ import gzip
 import multiprocessing
 import os
 import pickle
+import signal
 import struct
 from pathlib import Path
 
@@ -475,3 +476,27 @@ def test_real_fashion_mnist_small_fraction(tmp_path):
     images, labels = _read_all(loader)
     assert images.shape == (1080, 1, 28, 28)
     assert np.bincount(labels.numpy(), minlength=10).tolist() == [108] * 10
+
+
+def test_a_failing_loader_thread_raises_instead_of_hanging(synthetic, monkeypatch):
+    """FFCV's own iterator waits forever when its thread dies; ours hands the error over."""
+    from ffcv.loader.epoch_iterator import EpochIterator
+
+    def broken_pipeline(self, *args, **kwargs):
+        raise ValueError("decoder exploded")
+
+    loader = make_loader(synthetic.val_path, batch_size=50, train=False, mean=synthetic.mean,
+                         std=synthetic.std, num_workers=1, seed=123)
+    monkeypatch.setattr(EpochIterator, "run_pipeline", broken_pipeline)
+
+    def hung(signum, frame):
+        raise TimeoutError("the loader hung after its thread failed")
+
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(60)
+    try:
+        with pytest.raises(RuntimeError, match="decoder exploded"):
+            next(iter(loader))
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
