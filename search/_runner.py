@@ -87,6 +87,25 @@ def trial_dirname(trial: Any) -> str:
     return re.sub(r"[^A-Za-z0-9_.=,-]", "_", trial_label(trial))[:120]
 
 
+def check_ray_address(address: str, *, timeout_s: float = 5.0) -> None:
+    """Fail fast on a ``host:port`` nobody listens on: Ray itself retries for minutes."""
+    import socket
+
+    if address == "auto" or "://" in address:
+        return  # "auto" reads the local node's address file; ray:// is Ray Client's own protocol
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ConfigError(f"--address {address!r}: expected HOST:PORT of a Ray head node (e.g. 10.0.0.5:6379), 'auto' or ray://HOST:10001")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+            pass
+    except OSError as exc:
+        raise ConfigError(
+            f"--address {address}: no Ray head node answers there ({exc.strerror or exc}); check the address "
+            "(`ray status` on the head node prints it) or leave --address out to start a local cluster"
+        ) from None
+
+
 def _check_experiment_dir(path: Path) -> None:
     if (path / "trials.parquet").exists() or (path / "experiment.json").exists():
         raise ConfigError(
@@ -145,6 +164,32 @@ def run_study(
         file=out, flush=True,
     )
 
+    if not ray.is_initialized():
+        init_args: dict[str, Any] = {
+            "runtime_env": {"env_vars": {"PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")]))}},
+            "log_to_driver": False,  # trial output goes to the trial folders; errors go to the store
+            "configure_logging": True,
+            "logging_level": "WARNING",
+        }
+        if address:
+            check_ray_address(address)
+            init_args["address"] = address
+        else:
+            init_args.update(include_dashboard=True, dashboard_host=dashboard_host)
+        try:
+            context = ray.init(**init_args)
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            if not address:
+                raise
+            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise ConfigError(
+                f"--address {address}: could not join that Ray cluster ({reason}); check the address "
+                "(ray status on the head node prints it) or leave --address out to start a local cluster"
+            ) from None
+        url = getattr(context, "dashboard_url", None)
+        if url:
+            print(f"Ray dashboard: http://{url}", file=out, flush=True)
+
     exp_dir.mkdir(parents=True, exist_ok=True)
     commit = git_commit()
     write_json_atomic(
@@ -163,22 +208,6 @@ def run_study(
     objectives = [(o.metric, o.mode) for o in spec.objectives]
     store = ResultsStore(exp_dir, space={k: p.to_json() for k, p in spec.space.items()}, objectives=objectives)
     store.flush()  # empty files with the full schema: readers can open them from the start
-
-    if not ray.is_initialized():
-        init_args: dict[str, Any] = {
-            "runtime_env": {"env_vars": {"PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")]))}},
-            "log_to_driver": False,  # trial output goes to the trial folders; errors go to the store
-            "configure_logging": True,
-            "logging_level": "WARNING",
-        }
-        if address:
-            init_args["address"] = address
-        else:
-            init_args.update(include_dashboard=True, dashboard_host=dashboard_host)
-        context = ray.init(**init_args)
-        url = getattr(context, "dashboard_url", None)
-        if url:
-            print(f"Ray dashboard: http://{url}", file=out, flush=True)
 
     template = TrialTemplate(
         model=spec.model.name,
