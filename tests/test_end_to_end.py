@@ -29,6 +29,7 @@ def _spec(tmp_path: Path) -> Path:
     spec["storage"] = str(tmp_path / "results")
     spec["space"]["lr"] = {"type": "choice", "values": [2.0e-3, 1.0e30]}
     spec["budget"]["trials"] = 4
+    spec["budget"]["max_epochs"] = 2
     spec["algorithm"] = {"name": "random", "seed": 3}
     path = tmp_path / "e2e.yaml"
     path.write_text(yaml.safe_dump(spec))
