@@ -108,6 +108,7 @@ class StoreCallback(Callback):
         started = self._started.get(trial.trial_id, ended)
         row: dict[str, Any] = {
             **self.common,
+            "model": trial.config.get("model", self.common["model"]),
             **{k: result.get(k) for k in (
                 "family", "throughput", "throughput_device", "throughput_batch", "throughput_precision",
                 "throughput_threads", "torch_version", "params", "flops", "node_ip",

@@ -41,13 +41,18 @@ def git_commit() -> str | None:
 class OptunaSpace:
     """Define-by-run space for Optuna: one ``suggest_*`` per knob, bounds inclusive.
 
-    A class rather than a closure: Tune pickles the searcher with the experiment state."""
+    With several candidate models, ``model`` is suggested first and only the chosen model's own
+    knobs are suggested after it (the others stay unset: null in the store). A class rather than
+    a closure: Tune pickles the searcher with the experiment state."""
 
-    def __init__(self, space: dict[str, ParamSpec]) -> None:
-        self.space = dict(space)
+    def __init__(self, shared: dict[str, ParamSpec], per_model: dict[str, dict[str, ParamSpec]]) -> None:
+        self.shared = dict(shared)
+        self.per_model = {name: dict(space) for name, space in per_model.items()}
 
     def __call__(self, trial) -> None:
-        for key, p in self.space.items():
+        names = list(self.per_model)
+        model = trial.suggest_categorical("model", names) if len(names) > 1 else names[0]
+        for key, p in {**self.per_model[model], **self.shared}.items():
             if p.type == "choice":
                 trial.suggest_categorical(key, list(p.values))
             elif p.type == "int":
@@ -206,12 +211,11 @@ def run_study(
     )
 
     objectives = [(o.metric, o.mode) for o in spec.objectives]
-    store = ResultsStore(exp_dir, space={k: p.to_json() for k, p in spec.space.items()}, objectives=objectives)
+    store = ResultsStore(exp_dir, space={k: p.to_json() for k, p in spec.all_params().items()}, objectives=objectives)
     store.flush()  # empty files with the full schema: readers can open them from the start
 
     template = TrialTemplate(
-        model=spec.model.name,
-        model_args=dict(spec.model.args),
+        models={m.name: dict(m.args) for m in spec.candidates},
         data=data,
         epochs=spec.budget.max_epochs,
         train=spec.train,
@@ -220,7 +224,7 @@ def run_study(
         seed=spec.algorithm.seed,
     )
     searcher = OptunaSearch(
-        space=OptunaSpace(spec.space),
+        space=OptunaSpace(spec.space, {m.name: m.space for m in spec.candidates}),
         metric=[TRIAL_VALUE_OF[m] for m, _ in objectives],
         mode=[mode for _, mode in objectives],
         sampler=make_sampler(spec),
@@ -242,7 +246,7 @@ def run_study(
     callback = StoreCallback(
         store,
         experiment=spec.name,
-        model=spec.model.name,
+        model=spec.candidates[0].name,
         spec_hash=spec.spec_hash,
         git_commit=commit,
         seed=spec.algorithm.seed,
@@ -272,7 +276,7 @@ def run_study(
     )
     print(
         f"study {spec.name}: {spec.budget.trials} trials x up to {spec.budget.max_epochs} epochs of "
-        f"{spec.model.name}, objectives {', '.join(f'{m} ({mode})' for m, mode in objectives)}; "
+        f"{' / '.join(m.name for m in spec.candidates)}, objectives {', '.join(f'{m} ({mode})' for m, mode in objectives)}; "
         f"results in {exp_dir}",
         file=out, flush=True,
     )

@@ -59,8 +59,11 @@ class DatasetSpec:
 
 @dataclasses.dataclass(frozen=True)
 class ModelSpec:
+    """A timm model name, its fixed constructor arguments and (in ``models:``) its own knobs."""
+
     name: str
     args: dict[str, Any] = dataclasses.field(default_factory=dict)
+    space: dict[str, "ParamSpec"] = dataclasses.field(default_factory=dict)
 
 
 
@@ -173,10 +176,11 @@ class Resources:
 class SearchSpec:
     name: str
     dataset: DatasetSpec
-    model: ModelSpec
-    space: dict[str, ParamSpec]
     objectives: tuple[Objective, ...]
     budget: Budget
+    model: ModelSpec | None = None  # one model ...
+    models: tuple[ModelSpec, ...] | None = None  # ... or a choice of models, each with its own knobs
+    space: dict[str, ParamSpec] = dataclasses.field(default_factory=dict)  # knobs every model shares
     train: TrainSettings = dataclasses.field(default_factory=TrainSettings)
     algorithm: AlgorithmSpec = dataclasses.field(default_factory=AlgorithmSpec)
     scheduler: SchedulerSpec = dataclasses.field(default_factory=SchedulerSpec)
@@ -194,10 +198,39 @@ class SearchSpec:
         metrics = [o.metric for o in self.objectives]
         if len(set(metrics)) != len(metrics):
             raise FieldError("objectives", f"a metric is listed twice: {metrics}")
-        if not self.space:
+        if (self.model is None) == (self.models is None):
+            raise FieldError("model", "give either 'model:' (one model) or 'models:' (a list to choose from), not both or neither")
+        if self.models is not None:
+            if not self.models:
+                raise FieldError("models", "is empty; list at least one {name: ..., space: {...}}")
+            names = [m.name for m in self.models]
+            if len(set(names)) != len(names):
+                raise FieldError("models", f"a model is listed twice: {names}; merge the entries")
+        elif self.model is not None and self.model.space:
+            raise FieldError("model.space", "per-model knobs belong to 'models:' entries; put single-model knobs under 'space:'")
+        if not self.space and not any(m.space for m in self.candidates):
             raise FieldError("space", "is empty; add at least one knob, e.g. lr: {type: loguniform, low: 1e-4, high: 1e-2}")
+        if "model" in self.space or any("model" in m.space for m in self.candidates):
+            raise FieldError("space", "'model' is the choice between the entries of 'models:'; it cannot be a knob")
 
     # -- derived -------------------------------------------------------------------------
+    @property
+    def candidates(self) -> tuple[ModelSpec, ...]:
+        """The models the search chooses from (one for a plain ``model:`` spec)."""
+        return self.models if self.models is not None else (self.model,)  # type: ignore[return-value]
+
+    @property
+    def conditional(self) -> bool:
+        """True when the model itself is searched (the ``model`` column is a knob)."""
+        return len(self.candidates) > 1
+
+    def all_params(self) -> dict[str, ParamSpec]:
+        """Every knob of every model (a key shared between models has one definition)."""
+        params = dict(self.space)
+        for model in self.candidates:
+            params.update(model.space)
+        return params
+
     @property
     def experiment_dir(self) -> Path:
         return Path(self.storage).expanduser().resolve() / self.name
@@ -276,41 +309,61 @@ def load_spec(path: str | Path, *, check_model: bool = True) -> SearchSpec:
 
 
 def _check_space_keys(spec: SearchSpec, where: SpecLocation, fixed_train_keys: set[str]) -> None:
-    for key in spec.space:
+    definitions = {k: (f"space.{k}", v) for k, v in spec.space.items()}
+    for i, model in enumerate(spec.candidates):
+        prefix = "model" if spec.models is None else f"models[{i}]"
+        for key, param in model.space.items():
+            if key in definitions and definitions[key][1] != param:
+                raise where.child(f"{prefix}.space.{key}").error(
+                    f"is also defined at {definitions[key][0]} with another range; a knob has one range "
+                    "in a study (the store keeps one column per knob): use the same range in both places"
+                )
+            definitions.setdefault(key, (f"{prefix}.space.{key}", param))
+    for key, (path, _) in definitions.items():
         if key in fixed_train_keys:
-            raise where.child(f"space.{key}").error(
+            raise where.child(path).error(
                 f"is also set under train; set it in one place (remove train.{key} to search it)"
             )
-        if key in spec.model.args:
-            raise where.child(f"space.{key}").error(
-                f"is also fixed in model.args; set it in one place (remove model.args.{key} to search it)"
-            )
+    for i, model in enumerate(spec.candidates):
+        prefix = "model" if spec.models is None else f"models[{i}]"
+        for key in list(spec.space) + list(model.space):
+            if key in model.args:
+                raise where.child(f"{prefix}.args.{key}").error(
+                    f"is also searched; set it in one place (remove {prefix}.args.{key} to search it)"
+                )
 
 
 def check_model_args(spec: SearchSpec, where: SpecLocation | None = None) -> None:
-    """The model exists in timm's registry and every model key is a constructor argument."""
+    """Every model exists in timm's registry and each of its knobs is a constructor argument."""
+    where = where or SpecLocation(spec.source or "<spec>")
+    for i, model in enumerate(spec.candidates):
+        prefix = "model" if spec.models is None else f"models[{i}]"
+        keys = [k for k in list(spec.space) + list(model.space) if k not in TRAIN_KEYS]
+        _check_one_model(model, keys, where, prefix)
+
+
+def _check_one_model(model_spec: ModelSpec, keys: list[str], where: SpecLocation, prefix: str) -> None:
     import timm
     import torch
 
     import trainers.models  # noqa: F401  (registers the project's families with timm)
 
-    where = where or SpecLocation(spec.source or "<spec>")
-    if not timm.is_model(spec.model.name):
+    if not timm.is_model(model_spec.name):
         ours = ", ".join(n for n in timm.list_models("ls_*"))
-        raise where.child("model.name").error(
-            f"{spec.model.name!r} is not a registered model; use one of this project's ({ours}) or any timm model name"
+        raise where.child(f"{prefix}.name").error(
+            f"{model_spec.name!r} is not a registered model; use one of this project's ({ours}) or any timm model name"
         )
     try:
         with torch.device("meta"):
-            model = timm.create_model(spec.model.name, **spec.model.args)
+            model = timm.create_model(model_spec.name, **model_spec.args)
     except (TypeError, ValueError) as exc:
-        raise where.child("model.args").error(f"{exc}".splitlines()[0] + "; fix the fixed model arguments") from None
+        raise where.child(f"{prefix}.args").error(f"{exc}".splitlines()[0] + "; fix the fixed model arguments") from None
     params = inspect.signature(type(model).__init__).parameters
     takes_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-    for key in spec.model_keys():
+    for key in keys:
         if key not in params and not takes_kwargs:
             choices = [p for p in params if p != "self" and params[p].kind is not inspect.Parameter.VAR_KEYWORD]
-            raise where.child(f"space.{key}").error(
+            raise where.child(f"space.{key}" if prefix == "model" else f"{prefix}.space.{key}").error(
                 f"is neither a training setting ({', '.join(TRAIN_KEYS)}) nor an argument of "
-                f"{spec.model.name} ({', '.join(choices)}); rename it"
+                f"{model_spec.name} ({', '.join(choices)}); rename it"
             )

@@ -152,7 +152,8 @@ class ResultsStore:
     ) -> None:
         self.directory = Path(directory)
         self.objectives = list(objectives)
-        self._config_types = {key: config_type(param) for key, param in space.items()}
+        # "model" (the searched choice between models) is already the trial column of that name.
+        self._config_types = {key: config_type(param) for key, param in space.items() if key != "model"}
         clash = set(self._config_types) & set(TRIAL_COLUMNS)
         if clash:
             raise ValueError(f"space keys clash with result columns: {sorted(clash)}")

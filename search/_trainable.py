@@ -25,8 +25,7 @@ STATE_FILE = "trial_state.pt"
 class TrialTemplate:
     """What every trial of a study shares; the searched values fill in the rest."""
 
-    model: str
-    model_args: dict[str, Any]
+    models: dict[str, dict[str, Any]]  # timm model name -> fixed constructor arguments
     data: PreparedDataset
     epochs: int
     train: TrainSettings
@@ -36,12 +35,15 @@ class TrialTemplate:
 
 
 def trial_config(template: TrialTemplate, sampled: dict[str, Any]) -> TrialConfig:
-    """Searched training settings replace the template's; the rest are model arguments."""
+    """``model`` (searched when there are several) picks the model; searched training settings
+    replace the template's; the rest are arguments of that model's constructor."""
+    sampled = dict(sampled)
+    model = sampled.pop("model", None) or next(iter(template.models))
     train_values = {k: v for k, v in sampled.items() if k in TRAIN_KEYS}
     model_values = {k: v for k, v in sampled.items() if k not in TRAIN_KEYS}
     return TrialConfig(
-        model=template.model,
-        model_args={**template.model_args, **model_values},
+        model=model,
+        model_args={**template.models[model], **model_values},
         data=template.data,
         epochs=template.epochs,
         train=dataclasses.replace(template.train, **train_values),

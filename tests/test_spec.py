@@ -159,3 +159,49 @@ def test_unreachable_ray_address_is_a_one_line_error(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 2 and "no Ray head node answers there" in err and err.count("\n") == 1
     assert not (tmp_path / "r").exists()  # nothing written for a run that never started
+
+
+@pytest.mark.parametrize("path", SPACES, ids=[p.name for p in SPACES])
+def test_every_space_samples_configs_that_build(path):
+    """Draw configs the way the search does (Optuna, define-by-run) and build each model."""
+    import dataclasses
+
+    import optuna
+    import torch
+
+    from search._runner import OptunaSpace
+    from search._trainable import TrialTemplate, trial_config
+    from trainers.data import PreparedDataset, load_catalog
+    from trainers.train import build_model
+
+    spec = load_spec(path)
+    catalog = load_catalog(spec.dataset.name)
+    size = spec.dataset.image_size or catalog.get("image_size") or 28
+    data = PreparedDataset(
+        name=spec.dataset.name, train_path="-", val_path="-", test_path="-",
+        num_classes=catalog["num_classes"], image_size=size, channels=catalog["channels"],
+        mean=(0.5,) * catalog["channels"], std=(0.25,) * catalog["channels"], class_names=(),
+        counts={}, content_hash="-", flip=False,
+    )
+    template = TrialTemplate(
+        models={m.name: dict(m.args) for m in spec.candidates}, data=data, epochs=1, train=spec.train,
+        throughput=spec.throughput, patience=None, seed=0,
+    )
+    space = OptunaSpace(spec.space, {m.name: m.space for m in spec.candidates})
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    built = set()
+    for _ in range(12 if spec.conditional else 4):
+        trial = study.ask()
+        space(trial)
+        sampled = dict(trial.params)
+        if spec.conditional:
+            own = set(spec.space) | set(dict((m.name, m) for m in spec.candidates)[sampled["model"]].space)
+            assert set(sampled) == own | {"model"}  # only the chosen model's knobs are drawn
+        cfg = trial_config(template, sampled)
+        with torch.device("meta"):
+            build_model(cfg)
+        built.add(cfg.model)
+        study.tell(trial, 0.0)
+    if spec.conditional:
+        assert len(built) > 1

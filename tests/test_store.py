@@ -92,3 +92,16 @@ def test_readme_documents_every_column():
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     for name, (typ, meaning) in {**TRIAL_COLUMNS, **EPOCH_COLUMNS}.items():
         assert f"| `{name}` | {typ} | {meaning} |" in readme, f"README's schema tables lack {name}"
+
+
+def test_conditional_knobs_are_null_where_they_do_not_apply(tmp_path):
+    space = {"locality_strength": {"type": "uniform", "low": 0.1, "high": 3.0},
+             "num_kernels": {"type": "int", "low": 1, "high": 5},
+             "model": {"type": "choice", "values": ["a", "b"]}}
+    store = ResultsStore(tmp_path, space=space, objectives=OBJECTIVES)
+    store.add_trial(_trial(0, "COMPLETE", 0.9, 10.0) | {"model": "ls_convit_micro"}, {"model": "ls_convit_micro", "locality_strength": 1.0})
+    store.add_trial(_trial(1, "COMPLETE", 0.8, 20.0) | {"model": "ls_gmm_micro"}, {"model": "ls_gmm_micro", "num_kernels": 3})
+    store.flush()
+    rows = duckdb.connect().execute(
+        f"select model, locality_strength, num_kernels from '{tmp_path}/trials.parquet' order by trial_id").fetchall()
+    assert rows == [("ls_convit_micro", 1.0, None), ("ls_gmm_micro", None, 3)]

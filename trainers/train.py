@@ -139,7 +139,8 @@ def train_trial(
             channels_last=on_cuda,
         )
         measurement = {
-            "family": getattr(model, "family", type(model).__name__.lower()),
+            # this project's families say so; for a plain timm model, its name's first word (vit, deit, ...)
+            "family": getattr(model, "family", None) or cfg.model.split("_")[0],
             "params": count_params(model),
             "flops": count_flops(model, input_shape),
             "throughput": result.images_per_s,

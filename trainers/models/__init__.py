@@ -3,5 +3,7 @@
 After ``import trainers.models``, ``timm.create_model("ls_convit_nano", ...)`` works.
 """
 from .ls_convit import LocalityConViT
+from .ls_refiner import LocalityRefinerViT
+from .ls_gmm import LocalityGMMViT
 
-__all__ = ["LocalityConViT"]
+__all__ = ["LocalityConViT", "LocalityRefinerViT", "LocalityGMMViT"]

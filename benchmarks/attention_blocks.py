@@ -1,0 +1,96 @@
+"""Attention layers of the locality families vs plain attention, forward + backward, side by side.
+
+    python -m benchmarks.attention_blocks            # batch 256, 49 and 64 tokens, dim 96, 4 heads, CPU
+    python -m benchmarks.attention_blocks --batch 64 --repeats 10
+
+Layers (all dim 96, 4 heads, the width of the *_micro models):
+  plain      fused scaled_dot_product_attention (ls_convit.MHSA, what DeiT blocks run)
+  gmm_K      Gaussian Mixture Mask attention with K kernels per head (explicit scores, mask, softmax)
+  refiner_r  Refiner attention with expansion ratio r, 3x3 kernel (plus a class token, as in the model)
+  gpsa       ConViT's GPSA, for reference
+Each is timed alternately with the others after a warm-up (so load drifts hit all alike); the
+median of each and its ratio to plain are printed and written to benchmarks/results/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import time
+
+import torch
+
+from benchmarks._env import write_result
+from trainers.models.ls_convit import GPSA, MHSA
+from trainers.models.ls_gmm import GMMAttention
+from trainers.models.ls_refiner import RefinedAttention
+
+
+def _layers(dim: int, heads: int, tokens: int) -> dict[str, tuple[torch.nn.Module, int]]:
+    """name -> (layer, extra prefix tokens it expects)."""
+    side = math.isqrt(tokens)
+    grid = (side, side)
+    layers: dict[str, tuple[torch.nn.Module, int]] = {"plain": (MHSA(dim, num_heads=heads), 0)}
+    for k in (1, 3, 5):
+        layers[f"gmm_K{k}"] = (GMMAttention(dim, num_heads=heads, num_kernels=k, grid_size=grid), 0)
+    for r in (1, 2, 4):
+        layers[f"refiner_r{r}"] = (RefinedAttention(dim, num_heads=heads, grid_size=grid, ratio=r, kernel_size=3), 1)
+    layers["gpsa"] = (GPSA(dim, num_heads=heads, grid_size=grid), 0)
+    return layers
+
+
+def run(*, batch: int, tokens: int, dim: int, heads: int, repeats: int, warmup: int) -> dict:
+    torch.manual_seed(0)
+    layers = _layers(dim, heads, tokens)
+    inputs = {name: torch.randn(batch, tokens + extra, dim, requires_grad=True) for name, (_, extra) in layers.items()}
+
+    def step(name: str) -> float:
+        layer, x = layers[name][0], inputs[name]
+        layer.zero_grad(set_to_none=True)
+        x.grad = None
+        start = time.perf_counter()
+        layer(x).sum().backward()
+        return time.perf_counter() - start
+
+    for _ in range(warmup):
+        for name in layers:
+            step(name)
+    times: dict[str, list[float]] = {name: [] for name in layers}
+    for _ in range(repeats):
+        for name in layers:
+            times[name].append(step(name))
+    median = {name: statistics.median(ts) for name, ts in times.items()}
+    return {
+        "config": dict(batch=batch, tokens=tokens, dim=dim, heads=heads, repeats=repeats, warmup=warmup,
+                       device="cpu", what="one attention layer, forward + backward"),
+        "median_s": median,
+        "ratio_to_plain": {name: m / median["plain"] for name, m in median.items()},
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--tokens", type=int, nargs="+", default=[49, 64], help="square numbers")
+    parser.add_argument("--dim", type=int, default=96)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--warmup", type=int, default=3)
+    args = parser.parse_args(argv)
+    results = {}
+    for tokens in args.tokens:
+        if math.isqrt(tokens) ** 2 != tokens:
+            parser.error(f"--tokens {tokens}: not a square patch grid")
+        result = run(batch=args.batch, tokens=tokens, dim=args.dim, heads=args.heads,
+                     repeats=args.repeats, warmup=args.warmup)
+        results[str(tokens)] = result
+        print(f"batch={args.batch} tokens={tokens} dim={args.dim} heads={args.heads} threads={torch.get_num_threads()}")
+        for name, seconds in result["median_s"].items():
+            print(f"  {name:<11} {seconds * 1e3:8.2f} ms   {result['ratio_to_plain'][name]:5.2f}x plain")
+    path = write_result("attention_blocks", {"by_tokens": results}, device="cpu")
+    print(f"-> {path}")
+
+
+if __name__ == "__main__":
+    main()

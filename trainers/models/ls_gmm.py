@@ -1,0 +1,524 @@
+""" Gaussian Mixture Mask (GMM) attention ViT for locality-search
+
+Paper:
+* `Gaussian Mixture Mask Attention` (boosting ViTs on small datasets with a Gaussian mixture mask)
+  - code: https://github.com/CatworldLee/Gaussian-Mixture-Mask-Attention
+
+Attention per head h (eq. 9 of the paper), with the mask applied to the scaled scores BEFORE softmax:
+    B = (Q K^T / sqrt(d)) * M_h            (elementwise)
+    out = softmax(B) V
+    M_h(i, j) = sum_k alpha[h, k] * exp(-d2_ij / (2 sigma[h, k]^2 + eps))
+where d2_ij = dx^2 + dy^2 is the squared 2D Euclidean distance between patches i and j on the patch
+grid (row-major numbering, as Algorithm 1). Every layer has its own alpha and sigma, shape (H, K).
+Init (paper): alpha ~ N(0, 2^2), sigma ~ N(10, 10^2); knobs `alpha_init_mean/std`,
+`sigma_init_mean/std` and `num_kernels` (K).
+
+Implementation notes:
+
+* The mask multiplies the scores, so it cannot be an additive `attn_mask` of
+  `scaled_dot_product_attention`: attention is explicit (matmul, mask multiply, softmax, matmul) and
+  materialises B x H x N x N. (FlexAttention could fuse `score * M[h, q, k]` on CUDA, but it cannot
+  train on CPU; it is not used here at all.) The mask itself does not depend on the input: it is
+  computed once per forward (H x N x N) and shared by the batch; 1/sqrt(d) is folded into it.
+* sigma <= 0 or tiny: sigma enters only through sigma^2 in `2 sigma^2 + eps` (eps = 1e-6), so the mask
+  is even in sigma (a negative sigma acts as |sigma|; no clamp, no abs) and the denominator is always
+  >= eps > 0, so no division by zero and no NaN. sigma = 0 gives exp(-d2 / eps): 1 on the diagonal
+  (d2 = 0), 0 elsewhere -- a "self only" kernel; its gradient w.r.t. sigma is 0 exactly at sigma = 0
+  (a measure-zero event under the random init), so it can still move away through the other pairs
+  once sigma != 0.
+* Underflow: the reference code computes the mask as a power of a precomputed exp(-d2 / 2), i.e.
+  exp(-d2/2) ** (1/sigma^2). In float32 exp(-x) underflows to 0 for x > ~103 (and is subnormal past
+  ~87), so on a 16x16 grid (d2 up to 450) or larger the base is already 0 for far pairs and the mask
+  entry is 0 whatever sigma is. Here the exponent -d2 / (2 sigma^2 + eps) is formed first and
+  exponentiated once (`gmm_mask`). "No underflow" means precisely: every kernel value whose exact
+  value exp(-d2 / (2 sigma^2 + eps)) is a normal number of the compute dtype (float32: exponent
+  >= -87.3, e.g. every pair of a 32x32 grid for sigma >= 3.4) is computed to a relative error of
+  about |exponent| * 2^-24 (a few 1e-6) and in particular is > 0. Values whose exact result is below
+  the dtype's range (e.g. sigma = 1 on a 32x32 grid, exp(-961)) are 0 in float32 and float64 alike:
+  that is the true value rounded, not an artefact. The mask is computed in the parameters' dtype
+  (float32 normally, also under autocast) and cast to the scores' dtype only for the multiply.
+* d2 (N x N) is cached per grid as a non-persistent buffer (rebuilt, never saved), per layer.
+* No class token (the mask needs a regular N x N patch grid): global average pooling over the patch
+  tokens, then LayerNorm (`fc_norm`, as timm's ViT with global_pool='avg') and the head
+  (mean -> LayerNorm -> Linear). `forward_features` returns the un-normalised tokens.
+  The attention works for any square patch grid (and rectangular ones when `grid_size` is given to
+  the attention module; the model always passes its own grid).
+* `drop_rate` is the DeiT-style dropout (after the position embedding, on the attention projection
+  and in the MLP), as in `ls_convit`.
+* Weight decay: alpha/sigma are (H, K) matrices that a "decay everything with ndim >= 2" rule would
+  decay; `mask_weight_decay` (default False) decides explicitly, through `param_groups()`.
+"""
+import math
+from numbers import Integral, Real
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple, Union
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from timm.layers import DropPath, LayerNorm, Mlp, PatchEmbed, calculate_drop_path_rates, trunc_normal_
+from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
+from timm.models._features_fx import register_notrace_module
+
+__all__ = ['gmm_mask', 'grid_sq_distances', 'GMMAttention', 'Block', 'LocalityGMMViT']
+
+IMAGENET_DEFAULT_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_DEFAULT_STD = (0.229, 0.224, 0.225)
+FASHION_MNIST_MEAN = (0.2860,)
+FASHION_MNIST_STD = (0.3530,)
+
+GMM_EPS = 1e-6
+
+GridSize = Tuple[int, int]
+
+
+def grid_sq_distances(grid_size: GridSize) -> torch.Tensor:
+    """Squared 2D distances d2[i, j] = dx^2 + dy^2 between patches i and j, shape (N, N), float32.
+
+    Patches are numbered row-major (n = row * W + col), as Algorithm 1 of the paper
+    (dx from n % W, dy from n // W). Exact integers, so float32 is exact up to huge grids.
+    """
+    h, w = grid_size
+    rows = torch.arange(h, dtype=torch.float32).repeat_interleave(w)  # (N,)
+    cols = torch.arange(w, dtype=torch.float32).repeat(h)  # (N,)
+    dx = cols[None, :] - cols[:, None]
+    dy = rows[None, :] - rows[:, None]
+    return dx * dx + dy * dy
+
+
+def gmm_mask(d2: torch.Tensor, alpha: torch.Tensor, sigma: torch.Tensor, eps: float = GMM_EPS) -> torch.Tensor:
+    """Gaussian mixture mask M (H, N, N), M[h] = sum_k alpha[h, k] exp(-d2 / (2 sigma[h, k]^2 + eps)).
+
+    d2: (N, N) squared patch distances; alpha, sigma: (H, K). The exponent is formed first and
+    exponentiated once (never a power of an underflowed exp), so an entry is 0 only when its exact
+    value is below the dtype's range. Computed in the dtype of alpha/sigma (d2 is cast to it).
+    sigma may be <= 0: it only enters as sigma^2 (the mask is even in sigma), and the denominator is
+    >= eps > 0.
+    """
+    if alpha.shape != sigma.shape or alpha.ndim != 2:
+        raise ValueError(f'gmm_mask: alpha {tuple(alpha.shape)} and sigma {tuple(sigma.shape)} must both be (H, K)')
+    denom = 2. * sigma * sigma + eps  # (H, K)
+    expo = -d2.to(sigma.dtype)[None, None] / denom[:, :, None, None]  # (H, K, N, N)
+    return torch.einsum('hk,hknm->hnm', alpha, torch.exp(expo))
+
+
+def _square_grid(num_patches: int) -> GridSize:
+    side = math.isqrt(num_patches)
+    if side * side != num_patches:
+        raise ValueError(
+            f'GMMAttention got {num_patches} tokens, which is not a square patch grid; pass grid_size=(rows, cols) '
+            'to GMMAttention, or feed it patch tokens only (no class token)')
+    return side, side
+
+
+@register_notrace_module  # reason: the d2 cache is Python control flow
+class GMMAttention(nn.Module):
+    """Multi-head self-attention with a per-head Gaussian mixture mask on the scaled scores.
+
+    Parameters: qkv (dim -> 3 dim), proj, alpha (H, K), sigma (H, K). `dim` is the total width.
+    """
+
+    def __init__(
+            self,
+            dim: int,
+            num_heads: int = 8,
+            qkv_bias: bool = False,
+            attn_drop: float = 0.,
+            proj_drop: float = 0.,
+            num_kernels: int = 5,
+            alpha_init_mean: float = 0.,
+            alpha_init_std: float = 2.,
+            sigma_init_mean: float = 10.,
+            sigma_init_std: float = 10.,
+            eps: float = GMM_EPS,
+            grid_size: Optional[GridSize] = None,
+    ):
+        super().__init__()
+        if dim % num_heads:
+            raise ValueError(f'GMMAttention: dim={dim} is not divisible by num_heads={num_heads}; pick a multiple')
+        if num_kernels < 1:
+            raise ValueError(f'GMMAttention: num_kernels={num_kernels}; use num_kernels >= 1')
+        self.num_heads = num_heads
+        self.dim = dim
+        self.head_dim = dim // num_heads
+        self.scale = self.head_dim ** -0.5
+        self.num_kernels = num_kernels
+        self.eps = float(eps)
+        self.alpha_init_mean, self.alpha_init_std = float(alpha_init_mean), float(alpha_init_std)
+        self.sigma_init_mean, self.sigma_init_std = float(sigma_init_mean), float(sigma_init_std)
+        self.grid_size = tuple(grid_size) if grid_size is not None else None
+
+        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        self.attn_drop = nn.Dropout(attn_drop)
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(proj_drop)
+        self.alpha = nn.Parameter(torch.empty(num_heads, num_kernels))
+        self.sigma = nn.Parameter(torch.empty(num_heads, num_kernels))
+
+        # d2 for the last grid seen, (N, N); non-persistent: rebuilt, never saved
+        self._d2_grid: Optional[GridSize] = None
+        self.register_buffer('d2', torch.zeros(0, 0), persistent=False)
+        if self.grid_size is not None:
+            self._set_d2(self.grid_size)
+        # standalone, initialise as LocalityGMMViT does (the model re-applies the same scheme)
+        for linear in (self.qkv, self.proj):
+            trunc_normal_(linear.weight, std=.02)
+            if linear.bias is not None:
+                nn.init.zeros_(linear.bias)
+        self.reset_mask_parameters()
+
+    @torch.no_grad()
+    def reset_mask_parameters(self) -> None:
+        """alpha ~ N(alpha_init_mean, alpha_init_std^2), sigma ~ N(sigma_init_mean, sigma_init_std^2)."""
+        self.alpha.normal_(self.alpha_init_mean, self.alpha_init_std)
+        self.sigma.normal_(self.sigma_init_mean, self.sigma_init_std)
+
+    # --- distances ---------------------------------------------------------------------------
+    def _set_d2(self, grid: GridSize) -> None:
+        self.d2 = grid_sq_distances(grid).to(device=self.alpha.device)  # kept float32 (exact integers)
+        self._d2_grid = grid
+
+    def _grid_for(self, num_patches: int) -> GridSize:
+        if self.grid_size is not None and self.grid_size[0] * self.grid_size[1] == num_patches:
+            return self.grid_size
+        return _square_grid(num_patches)
+
+    def init_non_persistent_buffers(self) -> None:
+        """Recompute the cached distances (e.g. after materialising from the meta device)."""
+        if self._d2_grid is not None:
+            self._set_d2(self._d2_grid)
+
+    # --- mask and attention ------------------------------------------------------------------
+    def mask(self, grid: GridSize) -> torch.Tensor:
+        """The Gaussian mixture mask M (H, N, N) for `grid`, in the parameters' dtype."""
+        if self._d2_grid != grid or self.d2.device != self.alpha.device:
+            self._set_d2(grid)
+        return gmm_mask(self.d2, self.alpha, self.sigma, self.eps)
+
+    def _scores(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Masked scores B = (Q K^T / sqrt(d)) * M (B, H, N, N) and V (B, H, N, d)."""
+        B, N, C = x.shape
+        q, k, v = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        scores = q @ k.transpose(-2, -1)  # (B, H, N, N)
+        mask = self.mask(self._grid_for(N)) * self.scale  # (H, N, N), 1/sqrt(d) folded into the mask
+        return scores * mask.to(scores.dtype), v
+
+    def attention_map(self, x: torch.Tensor) -> torch.Tensor:
+        """softmax((Q K^T / sqrt(d)) * M) (B, H, N, N), no dropout; every row sums to 1."""
+        scores, _ = self._scores(x)
+        return scores.softmax(dim=-1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, N, C = x.shape
+        scores, v = self._scores(x)
+        attn = self.attn_drop(scores.softmax(dim=-1))
+        out = (attn @ v).transpose(1, 2).reshape(B, N, C)
+        return self.proj_drop(self.proj(out))
+
+
+class Block(nn.Module):
+
+    def __init__(
+            self,
+            dim: int,
+            num_heads: int,
+            mlp_ratio: float = 4.,
+            qkv_bias: bool = False,
+            proj_drop: float = 0.,
+            drop_path: float = 0.,
+            num_kernels: int = 5,
+            alpha_init_mean: float = 0.,
+            alpha_init_std: float = 2.,
+            sigma_init_mean: float = 10.,
+            sigma_init_std: float = 10.,
+            grid_size: Optional[GridSize] = None,
+    ):
+        super().__init__()
+        self.norm1 = LayerNorm(dim)
+        self.attn = GMMAttention(
+            dim, num_heads=num_heads, qkv_bias=qkv_bias, proj_drop=proj_drop, num_kernels=num_kernels,
+            alpha_init_mean=alpha_init_mean, alpha_init_std=alpha_init_std,
+            sigma_init_mean=sigma_init_mean, sigma_init_std=sigma_init_std, grid_size=grid_size)
+        self.drop_path = DropPath(drop_path) if drop_path > 0. else nn.Identity()
+        self.norm2 = LayerNorm(dim)
+        self.mlp = Mlp(in_features=dim, hidden_features=int(dim * mlp_ratio), act_layer=nn.GELU, drop=proj_drop)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.drop_path(self.attn(self.norm1(x)))
+        x = x + self.drop_path(self.mlp(self.norm2(x)))
+        return x
+
+
+def _pair(name: str, value: Any) -> Tuple[int, int]:
+    if isinstance(value, Integral) and not isinstance(value, bool):
+        return int(value), int(value)
+    if isinstance(value, Sequence) and len(value) == 2 and all(
+            isinstance(v, Integral) and not isinstance(v, bool) for v in value):
+        return int(value[0]), int(value[1])
+    raise ValueError(f'{name}={value!r}: expected a positive int or an (height, width) pair of ints')
+
+
+def _check_int(name: str, value: Any, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, Integral) or value < low:
+        raise ValueError(f'{name}={value!r}: expected an int >= {low}')
+
+
+def _check_real(name: str, value: Any, low: float, high: Optional[float] = None, high_open: bool = True) -> None:
+    ok = isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value) and value >= low
+    if ok and high is not None:
+        ok = value < high if high_open else value <= high
+    if not ok:
+        bound = '' if high is None else f' and {"<" if high_open else "<="} {high}'
+        raise ValueError(f'{name}={value!r}: expected a finite number >= {low}{bound}')
+
+
+def _check_bool(name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise ValueError(f'{name}={value!r}: expected True or False')
+
+
+class LocalityGMMViT(nn.Module):
+    """ViT with Gaussian-mixture-masked attention in every layer; no class token, average pooling.
+
+    `embed_dim` is the total width. `num_kernels` (K) Gaussians per head and layer.
+    """
+    family = 'gmm'
+
+    def __init__(
+            self,
+            *,
+            img_size: Union[int, Tuple[int, int]] = 224,
+            patch_size: int = 16,
+            in_chans: int = 3,
+            num_classes: int = 1000,
+            embed_dim: int = 192,
+            depth: int = 12,
+            num_heads: int = 3,
+            mlp_ratio: float = 4.,
+            qkv_bias: bool = False,
+            drop_rate: float = 0.,
+            drop_path_rate: float = 0.,
+            num_kernels: int = 5,
+            alpha_init_mean: float = 0.,
+            alpha_init_std: float = 2.,
+            sigma_init_mean: float = 10.,
+            sigma_init_std: float = 10.,
+            mask_weight_decay: bool = False,
+            use_pos_embed: bool = True,
+    ):
+        super().__init__()
+        img_hw = _pair('img_size', img_size)
+        _check_int('patch_size', patch_size, 1)
+        _check_int('in_chans', in_chans, 1)
+        _check_int('num_classes', num_classes, 0)
+        _check_int('embed_dim', embed_dim, 1)
+        _check_int('depth', depth, 1)
+        _check_int('num_heads', num_heads, 1)
+        _check_int('num_kernels', num_kernels, 1)
+        _check_real('mlp_ratio', mlp_ratio, 0., None)
+        _check_real('drop_rate', drop_rate, 0., 1.)
+        _check_real('drop_path_rate', drop_path_rate, 0., 1.)
+        _check_real('alpha_init_mean', alpha_init_mean, -math.inf)
+        _check_real('alpha_init_std', alpha_init_std, 0.)
+        _check_real('sigma_init_mean', sigma_init_mean, -math.inf)
+        _check_real('sigma_init_std', sigma_init_std, 0.)
+        _check_bool('qkv_bias', qkv_bias)
+        _check_bool('mask_weight_decay', mask_weight_decay)
+        _check_bool('use_pos_embed', use_pos_embed)
+        if min(img_hw) < 1 or any(s % patch_size for s in img_hw):
+            raise ValueError(
+                f'img_size={img_size!r} is not a multiple of patch_size={patch_size}; pick a patch_size that '
+                f'divides the image size (e.g. {math.gcd(*img_hw)}) or resize the images')
+        if embed_dim % num_heads:
+            raise ValueError(
+                f'embed_dim={embed_dim} is not divisible by num_heads={num_heads}; embed_dim is the TOTAL width: '
+                f'use a multiple of num_heads, e.g. embed_dim={num_heads * max(1, round(embed_dim / num_heads))}')
+        if int(mlp_ratio * embed_dim) < 1:
+            raise ValueError(f'mlp_ratio={mlp_ratio} gives an empty MLP for embed_dim={embed_dim}; raise mlp_ratio')
+
+        self.num_classes = num_classes
+        self.in_chans = in_chans
+        self.num_features = self.head_hidden_size = self.embed_dim = embed_dim
+        self.num_kernels = num_kernels
+        self.mask_weight_decay = mask_weight_decay
+        self.use_pos_embed = use_pos_embed
+        self.num_prefix_tokens = 0
+        self.global_pool = 'avg'
+
+        self.patch_embed = PatchEmbed(img_size=img_hw, patch_size=patch_size, in_chans=in_chans, embed_dim=embed_dim)
+        self.grid_size: GridSize = tuple(self.patch_embed.grid_size)
+        self.num_patches = num_patches = self.patch_embed.num_patches
+
+        self.pos_drop = nn.Dropout(p=drop_rate)
+        if use_pos_embed:
+            self.pos_embed = nn.Parameter(torch.zeros(1, num_patches, embed_dim))
+            trunc_normal_(self.pos_embed, std=.02)
+        else:
+            self.pos_embed = None
+
+        dpr = calculate_drop_path_rates(drop_path_rate, depth)  # stochastic depth decay rule
+        self.blocks = nn.ModuleList([
+            Block(
+                dim=embed_dim,
+                num_heads=num_heads,
+                mlp_ratio=mlp_ratio,
+                qkv_bias=qkv_bias,
+                proj_drop=drop_rate,
+                drop_path=dpr[i],
+                num_kernels=num_kernels,
+                alpha_init_mean=alpha_init_mean,
+                alpha_init_std=alpha_init_std,
+                sigma_init_mean=sigma_init_mean,
+                sigma_init_std=sigma_init_std,
+                grid_size=self.grid_size,
+            ) for i in range(depth)])
+        self.fc_norm = LayerNorm(embed_dim)  # after pooling
+        self.feature_info = [dict(num_chs=embed_dim, reduction=patch_size, module=f'blocks.{i}') for i in range(depth)]
+        self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+
+        self.apply(self._init_weights)  # linears and norms only; alpha/sigma keep their N(mean, std^2) init
+
+    def _init_weights(self, m: nn.Module) -> None:
+        if isinstance(m, nn.Linear):
+            trunc_normal_(m.weight, std=.02)
+            if m.bias is not None:
+                nn.init.constant_(m.bias, 0)
+        elif isinstance(m, nn.LayerNorm):
+            nn.init.constant_(m.bias, 0)
+            nn.init.constant_(m.weight, 1.0)
+
+    @torch.jit.ignore
+    def no_weight_decay(self) -> Set[str]:
+        skip = {'pos_embed'}
+        if not self.mask_weight_decay:
+            skip |= {n for n, _ in self.named_parameters() if n.endswith(('attn.alpha', 'attn.sigma'))}
+        return skip
+
+    def mask_parameters(self) -> List[nn.Parameter]:
+        """alpha and sigma of every layer."""
+        return [p for m in self.modules() if isinstance(m, GMMAttention) for p in (m.alpha, m.sigma)]
+
+    def param_groups(self, weight_decay: float) -> List[Dict[str, Any]]:
+        """AdamW parameter groups, each {'params', 'weight_decay', 'lr_scale'} (lr = base lr * lr_scale).
+
+        Mask parameters (alpha, sigma): `weight_decay` if `mask_weight_decay` else 0. Biases, norms and
+        pos_embed: no weight decay. Everything else: `weight_decay`. All lr_scale 1.0. Frozen
+        parameters are left out; empty groups are dropped.
+        """
+        _check_real('weight_decay', weight_decay, 0.)
+        mask_ids = {id(p) for p in self.mask_parameters()}
+        decay, no_decay, mask = [], [], []
+        for name, p in self.named_parameters():
+            if not p.requires_grad:
+                continue
+            if id(p) in mask_ids:
+                mask.append(p)
+            elif p.ndim <= 1 or name == 'pos_embed':
+                no_decay.append(p)
+            else:
+                decay.append(p)
+        groups = [
+            dict(params=decay, weight_decay=float(weight_decay), lr_scale=1.0),
+            dict(params=no_decay, weight_decay=0.0, lr_scale=1.0),
+            dict(params=mask, weight_decay=float(weight_decay) if self.mask_weight_decay else 0.0, lr_scale=1.0),
+        ]
+        return [g for g in groups if g['params']]
+
+    @torch.jit.ignore
+    def group_matcher(self, coarse: bool = False) -> Dict[str, Any]:
+        return dict(
+            stem=r'^pos_embed|patch_embed',  # stem and embed
+            blocks=[(r'^blocks\.(\d+)', None), (r'^fc_norm', (99999,))]
+        )
+
+    @torch.jit.ignore
+    def get_classifier(self) -> nn.Module:
+        return self.head
+
+    def reset_classifier(self, num_classes: int, global_pool: Optional[str] = None) -> None:
+        if global_pool is not None and global_pool != 'avg':
+            raise ValueError(f"global_pool={global_pool!r}: this model has no class token, use 'avg'")
+        self.num_classes = num_classes
+        w = self.fc_norm.weight
+        self.head = (nn.Linear(self.embed_dim, num_classes, device=w.device, dtype=w.dtype)
+                     if num_classes > 0 else nn.Identity())
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.patch_embed(x)  # (B, N, C)
+        if self.pos_embed is not None:
+            x = x + self.pos_embed
+        x = self.pos_drop(x)
+        for blk in self.blocks:
+            x = blk(x)
+        return x  # (B, N, C); the LayerNorm comes after pooling
+
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        x = self.fc_norm(x.mean(dim=1))
+        return x if pre_logits else self.head(x)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_head(self.forward_features(x))
+
+
+def _create_ls_gmm(variant: str, pretrained: bool = False, **kwargs) -> LocalityGMMViT:
+    if kwargs.pop('features_only', False):
+        raise RuntimeError(f'{variant}: features_only is not supported; use forward_features() instead')
+    if pretrained:
+        raise ValueError(f'{variant} has no pretrained weights; create it with pretrained=False and load a '
+                         'state dict')
+    return build_model_with_cfg(LocalityGMMViT, variant, pretrained, **kwargs)
+
+
+def _cfg(**kwargs) -> Dict[str, Any]:
+    return {
+        'url': '',
+        'num_classes': 1000, 'input_size': (3, 224, 224), 'pool_size': None,
+        'crop_pct': .875, 'interpolation': 'bicubic', 'fixed_input_size': True,
+        'mean': IMAGENET_DEFAULT_MEAN, 'std': IMAGENET_DEFAULT_STD,
+        'first_conv': 'patch_embed.proj', 'classifier': 'head',
+        **kwargs
+    }
+
+
+def _fashion_mnist_cfg(**kwargs) -> Dict[str, Any]:
+    return _cfg(num_classes=10, input_size=(1, 28, 28), crop_pct=1.0, interpolation='bilinear',
+                mean=FASHION_MNIST_MEAN, std=FASHION_MNIST_STD, **kwargs)
+
+
+default_cfgs = generate_default_cfgs({
+    'ls_gmm_nano': _fashion_mnist_cfg(),
+    'ls_gmm_micro': _fashion_mnist_cfg(),
+    'ls_gmm_tiny': _cfg(),
+    'ls_gmm_small': _cfg(),
+})
+
+
+@register_model
+def ls_gmm_nano(pretrained: bool = False, **kwargs) -> LocalityGMMViT:
+    """Test-sized: 28x28 grayscale, 7x7 patches of 4, width 32, 4 heads, depth 2, K = 2."""
+    model_args = dict(img_size=28, patch_size=4, in_chans=1, num_classes=10, embed_dim=32, depth=2,
+                      num_heads=4, num_kernels=2)
+    return _create_ls_gmm('ls_gmm_nano', pretrained=pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def ls_gmm_micro(pretrained: bool = False, **kwargs) -> LocalityGMMViT:
+    """CPU default for Fashion-MNIST: 28x28 grayscale, 7x7 patches of 4, width 96, 4 heads, depth 8, K = 3
+    (the sizes of ls_convit_micro)."""
+    model_args = dict(img_size=28, patch_size=4, in_chans=1, num_classes=10, embed_dim=96, depth=8,
+                      num_heads=4, num_kernels=3)
+    return _create_ls_gmm('ls_gmm_micro', pretrained=pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def ls_gmm_tiny(pretrained: bool = False, **kwargs) -> LocalityGMMViT:
+    """DeiT-Ti sizes with GMM attention: 224 px, patch 16, width 192, 3 heads, depth 12, K = 5 (paper)."""
+    model_args = dict(embed_dim=192, depth=12, num_heads=3, num_kernels=5)
+    return _create_ls_gmm('ls_gmm_tiny', pretrained=pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def ls_gmm_small(pretrained: bool = False, **kwargs) -> LocalityGMMViT:
+    """DeiT-S sizes with GMM attention: 224 px, patch 16, width 384, 6 heads, depth 12, K = 5."""
+    model_args = dict(embed_dim=384, depth=12, num_heads=6, num_kernels=5)
+    return _create_ls_gmm('ls_gmm_small', pretrained=pretrained, **dict(model_args, **kwargs))

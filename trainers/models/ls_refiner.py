@@ -1,0 +1,533 @@
+""" Refiner (attention expansion + distributed local attention) for locality-search
+
+Paper:
+* `Refiner: Refining Self-attention for Vision Transformers`
+  - https://arxiv.org/abs/2106.03714
+
+@article{zhou2021refiner,
+  title={Refiner: Refining Self-attention for Vision Transformers},
+  author={Zhou, Daquan and Shi, Yujun and Kang, Bingyi and Yu, Weihao and Jiang, Zihang and Li, Yuan and Jin, Xiaojie and Hou, Qibin and Feng, Jiashi},
+  journal={arXiv preprint arXiv:2106.03714},
+  year={2021}
+}
+
+A DeiT (class token at index 0 in every block, learned position embedding, pre-norm blocks) whose
+first `refiner_blocks` blocks refine their attention maps before applying them to V. Per block,
+with H heads, A = softmax(Q K^T / sqrt(d)) of shape (B, H, N, N), N = 1 + h * w tokens:
+
+    1. expand   Ae[e] = sum_i E[e, i] * A[i]             E: (rH, H)   (paper: W_A, "attention expansion")
+    2. conv     Ac[e] = C[e] (*) Ae[e]                   C: (rH, k, k) head-wise ("depthwise") k x k conv
+    3. reduce   Ar[o] = sum_e R[o, e] * Ac[e]            R: (H, rH)   (paper: "linear reduction")
+    4. out      = Ar @ V   (then the usual head concat + output projection)
+
+Implementation: for small grids (h*w <= 16 k^2, e.g. the 7 x 7 Fashion-MNIST grid) the conv is applied
+as one banded (h*w, h*w) matrix per expanded head (a GEMM; about 6x faster than a grouped conv2d on
+CPU); for larger grids (14 x 14 at 224 px) as a depthwise `conv2d` with zero padding. Same result.
+No biases anywhere in the refiner and no renormalisation: the refined rows need not sum to 1 (as in
+the paper). The full B x H x N x N map is materialised (cost grows with r), so a refined block cannot
+use fused attention; plain blocks (index >= refiner_blocks) do use `scaled_dot_product_attention`.
+
+What the convolution runs over (the decision this file makes)
+-------------------------------------------------------------
+The official code convolves the N x N map as an image in flattened token order, class token
+included. Here the convolution runs over the 2D KEY GRID, separately for every query: for query i
+(class token included), the row A[i, 1:] over the h * w patch keys is reshaped to an h x w image
+(patches row-major) and cross-correlated with the k x k kernel, zero padding at the grid border
+("same" size output). With c = k // 2 and 2D offsets o = (dy, dx) in [-c, c]^2:
+
+    A*[i, j] = sum_o w[o] * A[i, j + o]          (A[i, j + o] = 0 when j + o leaves the grid)
+
+so, for one head (the "distributed local attention" reading, paper eq. after (2)):
+
+    out_i = sum_j A*[i, j] v_j = sum_o w[o] * sum_j A[i, j + o] v_j = sum_j A[i, j] * (sum_o w[o] v_{j - o})
+
+i.e. attention applied to locally aggregated values: each key is replaced by a k x k neighbourhood
+of keys around it, weighted by the learnt kernel. The query index is NOT convolved (the paper's
+2D formula also shifts i; on the key grid that would mix different queries' distributions).
+
+Class token. The class-token KEY column A[:, 0] has no grid position: it goes through the expand and
+reduce mixings but not the spatial convolution (as if its kernel were the identity). The
+class-token QUERY row A[0, :] is just another query: its patch-key part is convolved like every
+other row, its class-token entry A[0, 0] is mixed only.
+
+r changes the parametrisation, not the function class. Expand -> depthwise conv -> reduce is one
+dense H -> H k x k convolution over the patch-key block with weight
+    W_dense[o, i] = sum_e R[o, e] * C[e] * E[e, i]      (o, i heads; C[e] a k x k kernel)
+and the class-token column is mixed by the H x H matrix R @ E. So for every r the refined block is
+a member of the same class (dense H -> H convs on the maps); r >= H reaches all of it (one expanded
+head per (o, i) pair), smaller r a subset. What r buys is the optimisation path (paper Table 1:
+faster convergence at equal parameters), at the cost of r x the map memory and work.
+
+Init (reachable identity). E copies each head r times (E[e, i] = 1 if e // r == i), R averages the
+copies (R[o, e] = 1 / r if e // r == o), the kernel is a centred delta; then the refiner is exactly
+the identity and the model is a DeiT at init. Exact copies would get identical gradients forever
+(r would be wasted), so trunc_normal(std=0.02) noise is added to E, R and C: close to, not exactly,
+the identity. `Refiner.identity_()` sets the exact identity (tests, warm starts from a DeiT).
+
+Weight decay. The refiner weights (E, C, R) get no weight decay in `param_groups()`: they start at
+the identity, and decay would pull them to 0, i.e. shrink every attention map towards nothing.
+"""
+import math
+from numbers import Integral, Real
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple, Union
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from timm.layers import DropPath, LayerNorm, Mlp, PatchEmbed, calculate_drop_path_rates, trunc_normal_
+from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
+
+__all__ = ['Refiner', 'RefinedAttention', 'Attention', 'Block', 'LocalityRefinerViT']
+
+IMAGENET_DEFAULT_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_DEFAULT_STD = (0.229, 0.224, 0.225)
+FASHION_MNIST_MEAN = (0.2860,)
+FASHION_MNIST_STD = (0.3530,)
+
+GridSize = Tuple[int, int]
+
+
+class Refiner(nn.Module):
+    """Refine attention maps (B, H, N, N) -> (B, H, N, N): expand H -> rH, head-wise k x k conv over
+    the patch-KEY grid (per query), reduce rH -> H. See the module docstring.
+
+    Parameters: `expand` (rH, H), `kernel` (rH, k, k), `reduce` (H, rH).
+    `num_prefix_tokens` leading tokens (class token) are keys without grid position: mixed, not convolved.
+    """
+
+    def __init__(self, num_heads: int, ratio: int, kernel_size: int, grid_size: GridSize,
+                 num_prefix_tokens: int = 1, init_std: float = 0.02):
+        super().__init__()
+        if kernel_size < 1 or kernel_size % 2 == 0:
+            raise ValueError(f'Refiner: kernel_size={kernel_size} must be an odd int >= 1')
+        if ratio < 1:
+            raise ValueError(f'Refiner: ratio={ratio} must be an int >= 1')
+        self.num_heads = num_heads
+        self.ratio = ratio
+        self.expanded_heads = eh = num_heads * ratio
+        self.kernel_size = kernel_size
+        self.grid_size: GridSize = (int(grid_size[0]), int(grid_size[1]))
+        self.num_prefix_tokens = num_prefix_tokens
+        self.init_std = init_std
+        self.force_path: Optional[str] = None  # None: by grid size; 'matmul' or 'conv' (tests, benchmarks)
+        self.expand = nn.Parameter(torch.empty(eh, num_heads))
+        self.kernel = nn.Parameter(torch.empty(eh, kernel_size, kernel_size))
+        self.reduce = nn.Parameter(torch.empty(num_heads, eh))
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def identity_(self) -> 'Refiner':
+        """Exact identity: copy each head r times, centred delta kernels, average the copies."""
+        H, r, k = self.num_heads, self.ratio, self.kernel_size
+        copies = torch.arange(self.expanded_heads, device=self.expand.device) // r  # (rH,) source head
+        self.expand.zero_()
+        self.expand[torch.arange(self.expanded_heads), copies] = 1.
+        self.reduce.zero_()
+        self.reduce[copies, torch.arange(self.expanded_heads)] = 1. / r
+        self.kernel.zero_()
+        self.kernel[:, k // 2, k // 2] = 1.
+        return self
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """Identity plus trunc_normal(std=init_std) noise (breaks the symmetry between the r copies)."""
+        self.identity_()
+        if self.init_std > 0:
+            for p in (self.expand, self.kernel, self.reduce):
+                p.add_(trunc_normal_(torch.empty_like(p), std=self.init_std))
+
+    def dense_kernel(self) -> torch.Tensor:
+        """The equivalent dense H -> H conv weight (H, H, k, k): W[o, i] = sum_e R[o, e] C[e] E[e, i]."""
+        return torch.einsum('oe,eab,ei->oiab', self.reduce, self.kernel, self.expand)
+
+    def forward(self, attn: torch.Tensor) -> torch.Tensor:
+        B, H, N, _ = attn.shape
+        P = self.num_prefix_tokens
+        gh, gw = self.grid_size
+        if N != P + gh * gw:
+            raise ValueError(f'Refiner expects {P} prefix + {gh}x{gw} patch tokens = {P + gh * gw}, got {N}; '
+                             'build the model with the img_size/patch_size of the input')
+        eh, k = self.expanded_heads, self.kernel_size
+        x = torch.einsum('ei,binm->benm', self.expand, attn)  # (B, rH, N, N)
+        prefix, patches = x[..., :P], x[..., P:]  # (B, rH, N, P), (B, rH, N, h*w)
+        if self.use_matmul(gh * gw):
+            # the k x k conv over the key grid as one (h*w, h*w) banded matrix per expanded head
+            patches = patches @ self.key_operator().transpose(-2, -1)  # (B, rH, N, h*w)
+        else:
+            # every (expanded head, query) row is one h x w image; depthwise conv over rH * N channels
+            weight = self.kernel.repeat_interleave(N, dim=0).unsqueeze(1)  # (rH * N, 1, k, k)
+            patches = F.conv2d(patches.reshape(B, eh * N, gh, gw), weight, padding=k // 2, groups=eh * N)
+            patches = patches.reshape(B, eh, N, gh * gw)
+        x = torch.cat((prefix, patches), dim=-1)  # (B, rH, N, N)
+        return torch.einsum('oe,benm->bonm', self.reduce, x)  # (B, H, N, N)
+
+    def use_matmul(self, num_patches: int) -> bool:
+        """Banded matmul (cost ~ h*w per entry, but one GEMM) for small grids, depthwise conv2d (cost ~ k*k,
+        slow kernels) for large ones. Both give the same result (tested); `force_path` overrides."""
+        if self.force_path is not None:
+            return self.force_path == 'matmul'
+        return num_patches <= 16 * self.kernel_size ** 2
+
+    def key_operator(self) -> torch.Tensor:
+        """The zero-padded k x k cross-correlation over the h x w key grid as matrices (rH, h*w, h*w):
+        M[e, j, j'] = C[e][dy + c, dx + c] with (dy, dx) = pos(j') - pos(j) when |dy|, |dx| <= c, else 0."""
+        gh, gw = self.grid_size
+        k, c = self.kernel_size, self.kernel_size // 2
+        dev = self.kernel.device
+        ys = torch.arange(gh, device=dev).repeat_interleave(gw)  # (h*w,) row of key j
+        xs = torch.arange(gw, device=dev).repeat(gh)  # (h*w,) column of key j
+        dy, dx = ys[None, :] - ys[:, None], xs[None, :] - xs[:, None]  # (h*w, h*w): [j, j']
+        inside = (dy.abs() <= c) & (dx.abs() <= c)
+        tap = (dy + c).clamp(0, k - 1) * k + (dx + c).clamp(0, k - 1)  # (h*w, h*w) flat tap index
+        return self.kernel.reshape(self.expanded_heads, k * k)[:, tap] * inside  # (rH, h*w, h*w)
+
+
+class RefinedAttention(nn.Module):
+    """Multi-head self-attention with a `Refiner` between softmax and @V (parameter names as timm's ViT
+    Attention: qkv, proj; plus refiner.expand / refiner.kernel / refiner.reduce)."""
+
+    def __init__(self, dim: int, num_heads: int, grid_size: GridSize, qkv_bias: bool = False,
+                 proj_drop: float = 0., ratio: int = 3, kernel_size: int = 3, num_prefix_tokens: int = 1):
+        super().__init__()
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.scale = self.head_dim ** -0.5
+        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        self.refiner = Refiner(num_heads, ratio, kernel_size, grid_size, num_prefix_tokens)
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    def attention_map(self, x: torch.Tensor) -> torch.Tensor:
+        """softmax(Q K^T / sqrt(d)) before refinement, (B, H, N, N)."""
+        B, N, C = x.shape
+        q, k = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)[:2].unbind(0)
+        return ((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=-1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, N, C = x.shape
+        q, k, v = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        attn = ((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=-1)  # (B, H, N, N)
+        attn = self.refiner(attn)  # (B, H, N, N), rows need not sum to 1
+        x = (attn @ v).transpose(1, 2).reshape(B, N, C)  # (B, N, C)
+        return self.proj_drop(self.proj(x))
+
+
+class Attention(nn.Module):
+    """Plain multi-head self-attention on scaled_dot_product_attention (parameter names as timm)."""
+
+    def __init__(self, dim: int, num_heads: int, qkv_bias: bool = False, proj_drop: float = 0.):
+        super().__init__()
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, N, C = x.shape
+        q, k, v = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        x = F.scaled_dot_product_attention(q, k, v)
+        return self.proj_drop(self.proj(x.transpose(1, 2).reshape(B, N, C)))
+
+
+class Block(nn.Module):
+
+    def __init__(
+            self,
+            dim: int,
+            num_heads: int,
+            grid_size: GridSize,
+            mlp_ratio: float = 4.,
+            qkv_bias: bool = False,
+            proj_drop: float = 0.,
+            drop_path: float = 0.,
+            use_refiner: bool = True,
+            refiner_ratio: int = 3,
+            refiner_kernel: int = 3,
+    ):
+        super().__init__()
+        self.norm1 = LayerNorm(dim)
+        self.use_refiner = use_refiner
+        if use_refiner:
+            self.attn = RefinedAttention(dim, num_heads, grid_size, qkv_bias=qkv_bias, proj_drop=proj_drop,
+                                         ratio=refiner_ratio, kernel_size=refiner_kernel)
+        else:
+            self.attn = Attention(dim, num_heads, qkv_bias=qkv_bias, proj_drop=proj_drop)
+        self.drop_path = DropPath(drop_path) if drop_path > 0. else nn.Identity()
+        self.norm2 = LayerNorm(dim)
+        self.mlp = Mlp(in_features=dim, hidden_features=int(dim * mlp_ratio), act_layer=nn.GELU, drop=proj_drop)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.drop_path(self.attn(self.norm1(x)))
+        x = x + self.drop_path(self.mlp(self.norm2(x)))
+        return x
+
+
+def _pair(name: str, value: Any) -> Tuple[int, int]:
+    if isinstance(value, Integral) and not isinstance(value, bool):
+        return int(value), int(value)
+    if isinstance(value, Sequence) and len(value) == 2 and all(
+            isinstance(v, Integral) and not isinstance(v, bool) for v in value):
+        return int(value[0]), int(value[1])
+    raise ValueError(f'{name}={value!r}: expected a positive int or an (height, width) pair of ints')
+
+
+def _check_int(name: str, value: Any, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, Integral) or value < low:
+        raise ValueError(f'{name}={value!r}: expected an int >= {low}')
+
+
+def _check_real(name: str, value: Any, low: float, high: Optional[float] = None, high_open: bool = True) -> None:
+    ok = isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value) and value >= low
+    if ok and high is not None:
+        ok = value < high if high_open else value <= high
+    if not ok:
+        bound = '' if high is None else f' and {"<" if high_open else "<="} {high}'
+        raise ValueError(f'{name}={value!r}: expected a finite number >= {low}{bound}')
+
+
+class LocalityRefinerViT(nn.Module):
+    """DeiT with refined attention in the first `refiner_blocks` blocks (0 = plain DeiT).
+
+    `embed_dim` is the total width. Class token at index 0 in every block; classification from it.
+    """
+    family = 'refiner'
+
+    def __init__(
+            self,
+            *,
+            img_size: Union[int, Tuple[int, int]] = 224,
+            patch_size: int = 16,
+            in_chans: int = 3,
+            num_classes: int = 1000,
+            embed_dim: int = 384,
+            depth: int = 12,
+            num_heads: int = 6,
+            mlp_ratio: float = 4.,
+            qkv_bias: bool = True,
+            drop_rate: float = 0.,
+            drop_path_rate: float = 0.,
+            refiner_ratio: int = 3,
+            refiner_kernel: int = 3,
+            refiner_blocks: Optional[int] = None,
+            use_pos_embed: bool = True,
+    ):
+        super().__init__()
+        img_hw = _pair('img_size', img_size)
+        _check_int('patch_size', patch_size, 1)
+        _check_int('in_chans', in_chans, 1)
+        _check_int('num_classes', num_classes, 0)
+        _check_int('embed_dim', embed_dim, 1)
+        _check_int('depth', depth, 1)
+        _check_int('num_heads', num_heads, 1)
+        _check_int('refiner_ratio', refiner_ratio, 1)
+        _check_int('refiner_kernel', refiner_kernel, 1)
+        if refiner_blocks is None:
+            refiner_blocks = depth
+        _check_int('refiner_blocks', refiner_blocks, 0)
+        _check_real('mlp_ratio', mlp_ratio, 0., None)
+        _check_real('drop_rate', drop_rate, 0., 1.)
+        _check_real('drop_path_rate', drop_path_rate, 0., 1.)
+        if min(img_hw) < 1 or any(s % patch_size for s in img_hw):
+            raise ValueError(
+                f'img_size={img_size!r} is not a multiple of patch_size={patch_size}; pick a patch_size that '
+                f'divides the image size (e.g. {math.gcd(*img_hw)}) or resize the images')
+        if embed_dim % num_heads:
+            raise ValueError(
+                f'embed_dim={embed_dim} is not divisible by num_heads={num_heads}; embed_dim is the TOTAL width: '
+                f'use a multiple of num_heads, e.g. embed_dim={num_heads * max(1, round(embed_dim / num_heads))}')
+        if int(mlp_ratio * embed_dim) < 1:
+            raise ValueError(f'mlp_ratio={mlp_ratio} gives an empty MLP for embed_dim={embed_dim}; raise mlp_ratio')
+        if refiner_kernel % 2 == 0:
+            raise ValueError(f'refiner_kernel={refiner_kernel} must be odd (centred kernel); use '
+                             f'{refiner_kernel - 1 or 1} or {refiner_kernel + 1}')
+        grid = (img_hw[0] // patch_size, img_hw[1] // patch_size)
+        max_kernel = 2 * max(grid) - 1
+        if refiner_kernel > max_kernel:
+            raise ValueError(f'refiner_kernel={refiner_kernel} is wider than needed for the {grid[0]}x{grid[1]} patch '
+                             f'grid (taps beyond {max_kernel} only ever see zero padding); use <= {max_kernel}')
+        if refiner_blocks > depth:
+            raise ValueError(f'refiner_blocks={refiner_blocks} exceeds depth={depth}; it counts the first blocks '
+                             f'with refined attention, use a value in [0, {depth}] (0 = DeiT)')
+
+        self.num_classes = num_classes
+        self.in_chans = in_chans
+        self.num_features = self.head_hidden_size = self.embed_dim = embed_dim
+        self.refiner_ratio = refiner_ratio
+        self.refiner_kernel = refiner_kernel
+        self.refiner_blocks = refiner_blocks
+        self.use_pos_embed = use_pos_embed
+        self.num_prefix_tokens = 1
+        self.global_pool = 'token'
+
+        self.patch_embed = PatchEmbed(img_size=img_hw, patch_size=patch_size, in_chans=in_chans, embed_dim=embed_dim)
+        self.grid_size: GridSize = tuple(self.patch_embed.grid_size)
+        self.num_patches = num_patches = self.patch_embed.num_patches
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
+        if use_pos_embed:
+            self.pos_embed = nn.Parameter(torch.zeros(1, num_patches + 1, embed_dim))  # class token included
+        else:
+            self.pos_embed = None
+        self.pos_drop = nn.Dropout(p=drop_rate)
+
+        dpr = calculate_drop_path_rates(drop_path_rate, depth)  # stochastic depth decay rule
+        self.blocks = nn.ModuleList([
+            Block(
+                dim=embed_dim,
+                num_heads=num_heads,
+                grid_size=self.grid_size,
+                mlp_ratio=mlp_ratio,
+                qkv_bias=qkv_bias,
+                proj_drop=drop_rate,
+                drop_path=dpr[i],
+                use_refiner=i < refiner_blocks,
+                refiner_ratio=refiner_ratio,
+                refiner_kernel=refiner_kernel,
+            ) for i in range(depth)])
+        self.norm = LayerNorm(embed_dim)
+        self.feature_info = [dict(num_chs=embed_dim, reduction=patch_size, module=f'blocks.{i}') for i in range(depth)]
+        self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+
+        trunc_normal_(self.cls_token, std=.02)
+        if self.pos_embed is not None:
+            trunc_normal_(self.pos_embed, std=.02)
+        self.apply(self._init_weights)  # Refiner keeps its own (near-identity) init
+
+    def _init_weights(self, m: nn.Module) -> None:
+        if isinstance(m, nn.Linear):
+            trunc_normal_(m.weight, std=.02)
+            if m.bias is not None:
+                nn.init.constant_(m.bias, 0)
+        elif isinstance(m, nn.LayerNorm):
+            nn.init.constant_(m.bias, 0)
+            nn.init.constant_(m.weight, 1.0)
+
+    @torch.jit.ignore
+    def no_weight_decay(self) -> Set[str]:
+        return {'pos_embed', 'cls_token'}
+
+    def param_groups(self, weight_decay: float) -> List[Dict[str, Any]]:
+        """AdamW parameter groups, each {'params', 'weight_decay', 'lr_scale'} (lr = base lr * lr_scale).
+
+        No weight decay: biases, norms, pos_embed, cls_token and the refiner weights (they start at the
+        identity; decay would shrink the attention maps). Everything else: `weight_decay`. lr_scale 1.0.
+        Frozen parameters are left out; empty groups are dropped.
+        """
+        _check_real('weight_decay', weight_decay, 0.)
+        skip = self.no_weight_decay()
+        decay, no_decay = [], []
+        for name, p in self.named_parameters():
+            if not p.requires_grad:
+                continue
+            if p.ndim <= 1 or name in skip or '.refiner.' in name:
+                no_decay.append(p)
+            else:
+                decay.append(p)
+        groups = [
+            dict(params=decay, weight_decay=float(weight_decay), lr_scale=1.0),
+            dict(params=no_decay, weight_decay=0.0, lr_scale=1.0),
+        ]
+        return [g for g in groups if g['params']]
+
+    @torch.jit.ignore
+    def group_matcher(self, coarse: bool = False) -> Dict[str, Any]:
+        return dict(
+            stem=r'^cls_token|pos_embed|patch_embed',  # stem and embed
+            blocks=[(r'^blocks\.(\d+)', None), (r'^norm', (99999,))]
+        )
+
+    @torch.jit.ignore
+    def get_classifier(self) -> nn.Module:
+        return self.head
+
+    def reset_classifier(self, num_classes: int, global_pool: Optional[str] = None) -> None:
+        if global_pool is not None:
+            if global_pool not in ('token', 'avg'):
+                raise ValueError(f"global_pool={global_pool!r}: use 'token' or 'avg'")
+            self.global_pool = global_pool
+        self.num_classes = num_classes
+        w = self.norm.weight
+        self.head = (nn.Linear(self.embed_dim, num_classes, device=w.device, dtype=w.dtype)
+                     if num_classes > 0 else nn.Identity())
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.patch_embed(x)  # (B, h*w, C)
+        x = torch.cat((self.cls_token.expand(x.shape[0], -1, -1), x), dim=1)  # (B, N = 1 + h*w, C)
+        if self.pos_embed is not None:
+            x = x + self.pos_embed
+        x = self.pos_drop(x)
+        for blk in self.blocks:
+            x = blk(x)
+        return self.norm(x)
+
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        x = x[:, 0] if self.global_pool == 'token' else x[:, self.num_prefix_tokens:].mean(dim=1)
+        return x if pre_logits else self.head(x)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_head(self.forward_features(x))
+
+
+def _create_ls_refiner(variant: str, pretrained: bool = False, **kwargs) -> LocalityRefinerViT:
+    if kwargs.pop('features_only', False):
+        raise RuntimeError(f'{variant}: features_only is not supported; use forward_features() instead')
+    if pretrained:
+        raise ValueError(f'{variant} has no pretrained weights; create it with pretrained=False and load a '
+                         'state dict')
+    return build_model_with_cfg(LocalityRefinerViT, variant, pretrained, **kwargs)
+
+
+def _cfg(**kwargs) -> Dict[str, Any]:
+    return {
+        'url': '',
+        'num_classes': 1000, 'input_size': (3, 224, 224), 'pool_size': None,
+        'crop_pct': .875, 'interpolation': 'bicubic', 'fixed_input_size': True,
+        'mean': IMAGENET_DEFAULT_MEAN, 'std': IMAGENET_DEFAULT_STD,
+        'first_conv': 'patch_embed.proj', 'classifier': 'head',
+        **kwargs
+    }
+
+
+def _fashion_mnist_cfg(**kwargs) -> Dict[str, Any]:
+    return _cfg(num_classes=10, input_size=(1, 28, 28), crop_pct=1.0, interpolation='bilinear',
+                mean=FASHION_MNIST_MEAN, std=FASHION_MNIST_STD, **kwargs)
+
+
+default_cfgs = generate_default_cfgs({
+    'ls_refiner_nano': _fashion_mnist_cfg(),
+    'ls_refiner_micro': _fashion_mnist_cfg(),
+    'ls_refiner_tiny': _cfg(),
+    'ls_refiner_small': _cfg(),
+})
+
+
+@register_model
+def ls_refiner_nano(pretrained: bool = False, **kwargs) -> LocalityRefinerViT:
+    """Test-sized: 28x28 grayscale, 7x7 patches of 4, width 32, 4 heads, 2 refined blocks, r=2, k=3."""
+    model_args = dict(img_size=28, patch_size=4, in_chans=1, num_classes=10, embed_dim=32, depth=2,
+                      num_heads=4, refiner_ratio=2, refiner_kernel=3)
+    return _create_ls_refiner('ls_refiner_nano', pretrained=pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def ls_refiner_micro(pretrained: bool = False, **kwargs) -> LocalityRefinerViT:
+    """CPU default for Fashion-MNIST: 28x28 grayscale, 7x7 patches of 4, width 96, 4 heads, 8 refined
+    blocks, r=2, k=3 (the sizes of ls_convit_micro)."""
+    model_args = dict(img_size=28, patch_size=4, in_chans=1, num_classes=10, embed_dim=96, depth=8,
+                      num_heads=4, refiner_ratio=2, refiner_kernel=3)
+    return _create_ls_refiner('ls_refiner_micro', pretrained=pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def ls_refiner_tiny(pretrained: bool = False, **kwargs) -> LocalityRefinerViT:
+    """DeiT-Ti sized: 224 px, patch 16, width 192, 3 heads, depth 12, all refined, r=3, k=3."""
+    model_args = dict(embed_dim=192, depth=12, num_heads=3, refiner_ratio=3, refiner_kernel=3)
+    return _create_ls_refiner('ls_refiner_tiny', pretrained=pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def ls_refiner_small(pretrained: bool = False, **kwargs) -> LocalityRefinerViT:
+    """DeiT-S sized: 224 px, patch 16, width 384, 6 heads, depth 12, all refined, r=3, k=3."""
+    model_args = dict(embed_dim=384, depth=12, num_heads=6, refiner_ratio=3, refiner_kernel=3)
+    return _create_ls_refiner('ls_refiner_small', pretrained=pretrained, **dict(model_args, **kwargs))
