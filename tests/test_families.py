@@ -1,0 +1,34 @@
+"""Every registered family, through its tiny variant: builds, trains one step, reports its family."""
+
+from __future__ import annotations
+
+import timm
+import torch
+import pytest
+
+import trainers.models  # noqa: F401  (registers the families)
+
+NANOS = sorted(timm.list_models("ls_*_nano"))
+
+
+def test_every_family_has_a_nano_variant():
+    families = {name.split("_")[1] for name in timm.list_models("ls_*")}
+    assert families >= {"convit", "gmm", "refiner"}
+    assert {name.split("_")[1] for name in NANOS} == families
+
+
+@pytest.mark.parametrize("name", NANOS)
+def test_nano_forward_backward(name):
+    torch.manual_seed(0)
+    model = timm.create_model(name, num_classes=7)
+    assert model.family == name.split("_")[1]
+    x = torch.randn(4, 1, 28, 28)
+    logits = model(x)
+    assert logits.shape == (4, 7) and torch.isfinite(logits).all()
+    torch.nn.functional.cross_entropy(logits, torch.arange(4)).backward()
+    for pname, param in model.named_parameters():
+        assert param.grad is not None and torch.isfinite(param.grad).all(), pname
+        assert param.grad.abs().sum() > 0, f"{name}: {pname} gets no gradient"
+    groups = model.param_groups(weight_decay=0.05)
+    grouped = [id(p) for g in groups for p in g["params"]]
+    assert sorted(grouped) == sorted(id(p) for p in model.parameters())
