@@ -132,7 +132,7 @@ def write_cifar(root: Path, per_batch: int = 4) -> Path:
 
 
 def test_cifar_reader(tmp_path):
-    root = write_cifar(tmp_path / "cifar-10-batches-py")
+    write_cifar(tmp_path / "cifar-10-batches-py")
     files = load_catalog("cifar10")["files"]
     for where in (root, tmp_path):  # the batches folder itself, or the folder that contains it
         raw = _readers.read_cifar10_pickle(_readers.cifar10_root(where, files["test"]), **files)
@@ -440,7 +440,7 @@ def test_loader_rejects_batch_larger_than_train_split(synthetic):
 
 @pytest.mark.ffcv
 def test_loader_three_channels_channels_last(tmp_path):
-    root = write_cifar(tmp_path / "cifar-10-batches-py")
+    write_cifar(tmp_path / "cifar-10-batches-py")
     prepared = prepare_dataset(DatasetRequest("cifar10", data_dir=str(tmp_path), val_fraction=0.2), cache_dir=tmp_path / "cache")
     assert prepared.channels == 3 and prepared.mean == (0.4914, 0.4822, 0.4465)
     assert sum(prepared.counts.values()) == 24

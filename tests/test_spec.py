@@ -164,7 +164,6 @@ def test_unreachable_ray_address_is_a_one_line_error(tmp_path, capsys):
 @pytest.mark.parametrize("path", SPACES, ids=[p.name for p in SPACES])
 def test_every_space_samples_configs_that_build(path):
     """Draw configs the way the search does (Optuna, define-by-run) and build each model."""
-    import dataclasses
 
     import optuna
     import torch

@@ -37,8 +37,7 @@ moves between `LocalityConViT` and timm's `ConVit` unchanged (same keys, same sh
   the attention projection output and in the MLP (timm's `drop_rate` is the classifier dropout).
 """
 import math
-from numbers import Integral, Real
-from typing import Any, Dict, List, Optional, Sequence, Set, Tuple, Union
+from typing import Any, Dict, List, Optional, Set, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -48,14 +47,9 @@ from timm.layers import DropPath, LayerNorm, Mlp, PatchEmbed, calculate_drop_pat
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 from timm.models._features_fx import register_notrace_module
 
+from trainers.models._common import GridSize, _cfg, _check_int, _check_real, _fashion_mnist_cfg, _pair
+
 __all__ = ['GPSA', 'MHSA', 'Block', 'LocalityConViT']
-
-IMAGENET_DEFAULT_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_DEFAULT_STD = (0.229, 0.224, 0.225)
-FASHION_MNIST_MEAN = (0.2860,)
-FASHION_MNIST_STD = (0.3530,)
-
-GridSize = Tuple[int, int]
 
 
 def rel_indices(grid_size: GridSize) -> torch.Tensor:
@@ -259,29 +253,6 @@ class Block(nn.Module):
         return x
 
 
-def _pair(name: str, value: Any) -> Tuple[int, int]:
-    if isinstance(value, Integral) and not isinstance(value, bool):
-        return int(value), int(value)
-    if isinstance(value, Sequence) and len(value) == 2 and all(
-            isinstance(v, Integral) and not isinstance(v, bool) for v in value):
-        return int(value[0]), int(value[1])
-    raise ValueError(f'{name}={value!r}: expected a positive int or an (height, width) pair of ints')
-
-
-def _check_int(name: str, value: Any, low: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, Integral) or value < low:
-        raise ValueError(f'{name}={value!r}: expected an int >= {low}')
-
-
-def _check_real(name: str, value: Any, low: float, high: Optional[float] = None, high_open: bool = True) -> None:
-    ok = isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value) and value >= low
-    if ok and high is not None:
-        ok = value < high if high_open else value <= high
-    if not ok:
-        bound = '' if high is None else f' and {"<" if high_open else "<="} {high}'
-        raise ValueError(f'{name}={value!r}: expected a finite number >= {low}{bound}')
-
-
 class LocalityConViT(nn.Module):
     """ConViT: `local_up_to_layer` GPSA blocks, then the class token, then plain MHSA blocks.
 
@@ -481,22 +452,6 @@ def _create_ls_convit(variant: str, pretrained: bool = False, **kwargs) -> Local
         raise ValueError(f'{variant} has no pretrained weights; create it with pretrained=False and load a '
                          'state dict (timm convit_* weights load directly, the keys are the same)')
     return build_model_with_cfg(LocalityConViT, variant, pretrained, **kwargs)
-
-
-def _cfg(**kwargs) -> Dict[str, Any]:
-    return {
-        'url': '',
-        'num_classes': 1000, 'input_size': (3, 224, 224), 'pool_size': None,
-        'crop_pct': .875, 'interpolation': 'bicubic', 'fixed_input_size': True,
-        'mean': IMAGENET_DEFAULT_MEAN, 'std': IMAGENET_DEFAULT_STD,
-        'first_conv': 'patch_embed.proj', 'classifier': 'head',
-        **kwargs
-    }
-
-
-def _fashion_mnist_cfg(**kwargs) -> Dict[str, Any]:
-    return _cfg(num_classes=10, input_size=(1, 28, 28), crop_pct=1.0, interpolation='bilinear',
-                mean=FASHION_MNIST_MEAN, std=FASHION_MNIST_STD, **kwargs)
 
 
 default_cfgs = generate_default_cfgs({

@@ -68,8 +68,7 @@ Weight decay. The refiner weights (E, C, R) get no weight decay in `param_groups
 the identity, and decay would pull them to 0, i.e. shrink every attention map towards nothing.
 """
 import math
-from numbers import Integral, Real
-from typing import Any, Dict, List, Optional, Sequence, Set, Tuple, Union
+from typing import Any, Dict, List, Optional, Set, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -78,14 +77,9 @@ import torch.nn.functional as F
 from timm.layers import DropPath, LayerNorm, Mlp, PatchEmbed, calculate_drop_path_rates, trunc_normal_
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 
+from trainers.models._common import GridSize, _cfg, _check_int, _check_real, _fashion_mnist_cfg, _pair
+
 __all__ = ['Refiner', 'RefinedAttention', 'Attention', 'Block', 'LocalityRefinerViT']
-
-IMAGENET_DEFAULT_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_DEFAULT_STD = (0.229, 0.224, 0.225)
-FASHION_MNIST_MEAN = (0.2860,)
-FASHION_MNIST_STD = (0.3530,)
-
-GridSize = Tuple[int, int]
 
 
 class Refiner(nn.Module):
@@ -119,7 +113,7 @@ class Refiner(nn.Module):
     @torch.no_grad()
     def identity_(self) -> 'Refiner':
         """Exact identity: copy each head r times, centred delta kernels, average the copies."""
-        H, r, k = self.num_heads, self.ratio, self.kernel_size
+        r, k = self.ratio, self.kernel_size
         copies = torch.arange(self.expanded_heads, device=self.expand.device) // r  # (rH,) source head
         self.expand.zero_()
         self.expand[torch.arange(self.expanded_heads), copies] = 1.
@@ -262,29 +256,6 @@ class Block(nn.Module):
         x = x + self.drop_path(self.attn(self.norm1(x)))
         x = x + self.drop_path(self.mlp(self.norm2(x)))
         return x
-
-
-def _pair(name: str, value: Any) -> Tuple[int, int]:
-    if isinstance(value, Integral) and not isinstance(value, bool):
-        return int(value), int(value)
-    if isinstance(value, Sequence) and len(value) == 2 and all(
-            isinstance(v, Integral) and not isinstance(v, bool) for v in value):
-        return int(value[0]), int(value[1])
-    raise ValueError(f'{name}={value!r}: expected a positive int or an (height, width) pair of ints')
-
-
-def _check_int(name: str, value: Any, low: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, Integral) or value < low:
-        raise ValueError(f'{name}={value!r}: expected an int >= {low}')
-
-
-def _check_real(name: str, value: Any, low: float, high: Optional[float] = None, high_open: bool = True) -> None:
-    ok = isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value) and value >= low
-    if ok and high is not None:
-        ok = value < high if high_open else value <= high
-    if not ok:
-        bound = '' if high is None else f' and {"<" if high_open else "<="} {high}'
-        raise ValueError(f'{name}={value!r}: expected a finite number >= {low}{bound}')
 
 
 class LocalityRefinerViT(nn.Module):
@@ -476,22 +447,6 @@ def _create_ls_refiner(variant: str, pretrained: bool = False, **kwargs) -> Loca
         raise ValueError(f'{variant} has no pretrained weights; create it with pretrained=False and load a '
                          'state dict')
     return build_model_with_cfg(LocalityRefinerViT, variant, pretrained, **kwargs)
-
-
-def _cfg(**kwargs) -> Dict[str, Any]:
-    return {
-        'url': '',
-        'num_classes': 1000, 'input_size': (3, 224, 224), 'pool_size': None,
-        'crop_pct': .875, 'interpolation': 'bicubic', 'fixed_input_size': True,
-        'mean': IMAGENET_DEFAULT_MEAN, 'std': IMAGENET_DEFAULT_STD,
-        'first_conv': 'patch_embed.proj', 'classifier': 'head',
-        **kwargs
-    }
-
-
-def _fashion_mnist_cfg(**kwargs) -> Dict[str, Any]:
-    return _cfg(num_classes=10, input_size=(1, 28, 28), crop_pct=1.0, interpolation='bilinear',
-                mean=FASHION_MNIST_MEAN, std=FASHION_MNIST_STD, **kwargs)
 
 
 default_cfgs = generate_default_cfgs({

@@ -1,0 +1,54 @@
+"""What every model family file shares: argument checks and timm's default-config helpers."""
+import math
+from numbers import Integral, Real
+from typing import Any, Dict, Optional, Sequence, Tuple
+
+__all__ = [
+    'IMAGENET_DEFAULT_MEAN', 'IMAGENET_DEFAULT_STD', 'FASHION_MNIST_MEAN', 'FASHION_MNIST_STD', 'GridSize',
+    '_pair', '_check_int', '_check_real', '_cfg', '_fashion_mnist_cfg',
+]
+
+IMAGENET_DEFAULT_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_DEFAULT_STD = (0.229, 0.224, 0.225)
+FASHION_MNIST_MEAN = (0.2860,)
+FASHION_MNIST_STD = (0.3530,)
+GridSize = Tuple[int, int]
+
+
+def _pair(name: str, value: Any) -> Tuple[int, int]:
+    if isinstance(value, Integral) and not isinstance(value, bool):
+        return int(value), int(value)
+    if isinstance(value, Sequence) and len(value) == 2 and all(
+            isinstance(v, Integral) and not isinstance(v, bool) for v in value):
+        return int(value[0]), int(value[1])
+    raise ValueError(f'{name}={value!r}: expected a positive int or an (height, width) pair of ints')
+
+
+def _check_int(name: str, value: Any, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, Integral) or value < low:
+        raise ValueError(f'{name}={value!r}: expected an int >= {low}')
+
+
+def _check_real(name: str, value: Any, low: float, high: Optional[float] = None, high_open: bool = True) -> None:
+    ok = isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value) and value >= low
+    if ok and high is not None:
+        ok = value < high if high_open else value <= high
+    if not ok:
+        bound = '' if high is None else f' and {"<" if high_open else "<="} {high}'
+        raise ValueError(f'{name}={value!r}: expected a finite number >= {low}{bound}')
+
+
+def _cfg(**kwargs) -> Dict[str, Any]:
+    return {
+        'url': '',
+        'num_classes': 1000, 'input_size': (3, 224, 224), 'pool_size': None,
+        'crop_pct': .875, 'interpolation': 'bicubic', 'fixed_input_size': True,
+        'mean': IMAGENET_DEFAULT_MEAN, 'std': IMAGENET_DEFAULT_STD,
+        'first_conv': 'patch_embed.proj', 'classifier': 'head',
+        **kwargs
+    }
+
+
+def _fashion_mnist_cfg(**kwargs) -> Dict[str, Any]:
+    return _cfg(num_classes=10, input_size=(1, 28, 28), crop_pct=1.0, interpolation='bilinear',
+                mean=FASHION_MNIST_MEAN, std=FASHION_MNIST_STD, **kwargs)
