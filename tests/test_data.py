@@ -132,7 +132,7 @@ def write_cifar(root: Path, per_batch: int = 4) -> Path:
 
 
 def test_cifar_reader(tmp_path):
-    write_cifar(tmp_path / "cifar-10-batches-py")
+    root = write_cifar(tmp_path / "cifar-10-batches-py")
     files = load_catalog("cifar10")["files"]
     for where in (root, tmp_path):  # the batches folder itself, or the folder that contains it
         raw = _readers.read_cifar10_pickle(_readers.cifar10_root(where, files["test"]), **files)
