@@ -89,6 +89,13 @@ MALFORMED = [
     ({"resources": {"cpus": 0}}, "resources.cpus: must be positive"),
     ({"name": "a/b"}, "name: 'a/b' is not usable as a folder name"),
     ({"train": {"lr": 0.01}}, "space.lr: is also set under train"),
+    ({"models": [{"name": "ls_gmm_nano"}]}, "model: give either 'model:' (one model) or 'models:'"),
+    ({"model": _DELETE, "models": [
+        {"name": "ls_convit_nano", "space": {"depth": {"type": "int", "low": 1, "high": 2}}},
+        {"name": "ls_gmm_nano", "space": {"depth": {"type": "int", "low": 1, "high": 3}}}]},
+     "models[1].space.depth: is also defined at models[0].space.depth with another range"),
+    ({"model": _DELETE, "models": [{"name": "ls_convit_nano"}, {"name": "ls_gmm_nano", "args": {"lr": 1}}]},
+     "models[1].args.lr: is also searched"),
 ]
 
 
