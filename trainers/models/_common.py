@@ -3,9 +3,11 @@ import math
 from numbers import Integral, Real
 from typing import Any, Dict, Optional, Sequence, Tuple
 
+from timm.models import build_model_with_cfg
+
 __all__ = [
     'IMAGENET_DEFAULT_MEAN', 'IMAGENET_DEFAULT_STD', 'FASHION_MNIST_MEAN', 'FASHION_MNIST_STD', 'GridSize',
-    '_pair', '_check_int', '_check_real', '_cfg', '_fashion_mnist_cfg',
+    '_pair', '_check_int', '_check_real', '_cfg', '_fashion_mnist_cfg', '_build_without_weights',
 ]
 
 IMAGENET_DEFAULT_MEAN = (0.485, 0.456, 0.406)
@@ -52,3 +54,13 @@ def _cfg(**kwargs) -> Dict[str, Any]:
 def _fashion_mnist_cfg(**kwargs) -> Dict[str, Any]:
     return _cfg(num_classes=10, input_size=(1, 28, 28), crop_pct=1.0, interpolation='bilinear',
                 mean=FASHION_MNIST_MEAN, std=FASHION_MNIST_STD, **kwargs)
+
+
+def _build_without_weights(model_cls: type, variant: str, pretrained: bool, weights_hint: str = '', **kwargs: Any):
+    """timm's build_model_with_cfg for families with no downloadable weights and no features_only."""
+    if kwargs.pop('features_only', False):
+        raise RuntimeError(f'{variant}: features_only is not supported; use forward_features() instead')
+    if pretrained:
+        raise ValueError(f'{variant} has no pretrained weights; create it with pretrained=False and load a '
+                         f'state dict{weights_hint}')
+    return build_model_with_cfg(model_cls, variant, pretrained, **kwargs)

@@ -44,10 +44,12 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from timm.layers import DropPath, LayerNorm, Mlp, PatchEmbed, calculate_drop_path_rates, trunc_normal_
-from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
+from timm.models import generate_default_cfgs, register_model
 from timm.models._features_fx import register_notrace_module
 
-from trainers.models._common import GridSize, _cfg, _check_int, _check_real, _fashion_mnist_cfg, _pair
+from trainers.models._common import (
+    GridSize, _build_without_weights, _cfg, _check_int, _check_real, _fashion_mnist_cfg, _pair,
+)
 
 __all__ = ['GPSA', 'MHSA', 'Block', 'LocalityConViT']
 
@@ -446,12 +448,8 @@ class LocalityConViT(nn.Module):
 
 
 def _create_ls_convit(variant: str, pretrained: bool = False, **kwargs) -> LocalityConViT:
-    if kwargs.pop('features_only', False):
-        raise RuntimeError(f'{variant}: features_only is not supported; use forward_features() instead')
-    if pretrained:
-        raise ValueError(f'{variant} has no pretrained weights; create it with pretrained=False and load a '
-                         'state dict (timm convit_* weights load directly, the keys are the same)')
-    return build_model_with_cfg(LocalityConViT, variant, pretrained, **kwargs)
+    hint = ' (timm convit_* weights load directly, the keys are the same)'
+    return _build_without_weights(LocalityConViT, variant, pretrained, weights_hint=hint, **kwargs)
 
 
 default_cfgs = generate_default_cfgs({

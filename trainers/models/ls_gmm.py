@@ -55,10 +55,12 @@ import torch
 import torch.nn as nn
 
 from timm.layers import DropPath, LayerNorm, Mlp, PatchEmbed, calculate_drop_path_rates, trunc_normal_
-from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
+from timm.models import generate_default_cfgs, register_model
 from timm.models._features_fx import register_notrace_module
 
-from trainers.models._common import GridSize, _cfg, _check_int, _check_real, _fashion_mnist_cfg, _pair
+from trainers.models._common import (
+    GridSize, _build_without_weights, _cfg, _check_int, _check_real, _fashion_mnist_cfg, _pair,
+)
 
 __all__ = ['gmm_mask', 'grid_sq_distances', 'GMMAttention', 'Block', 'LocalityGMMViT']
 
@@ -432,12 +434,7 @@ class LocalityGMMViT(nn.Module):
 
 
 def _create_ls_gmm(variant: str, pretrained: bool = False, **kwargs) -> LocalityGMMViT:
-    if kwargs.pop('features_only', False):
-        raise RuntimeError(f'{variant}: features_only is not supported; use forward_features() instead')
-    if pretrained:
-        raise ValueError(f'{variant} has no pretrained weights; create it with pretrained=False and load a '
-                         'state dict')
-    return build_model_with_cfg(LocalityGMMViT, variant, pretrained, **kwargs)
+    return _build_without_weights(LocalityGMMViT, variant, pretrained, **kwargs)
 
 
 default_cfgs = generate_default_cfgs({

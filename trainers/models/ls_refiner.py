@@ -75,9 +75,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from timm.layers import DropPath, LayerNorm, Mlp, PatchEmbed, calculate_drop_path_rates, trunc_normal_
-from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
+from timm.models import generate_default_cfgs, register_model
 
-from trainers.models._common import GridSize, _cfg, _check_int, _check_real, _fashion_mnist_cfg, _pair
+from trainers.models._common import (
+    GridSize, _build_without_weights, _cfg, _check_int, _check_real, _fashion_mnist_cfg, _pair,
+)
 
 __all__ = ['Refiner', 'RefinedAttention', 'Attention', 'Block', 'LocalityRefinerViT']
 
@@ -441,12 +443,7 @@ class LocalityRefinerViT(nn.Module):
 
 
 def _create_ls_refiner(variant: str, pretrained: bool = False, **kwargs) -> LocalityRefinerViT:
-    if kwargs.pop('features_only', False):
-        raise RuntimeError(f'{variant}: features_only is not supported; use forward_features() instead')
-    if pretrained:
-        raise ValueError(f'{variant} has no pretrained weights; create it with pretrained=False and load a '
-                         'state dict')
-    return build_model_with_cfg(LocalityRefinerViT, variant, pretrained, **kwargs)
+    return _build_without_weights(LocalityRefinerViT, variant, pretrained, **kwargs)
 
 
 default_cfgs = generate_default_cfgs({
