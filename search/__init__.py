@@ -3,8 +3,10 @@
 The public API; the modules behind it are private (``search._spec``, ``search._store``, ...).
 """
 
+from search._hypervolume import front_hypervolume, hypervolume
 from search._pareto import pareto_front, pareto_mask
-from search._query import format_front, front_of, load_experiment, load_trials
+from search._query import Experiment, format_front, front_of, load, load_experiment, load_trials
+from search._select import select
 from search._spec import SearchSpec, load_spec
 from search._store import EPOCH_COLUMNS, TRIAL_COLUMNS, ResultsStore
 
@@ -20,4 +22,9 @@ __all__ = [
     "load_trials",
     "front_of",
     "format_front",
+    "load",
+    "Experiment",
+    "hypervolume",
+    "front_hypervolume",
+    "select",
 ]

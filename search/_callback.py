@@ -112,6 +112,7 @@ class StoreCallback(Callback):
             **{k: result.get(k) for k in (
                 "family", "throughput", "throughput_device", "throughput_batch", "throughput_precision",
                 "throughput_threads", "torch_version", "params", "flops", "node_ip",
+                "throughput_before_conversion", "converted_at_epoch",
             )},
             "trial_id": trial.trial_id,
             "trial_name": str(trial),

@@ -1,17 +1,30 @@
-"""Reading a finished (or running) study back: its trials, its front, printed for people."""
+"""Reading a finished (or running) study back: its trials, its front, printed for people.
+
+For notebooks, :func:`load` reads a study folder into an :class:`Experiment`::
+
+    exp = search.load("results/convit_locality")
+    exp.front()                     # Pareto front of the COMPLETE trials
+    exp.select(rule="knee")         # one trial of it
+    exp.hypervolume(reference=[0.0, 0.0])
+"""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
+import pyarrow as pa
 
+from search._hypervolume import front_hypervolume
 from search._pareto import pareto_front
-from search._store import TRIAL_COLUMNS, read_table
+from search._select import select
+from search._store import EPOCH_COLUMNS, TRIAL_COLUMNS, read_table
 from trainers.errors import ConfigError
 
-__all__ = ["load_experiment", "load_trials", "front_of", "format_front"]
+__all__ = ["load_experiment", "load_trials", "front_of", "format_front", "load", "Experiment"]
 
 
 def _experiment_dir(path: str | Path) -> Path:
@@ -37,12 +50,59 @@ def load_trials(path: str | Path) -> pd.DataFrame:
     return read_table(_experiment_dir(path) / "trials.parquet").to_pandas()
 
 
+def _objectives(meta: dict, path: str | Path) -> list[tuple[str, str]]:
+    if "objectives" not in meta:
+        raise ConfigError(
+            f"{path}/experiment.json: no 'objectives'; the folder is not a study written by `python -m search run`"
+        )
+    return [tuple(o) for o in meta["objectives"]]
+
+
+def _complete_front(trials: pd.DataFrame, objectives: Sequence[tuple[str, str]]) -> pd.DataFrame:
+    # Pruned and failed trials stopped early; their numbers do not compete with finished ones.
+    return pareto_front(trials[trials["state"] == "COMPLETE"], objectives=objectives)
+
+
 def front_of(path: str | Path) -> tuple[pd.DataFrame, list[tuple[str, str]]]:
     """The Pareto front of the study's COMPLETE trials on its own objectives."""
-    objectives = [tuple(o) for o in load_experiment(path)["objectives"]]
-    trials = load_trials(path)
-    complete = trials[trials["state"] == "COMPLETE"]
-    return pareto_front(complete, objectives=objectives), objectives
+    objectives = _objectives(load_experiment(path), path)
+    return _complete_front(load_trials(path), objectives), objectives
+
+
+@dataclass(frozen=True, eq=False)  # eq=False: DataFrames have no truth value to compare by
+class Experiment:
+    """A study folder as read by :func:`load`: a snapshot; load again to see newer trials."""
+
+    path: Path
+    spec: dict  # experiment.json as a whole (the search spec itself is under "spec")
+    objectives: list[tuple[str, str]]  # (column, mode) pairs, e.g. ("val_acc", "max")
+    trials: pd.DataFrame  # trials.parquet: one row per finished trial, any state
+    epochs: pd.DataFrame  # epochs.parquet: one row per trial and epoch (empty when absent)
+
+    def front(self) -> pd.DataFrame:
+        """The Pareto front of the COMPLETE trials, best first on the first objective."""
+        return _complete_front(self.trials, self.objectives)
+
+    def select(self, *, rule: str = "knee") -> pd.Series:
+        """One trial of :meth:`front` (rules: see :func:`search.select`)."""
+        return select(self.front(), objectives=self.objectives, rule=rule)
+
+    def hypervolume(self, *, reference: Sequence[float] | Mapping[str, float]) -> float:
+        """Hypervolume of the COMPLETE trials up to ``reference`` (see :func:`search.front_hypervolume`)."""
+        return front_hypervolume(self.front(), objectives=self.objectives, reference=reference)
+
+
+def load(path: str | Path) -> Experiment:
+    """Read the study folder ``path`` (e.g. ``results/convit_locality``) into an :class:`Experiment`."""
+    meta = load_experiment(path)
+    epochs_file = Path(path) / "epochs.parquet"
+    if epochs_file.is_file():
+        epochs = read_table(epochs_file).to_pandas()
+    else:  # typed and empty, so column access works before the first epoch is written
+        epochs = pa.schema([(n, t) for n, (t, _) in EPOCH_COLUMNS.items()]).empty_table().to_pandas()
+    return Experiment(
+        path=Path(path), spec=meta, objectives=_objectives(meta, path), trials=load_trials(path), epochs=epochs
+    )
 
 
 def format_front(front: pd.DataFrame, objectives: list[tuple[str, str]], *, fmt: str) -> str:

@@ -50,7 +50,9 @@ TRIAL_COLUMNS: dict[str, tuple[pa.DataType, str]] = {
     "val_acc": (pa.float64(), "best validation accuracy over the epochs run"),
     "val_loss": (pa.float64(), "lowest validation loss over the epochs run"),
     "final_val_acc": (pa.float64(), "validation accuracy after the last epoch run"),
-    "throughput": (pa.float64(), "inference images/s, measured before training"),
+    "throughput": (pa.float64(), "inference images/s of the architecture the trial ended with (measured before training; T-CNN: again at the conversion)"),
+    "throughput_before_conversion": (pa.float64(), "T-CNN: inference images/s of the CNN before the conversion (null otherwise)"),
+    "converted_at_epoch": (pa.int64(), "T-CNN: epochs trained as a CNN before the conversion (null: never converted)"),
     "throughput_device": (pa.string(), "device that measured throughput"),
     "throughput_batch": (pa.int64(), "batch size of the throughput measurement"),
     "throughput_precision": (pa.string(), "fp32, bf16 or fp16"),
@@ -77,6 +79,7 @@ EPOCH_COLUMNS: dict[str, tuple[pa.DataType, str]] = {
     "lr": (pa.float64(), "learning rate at the epoch's last step"),
     "epoch_time_s": (pa.float64(), "wall time of the epoch (train + validate)"),
     "train_images_per_s": (pa.float64(), "training images/s of the epoch"),
+    "converted": (pa.bool_(), "T-CNN: the epoch trained the converted model (the first true row is the conversion epoch)"),
     "reported_at": (pa.timestamp("us", tz="UTC"), "when the epoch was reported"),
 }
 

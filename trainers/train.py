@@ -8,6 +8,11 @@ passes ``on_epoch`` (which calls ``tune.report`` with a checkpoint) and, on rest
     loaders = FFCV train (random pad-crop, flip) / val (plain)
     optim   = AdamW over the model's parameter groups, lr_at(step): linear warm-up, cosine decay
     epochs  = train -> validate -> on_epoch(metrics, state) -> stop on max_epochs or patience
+
+A model that changes architecture mid-training (T-CNN: ``reparam_epoch_for(epochs)`` and
+``reparametrise()``) is converted before that epoch, re-measured, and given a fresh AdamW with
+its own warm-up and cosine decay over the remaining epochs (``reparam_optimizer='fresh'``) or
+the same optimizer state and schedule (``'keep'``).
 """
 
 from __future__ import annotations
@@ -122,23 +127,29 @@ def train_trial(
         return torch.autocast("cuda", dtype=amp_dtype) if on_cuda else torch.autocast("cpu", enabled=False)
 
     # -- model, measured before any training --------------------------------------------
-    model = build_model(cfg).to(device)
+    model = build_model(cfg)
+    converts = hasattr(model, "reparametrise")  # T-CNN: a CNN recast as attention mid-training
+    convert_at = model.reparam_epoch_for(cfg.epochs) if converts else None  # epochs trained as a CNN
+    if resume is not None and resume.get("reparametrised"):
+        model.reparametrise()  # checkpointed after the conversion: restore into the converted model
+    model = model.to(device)
     if on_cuda:
         model = model.to(memory_format=torch.channels_last)
     input_shape = (data.channels, data.image_size, data.image_size)
-    if resume is not None:
-        measurement = dict(resume["measurement"])
-    else:
-        result = measure_throughput(
-            model,
-            input_shape=input_shape,
-            batch_size=cfg.throughput.batch_size,
-            warmup=cfg.throughput.warmup,
-            repeats=cfg.throughput.repeats,
-            precision=cfg.throughput.precision,
-            channels_last=on_cuda,
-        )
-        measurement = {
+
+    def measure() -> dict[str, Any]:
+        # The measurement draws random inputs; keep them out of the training's random stream.
+        with torch.random.fork_rng(devices=[device] if on_cuda else []):
+            result = measure_throughput(
+                model,
+                input_shape=input_shape,
+                batch_size=cfg.throughput.batch_size,
+                warmup=cfg.throughput.warmup,
+                repeats=cfg.throughput.repeats,
+                precision=cfg.throughput.precision,
+                channels_last=on_cuda,
+            )
+        return {
             # this project's families say so; for a plain timm model, its name's first word (vit, deit, ...)
             "family": getattr(model, "family", None) or cfg.model.split("_")[0],
             "params": count_params(model),
@@ -150,6 +161,20 @@ def train_trial(
             "throughput_threads": result.threads,
             "torch_version": result.torch_version,
         }
+
+    def convert(epoch: int) -> dict[str, Any]:
+        """Recast the model in place; the measurement of what it is now (and was before)."""
+        nonlocal model
+        before = measurement["throughput"]
+        model.reparametrise()
+        model = model.to(device)  # the new layers already sit on the conv weights' device
+        if on_cuda:
+            model = model.to(memory_format=torch.channels_last)
+        return {**measure(), "converted_at_epoch": epoch, "throughput_before_conversion": before}
+
+    measurement = dict(resume["measurement"]) if resume is not None else measure()
+    if convert_at == 0 and not model.is_reparametrised:
+        measurement = convert(0)  # t1 = 0: the hybrid, trained from scratch
 
     # -- data ---------------------------------------------------------------------------
     flip = data.flip if settings.flip is None else settings.flip
@@ -164,11 +189,19 @@ def train_trial(
     warmup_steps = round(settings.warmup_epochs * steps_per_epoch)
 
     # -- optimisation -------------------------------------------------------------------
-    if hasattr(model, "param_groups"):  # e.g. ConViT: its own LR multiplier for the gates
-        groups = model.param_groups(weight_decay=settings.weight_decay)
-    else:
-        groups = default_param_groups(model, settings.weight_decay)
-    optimizer = torch.optim.AdamW(groups, lr=settings.lr)
+    def make_optimizer() -> torch.optim.Optimizer:
+        if hasattr(model, "param_groups"):  # e.g. ConViT: its own LR multiplier for the gates
+            groups = model.param_groups(weight_decay=settings.weight_decay)
+        else:
+            groups = default_param_groups(model, settings.weight_decay)
+        return torch.optim.AdamW(groups, lr=settings.lr)
+
+    def schedule_start() -> int:
+        """Step the lr schedule counts from: a fresh optimizer after a conversion starts over."""
+        fresh = converts and model.is_reparametrised and model.reparam_optimizer == "fresh"
+        return convert_at * steps_per_epoch if fresh else 0
+
+    optimizer = make_optimizer()
     scaler = torch.amp.GradScaler("cuda", enabled=amp_dtype == torch.float16)
     criterion = nn.CrossEntropyLoss(label_smoothing=settings.label_smoothing)
 
@@ -188,13 +221,20 @@ def train_trial(
     stop_reason = "max_epochs"
     for epoch in range(start_epoch, cfg.epochs):
         epoch_start = time.perf_counter()
+        if converts and epoch == convert_at and not model.is_reparametrised:
+            measurement = convert(epoch)
+            previous, optimizer = optimizer, make_optimizer()
+            if model.reparam_optimizer == "keep":  # the filters keep their Adam moments (same Parameters)
+                for param in previous.state:
+                    optimizer.state[param] = previous.state[param]
+        start_step = schedule_start()
         model.train()
         loss_sum = torch.zeros((), device=device)
         nonfinite = torch.zeros((), dtype=torch.bool, device=device)
         lr = settings.lr
         for step, (images, labels) in enumerate(train_loader):  # (B, C, H, W), (B,)
             global_step = epoch * steps_per_epoch + step
-            lr = lr_at(global_step, total_steps=total_steps, warmup_steps=warmup_steps,
+            lr = lr_at(global_step - start_step, total_steps=total_steps - start_step, warmup_steps=warmup_steps,
                        peak_lr=settings.lr, min_lr=settings.min_lr)
             for group in optimizer.param_groups:
                 group["lr"] = lr * group.get("lr_scale", 1.0)
@@ -239,6 +279,8 @@ def train_trial(
             "train_images_per_s": steps_per_epoch * settings.batch_size / train_time,
             **measurement,
         }
+        if converts:
+            metrics["converted"] = model.is_reparametrised  # this epoch trained the converted model
         if done:
             metrics["stop_reason"] = stop_reason
         history.append(metrics)
@@ -255,6 +297,7 @@ def train_trial(
                 "bad_epochs": bad_epochs,
                 "history": list(history),
                 "measurement": measurement,
+                "reparametrised": bool(getattr(model, "is_reparametrised", False)),
             }
 
         if on_epoch is not None:

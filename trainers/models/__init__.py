@@ -5,5 +5,6 @@ After ``import trainers.models``, ``timm.create_model("ls_convit_nano", ...)`` w
 from .ls_convit import LocalityConViT
 from .ls_refiner import LocalityRefinerViT
 from .ls_gmm import LocalityGMMViT
+from .ls_tcnn import TransformedResNet
 
-__all__ = ["LocalityConViT", "LocalityRefinerViT", "LocalityGMMViT"]
+__all__ = ["LocalityConViT", "LocalityRefinerViT", "LocalityGMMViT", "TransformedResNet"]
