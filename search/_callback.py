@@ -47,9 +47,11 @@ class StoreCallback(Callback):
         seed: int,
         total_trials: int,
         time_limit_s: float | None,
+        max_epochs: int | None = None,
         out: TextIO = sys.stdout,
     ) -> None:
         self.store = store
+        self.max_epochs = max_epochs
         self.common = {"experiment": experiment, "model": model, "spec_hash": spec_hash, "git_commit": git_commit, "seed": seed}
         self.total_trials = total_trials
         self.time_limit_s = time_limit_s
@@ -73,6 +75,8 @@ class StoreCallback(Callback):
         self._started.setdefault(trial.trial_id, _now())
 
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
+        if result.get("rejected"):
+            return  # no epoch was trained
         row = dict(result)
         row["trial_id"] = trial.trial_id
         row["reported_at"] = _now()
@@ -80,7 +84,9 @@ class StoreCallback(Callback):
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         result = trial.last_result or {}
-        if "stop_reason" in result:
+        if result.get("rejected"):
+            state, reason = "REJECTED", "constraint"
+        elif "stop_reason" in result:
             state, reason = "COMPLETE", result["stop_reason"]
         else:
             timed_out = self.time_limit_s is not None and time.monotonic() - self._study_start >= self.time_limit_s
@@ -112,8 +118,10 @@ class StoreCallback(Callback):
             **{k: result.get(k) for k in (
                 "family", "throughput", "throughput_device", "throughput_batch", "throughput_precision",
                 "throughput_threads", "torch_version", "params", "flops", "node_ip",
-                "throughput_before_conversion", "converted_at_epoch",
+                "throughput_before_conversion", "converted_at_epoch", "throughput_cached", "architecture",
             )},
+            "rejected_by": result.get("rejected"),
+            "epochs_budget": self.max_epochs,
             "trial_id": trial.trial_id,
             "trial_name": str(trial),
             "state": state,
@@ -127,7 +135,10 @@ class StoreCallback(Callback):
             "ended_at": ended,
             "duration_s": (ended - started).total_seconds(),
         }
+        if state == "REJECTED":  # never trained: no accuracy, not NaN
+            row.update(val_acc=None, val_loss=None, final_val_acc=None)
         self.store.add_trial(row, trial.config)
+        self.store.add_progress(trial_id=trial.trial_id, state=state, elapsed_s=time.monotonic() - self._study_start, at=ended)
         self.store.flush()
         self._finished += 1
         self._print_line(row)
@@ -146,4 +157,6 @@ class StoreCallback(Callback):
         ]
         if row["error"]:
             parts.append(f"error: {row['error']}")
+        if row["rejected_by"]:
+            parts.append(f"rejected: {row['rejected_by']}")
         print(" ".join(parts), file=self.out, flush=True)

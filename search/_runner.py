@@ -65,14 +65,18 @@ class OptunaSpace:
 def make_sampler(spec: SearchSpec):
     import optuna
 
+    from search._searcher import constraint_violation
+
     algorithm = spec.algorithm
+    # With constraints, rejected trials count as infeasible, so the model learns to avoid them.
+    constraints = {"constraints_func": constraint_violation} if spec.constraints else {}
     if algorithm.name == "tpe":
-        kwargs: dict[str, Any] = {"seed": algorithm.seed, "multivariate": True}
+        kwargs: dict[str, Any] = {"seed": algorithm.seed, "multivariate": True, **constraints}
         if algorithm.n_startup_trials is not None:
             kwargs["n_startup_trials"] = algorithm.n_startup_trials
         return optuna.samplers.TPESampler(**kwargs)
     if algorithm.name == "nsga2":
-        return optuna.samplers.NSGAIISampler(seed=algorithm.seed)
+        return optuna.samplers.NSGAIISampler(seed=algorithm.seed, **constraints)
     return optuna.samplers.RandomSampler(seed=algorithm.seed)
 
 
@@ -132,9 +136,9 @@ def run_study(
     from ray import tune
     from ray.tune.logger import JsonLoggerCallback
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
-    from ray.tune.search.optuna import OptunaSearch
-
     from search._callback import StoreCallback
+    from search._mo_asha import MOASHAScheduler
+    from search._searcher import HonestOptunaSearch
     from search._trainable import TrialTemplate, run_tune_trial
     from trainers.data import DatasetRequest, prepare_dataset
 
@@ -211,7 +215,8 @@ def run_study(
     )
 
     objectives = [(o.metric, o.mode) for o in spec.objectives]
-    store = ResultsStore(exp_dir, space={k: p.to_json() for k, p in spec.all_params().items()}, objectives=objectives)
+    store = ResultsStore(exp_dir, space={k: p.to_json() for k, p in spec.all_params().items()}, objectives=objectives,
+                         reference=spec.reference_point)
     store.flush()  # empty files with the full schema: readers can open them from the start
 
     template = TrialTemplate(
@@ -222,8 +227,10 @@ def run_study(
         throughput=spec.throughput,
         patience=spec.budget.patience,
         seed=spec.algorithm.seed,
+        constraints=spec.parsed_constraints,
+        throughput_cache_dir=str(Path(cache_dir or default_cache_dir()) / "throughput"),
     )
-    searcher = OptunaSearch(
+    searcher = HonestOptunaSearch(
         space=OptunaSpace(spec.space, {m.name: m.space for m in spec.candidates}),
         metric=[TRIAL_VALUE_OF[m] for m, _ in objectives],
         mode=[mode for _, mode in objectives],
@@ -234,6 +241,14 @@ def run_study(
             time_attr="training_iteration",
             metric=TRIAL_VALUE_OF["val_acc"],
             mode="max",
+            max_t=spec.budget.max_epochs,
+            grace_period=spec.budget.grace_epochs,
+            reduction_factor=spec.scheduler.reduction_factor,
+        )
+    elif spec.scheduler.name == "mo_asha":
+        scheduler = MOASHAScheduler(
+            objectives=[(TRIAL_VALUE_OF[m], mode) for m, mode in objectives],
+            time_attr="training_iteration",
             max_t=spec.budget.max_epochs,
             grace_period=spec.budget.grace_epochs,
             reduction_factor=spec.scheduler.reduction_factor,
@@ -252,6 +267,7 @@ def run_study(
         seed=spec.algorithm.seed,
         total_trials=spec.budget.trials,
         time_limit_s=spec.budget.time_limit_s,
+        max_epochs=spec.budget.max_epochs,
         out=out,
     )
     tuner = tune.Tuner(
@@ -271,7 +287,7 @@ def run_study(
             callbacks=[callback, JsonLoggerCallback()],
             verbose=0,
             checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
-            failure_config=tune.FailureConfig(max_failures=0),
+            failure_config=tune.FailureConfig(max_failures=spec.budget.max_failures),
         ),
     )
     print(

@@ -17,7 +17,7 @@ from typing import Any, Literal
 import yaml
 
 from search._schema import FieldError, SpecLocation, from_dict
-from trainers.config import TRAIN_KEYS, ThroughputSettings, TrainSettings
+from trainers.config import TRAIN_KEYS, Constraint, SettingError, ThroughputSettings, TrainSettings
 from trainers.errors import ConfigError
 
 __all__ = [
@@ -112,14 +112,28 @@ class ParamSpec:
         return {k: v for k, v in dataclasses.asdict(self).items() if v is not None and v is not False}
 
 
+# The hypervolume's reference point where the spec gives none: the worst value a maximised
+# metric can take. Minimised metrics have no natural bound; give `reference:` for them.
+DEFAULT_REFERENCE = {"val_acc": 0.0, "throughput": 0.0}
+
+
 @dataclasses.dataclass(frozen=True)
 class Objective:
     metric: str
     mode: Literal["max", "min"]
+    reference: float | None = None  # hypervolume reference: a value worse than any trial's
 
     def __post_init__(self) -> None:
         if self.metric not in OBJECTIVE_METRICS:
             raise FieldError("metric", f"unknown metric {self.metric!r}; use one of {', '.join(OBJECTIVE_METRICS)}")
+        if self.reference is not None and not math.isfinite(self.reference):
+            raise FieldError("reference", f"must be a finite number, got {self.reference}")
+
+    @property
+    def reference_value(self) -> float | None:
+        if self.reference is not None:
+            return self.reference
+        return DEFAULT_REFERENCE.get(self.metric) if self.mode == "max" else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,6 +143,7 @@ class Budget:
     grace_epochs: int = 1
     patience: int | None = None
     time_limit_s: float | None = None
+    max_failures: int = 0  # retries of a trial that raised (from its last checkpoint)
 
     def __post_init__(self) -> None:
         if self.trials < 1:
@@ -141,6 +156,8 @@ class Budget:
             raise FieldError("patience", f"must be at least 1 epoch (or leave it out), got {self.patience}")
         if self.time_limit_s is not None and self.time_limit_s <= 0:
             raise FieldError("time_limit_s", f"must be positive seconds, got {self.time_limit_s}")
+        if self.max_failures < 0:
+            raise FieldError("max_failures", f"must be >= 0 retries, got {self.max_failures}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,7 +169,9 @@ class AlgorithmSpec:
 
 @dataclasses.dataclass(frozen=True)
 class SchedulerSpec:
-    name: Literal["asha", "none"] = "asha"
+    """asha: Ray's ASHA on val_acc alone; mo_asha: promotes by Pareto rank over all objectives."""
+
+    name: Literal["asha", "mo_asha", "none"] = "asha"
     reduction_factor: float = 2.0
 
     def __post_init__(self) -> None:
@@ -186,6 +205,7 @@ class SearchSpec:
     scheduler: SchedulerSpec = dataclasses.field(default_factory=SchedulerSpec)
     resources: Resources = dataclasses.field(default_factory=Resources)
     throughput: ThroughputSettings = dataclasses.field(default_factory=ThroughputSettings)
+    constraints: tuple[str, ...] = ()  # e.g. "throughput >= 5000": broken ones are rejected untrained
     storage: str = "results"
     description: str = ""
     source: str = ""  # the file it came from (not part of the YAML)
@@ -212,6 +232,11 @@ class SearchSpec:
             raise FieldError("space", "is empty; add at least one knob, e.g. lr: {type: loguniform, low: 1e-4, high: 1e-2}")
         if "model" in self.space or any("model" in m.space for m in self.candidates):
             raise FieldError("space", "'model' is the choice between the entries of 'models:'; it cannot be a knob")
+        for i, text in enumerate(self.constraints):
+            try:
+                Constraint.parse(text)
+            except SettingError as exc:
+                raise FieldError(f"constraints[{i}]", str(exc)) from None
 
     # -- derived -------------------------------------------------------------------------
     @property
@@ -230,6 +255,16 @@ class SearchSpec:
         for model in self.candidates:
             params.update(model.space)
         return params
+
+    @property
+    def parsed_constraints(self) -> tuple[Constraint, ...]:
+        return tuple(Constraint.parse(text) for text in self.constraints)
+
+    @property
+    def reference_point(self) -> list[float] | None:
+        """The hypervolume's reference point, one value per objective (None: a min objective lacks one)."""
+        values = [o.reference_value for o in self.objectives]
+        return None if any(v is None for v in values) else [float(v) for v in values]  # type: ignore[arg-type]
 
     @property
     def experiment_dir(self) -> Path:

@@ -4,6 +4,7 @@
     <storage>/<name>/trials.parquet    one row per finished trial (schema: TRIAL_COLUMNS + config)
     <storage>/<name>/epochs.parquet    one row per trial and epoch (schema: EPOCH_COLUMNS)
     <storage>/<name>/pareto.parquet    the non-dominated COMPLETE trials, same schema as trials
+    <storage>/<name>/progress.parquet  one row per finished trial: the front's size and hypervolume then
 
 Every file is written whole to a temporary name in the same folder and renamed over the old
 one, so a reader sees the previous version or the new one, never half of one. A reader must
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -24,12 +24,15 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from search._hypervolume import hypervolume
 from search._pareto import pareto_mask
+from trainers._atomic import atomic_write
 
 __all__ = [
     "ResultsStore",
     "TRIAL_COLUMNS",
     "EPOCH_COLUMNS",
+    "PROGRESS_COLUMNS",
     "TRIAL_VALUE_OF",
     "config_type",
     "write_atomic",
@@ -43,10 +46,12 @@ TRIAL_COLUMNS: dict[str, tuple[pa.DataType, str]] = {
     "experiment": (pa.string(), "study name"),
     "model": (pa.string(), "timm model name"),
     "family": (pa.string(), "model family (convit, ...)"),
-    "state": (pa.string(), "COMPLETE (ran to max_epochs or stopped by patience), PRUNED (stopped by the scheduler or the time limit), FAILED"),
-    "stop_reason": (pa.string(), "max_epochs, patience, scheduler, time_limit or error"),
+    "state": (pa.string(), "COMPLETE (ran to max_epochs or stopped by patience), PRUNED (stopped by the scheduler or the time limit), REJECTED (broke a constraint, never trained), FAILED"),
+    "stop_reason": (pa.string(), "max_epochs, patience, scheduler, time_limit, constraint or error"),
     "error": (pa.string(), "why a FAILED trial failed (one line)"),
+    "rejected_by": (pa.string(), "the constraints a REJECTED trial broke, with the measured values"),
     "epochs_run": (pa.int64(), "epochs trained"),
+    "epochs_budget": (pa.int64(), "epochs a trial may run (budget.max_epochs): epochs_run < epochs_budget is a cut-short trial"),
     "val_acc": (pa.float64(), "best validation accuracy over the epochs run"),
     "val_loss": (pa.float64(), "lowest validation loss over the epochs run"),
     "final_val_acc": (pa.float64(), "validation accuracy after the last epoch run"),
@@ -57,6 +62,8 @@ TRIAL_COLUMNS: dict[str, tuple[pa.DataType, str]] = {
     "throughput_batch": (pa.int64(), "batch size of the throughput measurement"),
     "throughput_precision": (pa.string(), "fp32, bf16 or fp16"),
     "throughput_threads": (pa.int64(), "torch CPU threads during the measurement"),
+    "throughput_cached": (pa.bool_(), "the measurement came from the per-architecture cache (an earlier trial of the same architecture)"),
+    "architecture": (pa.string(), "fingerprint of the measured architecture (same value: same network, whatever the training knobs)"),
     "torch_version": (pa.string(), "torch version of the trial"),
     "params": (pa.int64(), "trainable + frozen parameters"),
     "flops": (pa.int64(), "forward FLOPs per image (multiply-add = 2)"),
@@ -81,6 +88,18 @@ EPOCH_COLUMNS: dict[str, tuple[pa.DataType, str]] = {
     "train_images_per_s": (pa.float64(), "training images/s of the epoch"),
     "converted": (pa.bool_(), "T-CNN: the epoch trained the converted model (the first true row is the conversion epoch)"),
     "reported_at": (pa.timestamp("us", tz="UTC"), "when the epoch was reported"),
+}
+
+PROGRESS_COLUMNS: dict[str, tuple[pa.DataType, str]] = {
+    "finished": (pa.int64(), "trials finished so far, this one included"),
+    "trial_id": (pa.string(), "the trial that just finished"),
+    "state": (pa.string(), "its state"),
+    "epochs_spent": (pa.int64(), "epochs trained by all finished trials"),
+    "elapsed_s": (pa.float64(), "seconds since the study started"),
+    "front_size": (pa.int64(), "COMPLETE trials on the Pareto front"),
+    "hypervolume": (pa.float64(), "hypervolume of the front (reference point: the spec's; null when a minimised objective has none)"),
+    "best_val_acc": (pa.float64(), "best val_acc of the COMPLETE trials"),
+    "at": (pa.timestamp("us", tz="UTC"), "when the trial finished"),
 }
 
 # The per-trial value of an objective: best over the epochs for accuracy/loss, else as measured.
@@ -112,27 +131,11 @@ def config_type(param: Mapping[str, Any]) -> pa.DataType:
 
 def write_atomic(table: pa.Table, path: Path) -> None:
     """Write ``table`` to ``path`` so readers never see a partial file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            pq.write_table(table, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write(path, lambda handle: pq.write_table(table, handle))
 
 
 def write_json_atomic(data: Any, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    with os.fdopen(fd, "w") as handle:
-        json.dump(data, handle, indent=2, sort_keys=True, default=str)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    atomic_write(path, lambda handle: handle.write(json.dumps(data, indent=2, sort_keys=True, default=str).encode()))
 
 
 def read_table(path: str | os.PathLike) -> pa.Table:
@@ -152,9 +155,11 @@ class ResultsStore:
         *,
         space: Mapping[str, Mapping[str, Any]],
         objectives: Sequence[tuple[str, str]],
+        reference: Sequence[float] | None = None,
     ) -> None:
         self.directory = Path(directory)
         self.objectives = list(objectives)
+        self.reference = None if reference is None else [float(v) for v in reference]
         # "model" (the searched choice between models) is already the trial column of that name.
         self._config_types = {key: config_type(param) for key, param in space.items() if key != "model"}
         clash = set(self._config_types) & set(TRIAL_COLUMNS)
@@ -165,8 +170,10 @@ class ResultsStore:
             + [(name, typ) for name, typ in self._config_types.items()]
         )
         self.epoch_schema = pa.schema([(name, typ) for name, (typ, _) in EPOCH_COLUMNS.items()])
+        self.progress_schema = pa.schema([(name, typ) for name, (typ, _) in PROGRESS_COLUMNS.items()])
         self._trials: list[dict[str, Any]] = []
         self._epochs: list[dict[str, Any]] = []
+        self._progress: list[dict[str, Any]] = []
 
     # -- rows ---------------------------------------------------------------------------
     def add_epoch(self, row: Mapping[str, Any]) -> None:
@@ -179,6 +186,28 @@ class ResultsStore:
             out[key] = None if value is None else (str(value) if typ == pa.string() else value)
         self._trials.append(out)
 
+    def add_progress(self, *, trial_id: str, state: str, elapsed_s: float, at: Any) -> dict[str, Any]:
+        """The study's standing after ``trial_id`` finished (call after its add_trial)."""
+        front = self._front()
+        complete = [t["val_acc"] for t in self._trials if t["state"] == "COMPLETE" and t.get("val_acc") is not None]
+        volume = None
+        if self.reference is not None:
+            points = [[t[c] for c, _ in self.objectives] for t in front]
+            volume = hypervolume(points, modes=[m for _, m in self.objectives], reference=self.reference) if points else 0.0
+        row = {
+            "finished": len(self._trials),
+            "trial_id": trial_id,
+            "state": state,
+            "epochs_spent": sum(int(t.get("epochs_run") or 0) for t in self._trials),
+            "elapsed_s": elapsed_s,
+            "front_size": len(front),
+            "hypervolume": volume,
+            "best_val_acc": max(complete) if complete else None,
+            "at": at,
+        }
+        self._progress.append(row)
+        return row
+
     @property
     def trials(self) -> list[dict[str, Any]]:
         return list(self._trials)
@@ -189,7 +218,10 @@ class ResultsStore:
 
     def pareto_table(self) -> pa.Table:
         """COMPLETE trials that no other COMPLETE trial dominates, best first."""
-        complete = [t for t in self.trials if t["state"] == "COMPLETE"]
+        return pa.Table.from_pylist(self._front(), schema=self.trial_schema)
+
+    def _front(self) -> list[dict[str, Any]]:
+        complete = [t for t in self._trials if t["state"] == "COMPLETE"]
         if complete:
             values = [[t[c] if t[c] is not None else float("nan") for c, _ in self.objectives] for t in complete]
             mask = pareto_mask(values, modes=[m for _, m in self.objectives])
@@ -198,9 +230,10 @@ class ResultsStore:
             front.sort(key=lambda t: t[first], reverse=mode == "max")
         else:
             front = []
-        return pa.Table.from_pylist(front, schema=self.trial_schema)
+        return front
 
     def flush(self) -> None:
         write_atomic(pa.Table.from_pylist(self._epochs, schema=self.epoch_schema), self.directory / "epochs.parquet")
         write_atomic(self.trials_table(), self.directory / "trials.parquet")
         write_atomic(self.pareto_table(), self.directory / "pareto.parquet")
+        write_atomic(pa.Table.from_pylist(self._progress, schema=self.progress_schema), self.directory / "progress.parquet")

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from trainers.config import TRAIN_KEYS, ThroughputSettings, TrainSettings, TrialConfig
+from trainers.config import TRAIN_KEYS, Constraint, ThroughputSettings, TrainSettings, TrialConfig
 from trainers.data import PreparedDataset
 from trainers.train import train_trial
 
@@ -32,6 +32,8 @@ class TrialTemplate:
     throughput: ThroughputSettings
     patience: int | None
     seed: int
+    constraints: tuple[Constraint, ...] = ()
+    throughput_cache_dir: str | None = None
 
 
 def trial_config(template: TrialTemplate, sampled: dict[str, Any]) -> TrialConfig:
@@ -50,6 +52,8 @@ def trial_config(template: TrialTemplate, sampled: dict[str, Any]) -> TrialConfi
         throughput=template.throughput,
         patience=template.patience,
         seed=template.seed,
+        constraints=template.constraints,
+        throughput_cache_dir=template.throughput_cache_dir,
     )
 
 
@@ -65,6 +69,9 @@ def run_tune_trial(config: dict[str, Any], template: TrialTemplate) -> None:
             resume = torch.load(os.path.join(directory, STATE_FILE), weights_only=True)
 
     def report(metrics: dict[str, Any], get_state) -> None:
+        if get_state is None:  # rejected before training: nothing to checkpoint
+            tune.report(metrics)
+            return
         with tempfile.TemporaryDirectory() as directory:
             torch.save(get_state(), os.path.join(directory, STATE_FILE))
             tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(directory))

@@ -9,7 +9,7 @@ import duckdb
 import pyarrow.parquet as pq
 import pytest
 
-from search._store import EPOCH_COLUMNS, TRIAL_COLUMNS, ResultsStore
+from search._store import EPOCH_COLUMNS, PROGRESS_COLUMNS, TRIAL_COLUMNS, ResultsStore
 
 SPACE = {
     "locality_strength": {"type": "uniform", "low": 0.1, "high": 3.0},
@@ -90,7 +90,7 @@ def test_readme_documents_every_column():
     from pathlib import Path
 
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    for name, (typ, meaning) in {**TRIAL_COLUMNS, **EPOCH_COLUMNS}.items():
+    for name, (typ, meaning) in [*TRIAL_COLUMNS.items(), *EPOCH_COLUMNS.items(), *PROGRESS_COLUMNS.items()]:
         assert f"| `{name}` | {typ} | {meaning} |" in readme, f"README's schema tables lack {name}"
 
 

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:  # only a type here; importing the data package pulls in FFCV and numba
     from trainers.data import PreparedDataset
 
-__all__ = ["SettingError", "TrainSettings", "ThroughputSettings", "TrialConfig", "TRAIN_KEYS"]
+__all__ = ["SettingError", "TrainSettings", "ThroughputSettings", "TrialConfig", "TRAIN_KEYS", "Constraint", "CONSTRAINT_METRICS"]
 
 
 class SettingError(ValueError):
@@ -73,6 +75,48 @@ class ThroughputSettings:
             raise SettingError("warmup", f"must be >= 0, got {self.warmup}")
 
 
+# What a trial knows about its architecture before any training: constraints may use these.
+CONSTRAINT_METRICS = ("throughput", "params", "flops")
+_CONSTRAINT = re.compile(r"^\s*([a-z_]+)\s*(>=|<=|>|<)\s*([-+0-9.eE_]+)\s*$")
+
+
+@dataclasses.dataclass(frozen=True)
+class Constraint:
+    """``throughput >= 5000``: a bound on what is measured before training. A trial that breaks
+    one is REJECTED without training."""
+
+    metric: str
+    op: Literal[">=", "<=", ">", "<"]
+    bound: float
+
+    @classmethod
+    def parse(cls, text: str) -> "Constraint":
+        match = _CONSTRAINT.match(text) if isinstance(text, str) else None
+        if match is None:
+            raise SettingError("", f"{text!r} is not a constraint; write METRIC OP NUMBER, e.g. 'throughput >= 5000' "
+                                   f"(METRIC one of {', '.join(CONSTRAINT_METRICS)}; OP one of >=, <=, >, <)")
+        metric, op, number = match.groups()
+        if metric not in CONSTRAINT_METRICS:
+            raise SettingError("", f"{metric!r} is not known before training; constrain one of {', '.join(CONSTRAINT_METRICS)}")
+        try:
+            bound = float(number)
+        except ValueError:
+            raise SettingError("", f"{number!r} in {text!r} is not a number") from None
+        if not math.isfinite(bound):
+            raise SettingError("", f"the bound in {text!r} must be finite")
+        return cls(metric, op, bound)  # type: ignore[arg-type]
+
+    def violation(self, value: float) -> float:
+        """0 when ``value`` satisfies the constraint, else how far off it is, relative to the bound."""
+        ok = {">=": value >= self.bound, "<=": value <= self.bound, ">": value > self.bound, "<": value < self.bound}[self.op]
+        if ok:
+            return 0.0
+        return max(abs(value - self.bound) / max(abs(self.bound), 1e-12), 1e-12)
+
+    def __str__(self) -> str:
+        return f"{self.metric} {self.op} {self.bound:g}"
+
+
 @dataclasses.dataclass(frozen=True)
 class TrialConfig:
     """Everything one trial needs, with no reference to the search that made it."""
@@ -86,3 +130,5 @@ class TrialConfig:
     patience: int | None = None  # stop after this many epochs without a better val_acc
     seed: int = 0
     device: str = "auto"  # auto: cuda when available, else cpu
+    constraints: tuple[Constraint, ...] = ()  # broken by the measured architecture: rejected untrained
+    throughput_cache_dir: str | None = None  # measurements reused per architecture (None: measure every trial)

@@ -1,23 +1,51 @@
 """Inference throughput, parameter count and FLOPs of a model, measured the same way every time.
 
 Throughput depends on the architecture, the input and the device, not on the training
-settings, so it is measured once per trial, before training: eval mode, inference mode,
-a fixed batch, warm-up iterations, synchronised timing, the median of several repeats.
+settings, so it is measured once per architecture and reused: eval mode, inference mode, a
+fixed batch, warm-up iterations, synchronised timing, the median of several repeats.
+
+The cache (:func:`measure_model` with a ``cache_dir``) is keyed by the architecture's
+fingerprint -- ``repr(model)`` (every module and its sizes) plus every parameter's and buffer's
+name, shape and dtype -- and by the input shape, device name, precision, batch size, CPU
+threads, memory layout and torch version. Knobs that only change the initial values or the
+training (ConViT's locality strength, a gate's learning rate, T-CNN's conversion epoch) leave
+the fingerprint alone, so every trial of one architecture gets the same number, and the Pareto
+front compares architectures rather than the machine's noise between two measurements.
+Measurements on one node take a per-device lock, so two trials never time the same device at
+once (they would slow each other down).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import fcntl
+import hashlib
+import json
+import os
 import platform
+import re
 import statistics
 import time
 from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-__all__ = ["ThroughputResult", "measure_throughput", "count_flops", "count_params", "device_name", "resolve_precision"]
+from trainers._atomic import atomic_write
+
+__all__ = [
+    "ThroughputResult",
+    "measure_throughput",
+    "measure_model",
+    "architecture_fingerprint",
+    "count_flops",
+    "count_params",
+    "device_name",
+    "resolve_precision",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,3 +149,87 @@ def measure_throughput(
         threads=torch.get_num_threads(),
         torch_version=str(torch.__version__),  # TorchVersion would not load with weights_only
     )
+
+
+def architecture_fingerprint(model: nn.Module) -> str:
+    """What the cost of a forward pass depends on in the model itself (see the module doc)."""
+    digest = hashlib.sha256(repr(model).encode())
+    for name, tensor in list(model.named_parameters()) + list(model.named_buffers()):
+        digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype};".encode())
+    return digest.hexdigest()[:24]
+
+
+def measure_model(
+    model: nn.Module,
+    *,
+    input_shape: tuple[int, int, int],
+    batch_size: int = 256,
+    warmup: int = 3,
+    repeats: int = 10,
+    precision: str = "auto",
+    channels_last: bool = False,
+    cache_dir: str | os.PathLike | None = None,
+) -> dict[str, Any]:
+    """Params, FLOPs/image and throughput of ``model`` as a flat record (the trial row's columns);
+    from the cache when this architecture was measured on this device with these settings."""
+    device = next(model.parameters()).device
+    key_fields = {
+        "architecture": architecture_fingerprint(model),
+        "input_shape": list(input_shape),
+        "device": device_name(device),
+        "precision": resolve_precision(precision, device),
+        "batch_size": batch_size,
+        "threads": torch.get_num_threads(),
+        "channels_last": channels_last,
+        "torch": str(torch.__version__),
+    }
+    key = hashlib.sha256(json.dumps(key_fields, sort_keys=True).encode()).hexdigest()[:32]
+    path = Path(cache_dir) / f"{key}.json" if cache_dir is not None else None
+    if path is not None and path.is_file():
+        try:
+            return {**json.loads(path.read_text()), "throughput_cached": True}
+        except (OSError, ValueError):
+            pass  # unreadable: measure again and overwrite it
+    with _device_lock(cache_dir, key_fields["device"]):
+        if path is not None and path.is_file():  # another trial measured it while we waited
+            try:
+                return {**json.loads(path.read_text()), "throughput_cached": True}
+            except (OSError, ValueError):
+                pass
+        result = measure_throughput(model, input_shape=input_shape, batch_size=batch_size, warmup=warmup,
+                                    repeats=repeats, precision=precision, channels_last=channels_last)
+        record = {
+            "params": count_params(model),
+            "flops": count_flops(model, input_shape),
+            "throughput": result.images_per_s,
+            "throughput_device": result.device,
+            "throughput_batch": result.batch_size,
+            "throughput_precision": result.precision,
+            "throughput_threads": result.threads,
+            "torch_version": result.torch_version,
+            "architecture": key_fields["architecture"],
+        }
+        if path is not None:
+            atomic_write(path, lambda handle: handle.write(json.dumps(record).encode()))
+    return {**record, "throughput_cached": False}
+
+
+class _device_lock:
+    """An exclusive flock per device name under the cache folder (none without a cache)."""
+
+    def __init__(self, cache_dir: str | os.PathLike | None, device: str) -> None:
+        self.path = None if cache_dir is None else Path(cache_dir) / f".lock-{re.sub(r'[^A-Za-z0-9]+', '-', device)}"
+        self.handle = None
+
+    def __enter__(self) -> "_device_lock":
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.handle = open(self.path, "a")
+            fcntl.flock(self.handle, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.handle is not None:
+            fcntl.flock(self.handle, fcntl.LOCK_UN)
+            self.handle.close()
+

@@ -17,6 +17,7 @@ the same optimizer state and schedule (``'keep'``).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import time
@@ -29,7 +30,7 @@ from torch import nn
 import trainers.models  # noqa: F401  (registers this project's model families with timm)
 from trainers.config import TrialConfig
 from trainers.data import make_loader
-from trainers.throughput import count_flops, count_params, measure_throughput
+from trainers.throughput import measure_model
 
 __all__ = ["train_trial", "TrialOutcome", "NonFiniteLossError", "lr_at", "build_model", "evaluate", "pick_device"]
 
@@ -45,7 +46,7 @@ class TrialOutcome:
     history: list[dict[str, Any]]  # one metrics dict per epoch run
     best_val_acc: float
     epochs_run: int
-    stop_reason: str  # max_epochs | patience
+    stop_reason: str  # max_epochs | patience | constraint (rejected before training)
     measurement: dict[str, Any]  # params, flops, throughput and how it was measured
 
 
@@ -76,6 +77,12 @@ def build_model(cfg: TrialConfig) -> nn.Module:
             raise
         del args["img_size"]  # e.g. ResNets are size-agnostic
         return timm.create_model(cfg.model, **args)
+
+
+def _converted_copy(model: nn.Module) -> nn.Module:
+    clone = copy.deepcopy(model)
+    clone.reparametrise()
+    return clone
 
 
 def default_param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
@@ -115,7 +122,10 @@ def train_trial(
 ) -> TrialOutcome:
     """Train one configuration. ``on_epoch(metrics, get_state)`` is called after every epoch;
     ``get_state()`` returns what ``resume`` takes to continue after that epoch. Its tensors are
-    the live ones: serialise them inside ``on_epoch`` (as the Tune adapter does)."""
+    the live ones: serialise them inside ``on_epoch`` (as the Tune adapter does).
+
+    A configuration that breaks one of ``cfg.constraints`` is not trained: ``on_epoch`` gets one
+    report with ``epoch`` 0, ``rejected`` (the reason) and ``get_state`` None."""
     settings = cfg.train
     data = cfg.data
     device = pick_device(cfg.device)
@@ -137,30 +147,21 @@ def train_trial(
         model = model.to(memory_format=torch.channels_last)
     input_shape = (data.channels, data.image_size, data.image_size)
 
-    def measure() -> dict[str, Any]:
+    def measure(net: nn.Module | None = None) -> dict[str, Any]:
         # The measurement draws random inputs; keep them out of the training's random stream.
         with torch.random.fork_rng(devices=[device] if on_cuda else []):
-            result = measure_throughput(
-                model,
+            record = measure_model(
+                net if net is not None else model,
                 input_shape=input_shape,
                 batch_size=cfg.throughput.batch_size,
                 warmup=cfg.throughput.warmup,
                 repeats=cfg.throughput.repeats,
                 precision=cfg.throughput.precision,
                 channels_last=on_cuda,
+                cache_dir=cfg.throughput_cache_dir,
             )
-        return {
-            # this project's families say so; for a plain timm model, its name's first word (vit, deit, ...)
-            "family": getattr(model, "family", None) or cfg.model.split("_")[0],
-            "params": count_params(model),
-            "flops": count_flops(model, input_shape),
-            "throughput": result.images_per_s,
-            "throughput_device": result.device,
-            "throughput_batch": result.batch_size,
-            "throughput_precision": result.precision,
-            "throughput_threads": result.threads,
-            "torch_version": result.torch_version,
-        }
+        # this project's families say so; for a plain timm model, its name's first word (vit, deit, ...)
+        return {"family": getattr(model, "family", None) or cfg.model.split("_")[0], **record}
 
     def convert(epoch: int) -> dict[str, Any]:
         """Recast the model in place; the measurement of what it is now (and was before)."""
@@ -173,6 +174,21 @@ def train_trial(
         return {**measure(), "converted_at_epoch": epoch, "throughput_before_conversion": before}
 
     measurement = dict(resume["measurement"]) if resume is not None else measure()
+    if resume is None and cfg.constraints:
+        # Judge the architecture the trial is meant to end with (a T-CNN: the converted one).
+        final = measurement
+        if converts and convert_at < cfg.epochs and not model.is_reparametrised:
+            final = measure(_converted_copy(model))
+        broken = [(c, c.violation(final[c.metric])) for c in cfg.constraints]
+        broken = [(c, v) for c, v in broken if v > 0]
+        if broken:
+            reason = "; ".join(f"{c.metric}={final[c.metric]:.4g} breaks {c}" for c, _ in broken)
+            metrics = {"epoch": 0, **final, "rejected": reason, "constraint_violation": sum(v for _, v in broken),
+                       "stop_reason": "constraint", "best_val_acc": math.nan, "best_val_loss": math.nan}
+            if on_epoch is not None:
+                on_epoch(metrics, None)
+            return TrialOutcome(history=[], best_val_acc=math.nan, epochs_run=0, stop_reason="constraint",
+                                measurement=final)
     if convert_at == 0 and not model.is_reparametrised:
         measurement = convert(0)  # t1 = 0: the hybrid, trained from scratch
 

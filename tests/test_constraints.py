@@ -1,0 +1,213 @@
+"""Throughput first: constraints reject a configuration before training, measurements are cached
+per architecture, only full-budget trials count as done, and progress.parquet tracks the front."""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import timm
+import torch
+import yaml
+
+import trainers.models  # noqa: F401
+from search._hypervolume import hypervolume
+from search._searcher import optuna_state_for
+from search._store import PROGRESS_COLUMNS, ResultsStore
+from trainers.config import Constraint, SettingError, ThroughputSettings, TrainSettings, TrialConfig
+from trainers.data import DatasetRequest, prepare_dataset
+from trainers.throughput import architecture_fingerprint, measure_model
+from trainers.train import train_trial
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# -- constraints ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("text,value,violated", [
+    ("throughput >= 5000", 6000.0, False),
+    ("throughput >= 5000", 4000.0, True),
+    ("params <= 5e6", 5e6, False),
+    ("params<5e6", 5e6, True),
+    ("flops > 1e6", 2e6, False),
+])
+def test_constraint_parse_and_check(text, value, violated):
+    c = Constraint.parse(text)
+    assert (c.violation(value) > 0) == violated
+    assert Constraint.parse(str(c)) == c
+
+
+def test_constraint_violation_grows_with_the_distance():
+    c = Constraint.parse("throughput >= 1000")
+    assert c.violation(900) == pytest.approx(0.1) and c.violation(500) == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize("text,match", [
+    ("val_acc >= 0.9", "not known before training"),
+    ("throughput => 5", "not a constraint"),
+    ("throughput >= lots", "not a constraint"),
+    ("__import__('os').system('x') > 1", "not a constraint"),
+    ("params <= inf", "not a constraint"),
+    ("params <= 1e999", "finite"),
+])
+def test_bad_constraints_name_the_fix(text, match):
+    with pytest.raises(SettingError, match=match):
+        Constraint.parse(text)
+
+
+# -- the per-architecture measurement cache ------------------------------------------------
+
+def test_fingerprint_ignores_training_knobs_and_sees_architecture():
+    base = architecture_fingerprint(timm.create_model("ls_convit_nano", locality_strength=1.0, gate_lr_mult=1.0))
+    assert architecture_fingerprint(timm.create_model("ls_convit_nano", locality_strength=2.5, gate_lr_mult=9.0)) == base
+    assert architecture_fingerprint(timm.create_model("ls_convit_nano", depth=3)) != base
+    assert architecture_fingerprint(timm.create_model("ls_convit_nano", local_up_to_layer=0)) != base
+    tcnn = timm.create_model("ls_tcnn_nano", reparam_epoch=1)
+    cnn_print = architecture_fingerprint(tcnn)
+    assert architecture_fingerprint(timm.create_model("ls_tcnn_nano", reparam_epoch=2, reparam_alpha=5.0)) == cnn_print
+    tcnn.reparametrise()
+    assert architecture_fingerprint(tcnn) != cnn_print
+
+
+def test_measure_model_caches_per_architecture(tmp_path):
+    kwargs = dict(input_shape=(1, 28, 28), batch_size=8, warmup=1, repeats=2, cache_dir=tmp_path)
+    first = measure_model(timm.create_model("ls_convit_nano", locality_strength=1.0), **kwargs)
+    again = measure_model(timm.create_model("ls_convit_nano", locality_strength=2.0), **kwargs)
+    other = measure_model(timm.create_model("ls_convit_nano", depth=3), **kwargs)
+    assert not first["throughput_cached"] and again["throughput_cached"] and not other["throughput_cached"]
+    assert again["throughput"] == first["throughput"] and again["params"] == first["params"]
+    assert other["params"] > first["params"]
+    bigger_batch = measure_model(timm.create_model("ls_convit_nano"), **{**kwargs, "batch_size": 16})
+    assert not bigger_batch["throughput_cached"]  # another measurement setting: another entry
+    assert len(list(tmp_path.glob("*.json"))) == 3
+    uncached = measure_model(timm.create_model("ls_convit_nano"), **{**kwargs, "cache_dir": None})
+    assert not uncached["throughput_cached"]
+
+
+@pytest.fixture(scope="module")
+def synthetic(tmp_path_factory):
+    return prepare_dataset(DatasetRequest(name="synthetic", val_fraction=0.2), cache_dir=tmp_path_factory.mktemp("cache"))
+
+
+def test_a_rejected_trial_trains_nothing(synthetic, tmp_path):
+    reports = []
+    cfg = TrialConfig(model="ls_convit_nano", model_args={}, data=synthetic, epochs=3,
+                      train=TrainSettings(batch_size=64, num_workers=1),
+                      throughput=ThroughputSettings(batch_size=8, warmup=1, repeats=2),
+                      constraints=(Constraint.parse("params <= 1000"),), throughput_cache_dir=str(tmp_path))
+    outcome = train_trial(cfg, on_epoch=lambda metrics, get_state: reports.append((metrics, get_state)))
+    assert outcome.epochs_run == 0 and outcome.stop_reason == "constraint"
+    ((metrics, get_state),) = reports
+    assert get_state is None and metrics["epoch"] == 0
+    assert metrics["rejected"].startswith("params=") and "params <= 1000" in metrics["rejected"]
+    assert metrics["constraint_violation"] > 0 and math.isnan(metrics["best_val_acc"])
+
+
+def test_a_tcnn_is_judged_as_the_model_it_becomes(synthetic, tmp_path):
+    # the CNN has fewer parameters than the converted model; a bound between them rejects a
+    # trial that would convert, and accepts one that stays a CNN
+    cnn = timm.create_model("ls_tcnn_nano", num_classes=4, in_chans=1)
+    bound = sum(p.numel() for p in cnn.parameters()) + 1
+    common = dict(data=synthetic, epochs=1, train=TrainSettings(batch_size=64, num_workers=1),
+                  throughput=ThroughputSettings(batch_size=8, warmup=1, repeats=2),
+                  constraints=(Constraint.parse(f"params <= {bound}"),), throughput_cache_dir=str(tmp_path))
+    converting = train_trial(TrialConfig(model="ls_tcnn_nano", model_args={"reparam_fraction": 0.0}, **common))
+    assert converting.stop_reason == "constraint"
+    staying = train_trial(TrialConfig(model="ls_tcnn_nano", model_args={"reparam_fraction": 1.0}, **common))
+    assert staying.stop_reason == "max_epochs" and staying.epochs_run == 1
+
+
+# -- what Optuna is told ---------------------------------------------------------------------
+
+METRICS = ["best_val_acc", "throughput"]
+
+
+@pytest.mark.parametrize("result,error,expected", [
+    ({"best_val_acc": 0.9, "throughput": 100.0, "stop_reason": "max_epochs", "epoch": 4}, False, ("COMPLETE", [0.9, 100.0])),
+    ({"best_val_acc": 0.8, "throughput": 100.0, "stop_reason": "patience", "epoch": 2}, False, ("COMPLETE", [0.8, 100.0])),
+    ({"best_val_acc": 0.7, "throughput": 100.0, "epoch": 1}, False, ("PRUNED", None)),  # cut by the scheduler
+    ({"best_val_acc": 0.7, "throughput": 100.0, "epoch": 1}, True, ("FAIL", None)),  # raised after a report
+    ({"best_val_acc": math.nan, "throughput": 100.0, "stop_reason": "max_epochs"}, False, ("FAIL", None)),
+    ({"best_val_acc": 0.5, "throughput": math.inf, "stop_reason": "max_epochs"}, False, ("FAIL", None)),
+    ({"rejected": "params=9 breaks params <= 1", "stop_reason": "constraint", "best_val_acc": math.nan}, False, ("PRUNED", None)),
+    (None, True, ("FAIL", None)),
+    (None, False, ("PRUNED", None)),
+])
+def test_only_full_budget_trials_are_complete_for_optuna(result, error, expected):
+    assert optuna_state_for(result, error=error, metrics=METRICS) == expected
+
+
+# -- progress.parquet ------------------------------------------------------------------------
+
+def test_progress_rows_track_the_fronts_hypervolume(tmp_path):
+    store = ResultsStore(tmp_path, space={}, objectives=[("val_acc", "max"), ("throughput", "max")], reference=[0.0, 0.0])
+    rows = [
+        ("a", "COMPLETE", 0.5, 100.0, 4),
+        ("b", "PRUNED", 0.9, 900.0, 1),  # cut short: not on the front, adds no volume
+        ("c", "COMPLETE", 0.8, 50.0, 4),
+        ("d", "REJECTED", None, 10.0, 0),
+        ("e", "COMPLETE", 0.4, 80.0, 4),  # dominated by a
+    ]
+    for i, (tid, state, acc, tput, epochs) in enumerate(rows):
+        store.add_trial({"trial_id": tid, "state": state, "val_acc": acc, "throughput": tput, "epochs_run": epochs}, {})
+        store.add_progress(trial_id=tid, state=state, elapsed_s=float(i), at=None)
+    store.flush()
+    progress = pq.read_table(open(tmp_path / "progress.parquet", "rb")).to_pylist()
+    assert set(progress[0]) == set(PROGRESS_COLUMNS)
+    assert [p["finished"] for p in progress] == [1, 2, 3, 4, 5]
+    assert [p["epochs_spent"] for p in progress] == [4, 5, 9, 9, 13]
+    assert [p["front_size"] for p in progress] == [1, 1, 2, 2, 2]
+    expected = hypervolume([[0.5, 100.0], [0.8, 50.0]], modes=["max", "max"], reference=[0.0, 0.0])
+    assert progress[2]["hypervolume"] == pytest.approx(expected) == pytest.approx(0.5 * 100 + 0.3 * 50)
+    assert progress[0]["hypervolume"] == pytest.approx(50.0) and progress[1]["hypervolume"] == pytest.approx(50.0)
+    assert progress[-1]["hypervolume"] == pytest.approx(expected)
+    assert progress[-1]["best_val_acc"] == 0.8
+
+
+# -- a real search with a constraint ---------------------------------------------------------
+
+@pytest.mark.ray
+def test_search_rejects_configs_before_training_and_reuses_measurements(tmp_path):
+    spec = yaml.safe_load((ROOT / "spaces" / "synthetic_smoke.yaml").read_text())
+    spec.update(name="constrained", storage=str(tmp_path / "results"), constraints=["params <= 50000"],
+                algorithm={"name": "random", "seed": 1})
+    spec["space"] = {"depth": {"type": "choice", "values": [2, 6]},  # 26.5k / 77k parameters
+                     "lr": {"type": "choice", "values": [2.0e-3, 3.0e-3]}}
+    spec["model"]["args"] = {"local_up_to_layer": 1}
+    spec["budget"].update(trials=6, max_epochs=1)
+    path = tmp_path / "constrained.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    env = dict(os.environ, LOCALITY_SEARCH_CACHE=str(tmp_path / "cache"))
+    env.pop("RAY_ADDRESS", None)
+    proc = subprocess.run([sys.executable, "-m", "search", "run", str(path)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    exp = tmp_path / "results" / "constrained"
+    trials = pq.read_table(open(exp / "trials.parquet", "rb")).to_pylist()
+    epochs = pq.read_table(open(exp / "epochs.parquet", "rb")).to_pylist()
+    progress = pq.read_table(open(exp / "progress.parquet", "rb")).to_pylist()
+    assert len(trials) == 6 and len(progress) == 6
+    for row in trials:
+        if row["depth"] == 6:
+            assert row["state"] == "REJECTED" and row["stop_reason"] == "constraint"
+            assert row["epochs_run"] == 0 and row["val_acc"] is None
+            assert "params <= 50000" in row["rejected_by"] and row["params"] == 76952
+            assert not any(e["trial_id"] == row["trial_id"] for e in epochs)
+        else:
+            assert row["state"] == "COMPLETE" and row["epochs_run"] == row["epochs_budget"] == 1
+    assert {r["depth"] for r in trials} == {2, 6}, "the seed should sample both depths"
+    # one measurement per architecture: every trial of a depth has the same number
+    for depth in (2, 6):
+        same = [r for r in trials if r["depth"] == depth]
+        assert len({r["throughput"] for r in same}) == 1 and len({r["architecture"] for r in same}) == 1
+        assert sum(not r["throughput_cached"] for r in same) == 1
+    assert "rejected: params=" in proc.stdout
+    front = pq.read_table(open(exp / "pareto.parquet", "rb")).to_pylist()
+    assert front and all(r["state"] == "COMPLETE" for r in front)
+    volumes = [p["hypervolume"] for p in progress]
+    assert all(b >= a for a, b in zip(volumes, volumes[1:])) and volumes[-1] > 0

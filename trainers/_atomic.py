@@ -1,0 +1,30 @@
+"""Files that readers see whole or not at all: write to a temporary name, fsync, rename."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import BinaryIO
+
+__all__ = ["atomic_write"]
+
+
+def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> None:
+    """Call ``write(handle)`` on a temporary file next to ``path``, then rename it over ``path``.
+
+    The rename is atomic on one filesystem, so a concurrent reader gets the old file or the new
+    one; a crash leaves the old file (and at worst a stray ``.NAME.*.tmp``)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            write(handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
