@@ -3,9 +3,13 @@
 The public API; the modules behind it are private (``search._spec``, ``search._store``, ...).
 """
 
+from search._compare import Comparison, compare_studies
+from search._export import export_trial, load_export, write_export
+from search._filter import filter_trials
 from search._hypervolume import front_hypervolume, hypervolume
 from search._pareto import pareto_front, pareto_mask
 from search._query import Experiment, format_front, front_of, load, load_experiment, load_trials
+from search._retrain import RetrainResult, retrain
 from search._select import select
 from search._spec import SearchSpec, load_spec
 from search._store import EPOCH_COLUMNS, TRIAL_COLUMNS, ResultsStore
@@ -27,4 +31,12 @@ __all__ = [
     "hypervolume",
     "front_hypervolume",
     "select",
+    "filter_trials",
+    "export_trial",
+    "write_export",
+    "load_export",
+    "retrain",
+    "RetrainResult",
+    "compare_studies",
+    "Comparison",
 ]

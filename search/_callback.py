@@ -71,6 +71,25 @@ class StoreCallback(Callback):
         self.out = self.out or sys.stdout
 
     # -- Tune events ------------------------------------------------------------------------
+    def setup(self, **info: Any) -> None:
+        """Start of ``fit()``, fresh or resumed: take up the rows already written."""
+        self.store.load_existing()
+        self._finished = len(self.store.trials)
+        done = [p["elapsed_s"] for p in self.store.progress if p.get("elapsed_s") is not None]
+        self._study_start = time.monotonic() - (max(done) if done else 0.0)  # elapsed counts on
+        self._reconciled = False
+
+    def on_step_begin(self, iteration: int, trials: list, **info: Any) -> None:
+        if getattr(self, "_reconciled", True):
+            return
+        self._reconciled = True
+        gone = self.store.forget_trials({t.trial_id for t in trials})
+        if gone:
+            self._finished = len(self.store.trials)
+            self.store.flush()
+            print(f"resume: {len(gone)} trial(s) finished after Tune's last snapshot ({', '.join(gone)}); "
+                  "their slots are sampled again", file=self.out, flush=True)
+
     def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         self._started.setdefault(trial.trial_id, _now())
 

@@ -1,4 +1,4 @@
-"""``python -m search``: run a study, print its Pareto front.
+"""``python -m search``: run a study, print its Pareto front, pick and retrain one of its trials.
 
 User errors (a bad spec, a missing dataset, a folder that is not a study) print one line and
 exit with code 2; nothing is half-written.
@@ -25,6 +25,14 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(EXIT_USER_ERROR)
 
 
+def _add_filters(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--where", action="append", default=[], metavar="EXPR",
+                        help="keep the trials where EXPR holds before taking the front: COLUMN OP VALUE with OP "
+                        "one of >= <= > < == !=, e.g. 'throughput>=5000' (repeat: all must hold)")
+    parser.add_argument("--family", action="append", default=[], metavar="NAME",
+                        help="keep the trials of these model families (repeat, or a comma list: convit,gmm)")
+
+
 def _build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m search", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -41,9 +49,38 @@ def _build_parser() -> argparse.ArgumentParser:
     run.add_argument("--cache-dir", help="where converted .beton files are kept "
                      "(default: $LOCALITY_SEARCH_CACHE or ~/.cache/locality-search/datasets)")
 
-    pareto = commands.add_parser("pareto", help="print the Pareto front of a study")
+    resume = commands.add_parser("resume", help="finish a study whose driver stopped (killed, crashed, interrupted)")
+    resume.add_argument("study", help="the study folder, e.g. results/convit_locality")
+    resume.add_argument("--address", default=os.environ.get("RAY_ADDRESS"),
+                        help="join this Ray cluster (default: $RAY_ADDRESS, else start a local one)")
+    resume.add_argument("--cache-dir", help="where converted .beton files are kept (as for run)")
+
+    pareto = commands.add_parser(
+        "pareto", help="print the Pareto front of a study, or one trial of it (--select), or export it (--export)"
+    )
     pareto.add_argument("study", help="a study folder, e.g. results/convit_locality")
     pareto.add_argument("--format", choices=("table", "json", "csv"), default="table")
+    _add_filters(pareto)
+    pareto.add_argument("--select", metavar="RULE",
+                        help="print the one trial of the front that RULE picks: knee, max-acc, max-throughput, "
+                        "max:COLUMN or min:COLUMN")
+    pareto.add_argument("--export", metavar="PATH.yaml",
+                        help="write the selected trial (--select, default knee) as a config that "
+                        "`python -m search train PATH.yaml` retrains")
+
+    train = commands.add_parser("train", help="retrain an exported trial from scratch and test it once")
+    train.add_argument("config", help="a config written by `pareto --export`, e.g. best.yaml")
+    train.add_argument("--out", help="folder for model.pt and result.parquet (default: <config stem>-train/ next to it)")
+    train.add_argument("--epochs", type=int, help="epochs to train (overrides the config's)")
+    train.add_argument("--data-dir", help="where the dataset's files are (overrides the config's)")
+    train.add_argument("--cache-dir", help="where converted .beton files are kept "
+                       "(default: $LOCALITY_SEARCH_CACHE or ~/.cache/locality-search/datasets)")
+    train.add_argument("--force", action="store_true", help="write into a non-empty --out folder")
+
+    compare = commands.add_parser("compare", help="print the fronts of several studies side by side")
+    compare.add_argument("studies", nargs="+", metavar="STUDY", help="two or more study folders")
+    compare.add_argument("--format", choices=("table", "json", "csv"), default="table")
+    _add_filters(compare)
 
     check = commands.add_parser("check", help="validate spec files without running them")
     check.add_argument("specs", nargs="+")
@@ -51,7 +88,6 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from search._query import format_front, front_of
     from search._runner import run_study
     from search._spec import load_spec
 
@@ -59,13 +95,23 @@ def _cmd_run(args: argparse.Namespace) -> int:
         trials=args.trials, max_epochs=args.max_epochs, storage=args.storage, name=args.name,
         data_dir=args.data_dir,
     )
-    exp_dir = run_study(spec, address=args.address, cache_dir=args.cache_dir)
+    return _report(run_study(spec, address=args.address, cache_dir=args.cache_dir))
+
+
+def _cmd_resume(args: argparse.Namespace) -> int:
+    from search._runner import resume_study
+
+    return _report(resume_study(args.study, address=args.address, cache_dir=args.cache_dir))
+
+
+def _report(exp_dir) -> int:
+    """The end of a run: its front, where the files are, and exit 1 if every trial failed."""
+    from search._query import format_front, front_of, load_trials
+
     front, objectives = front_of(exp_dir)
     print(f"\nPareto front ({', '.join(f'{m} {mode}' for m, mode in objectives)}), {len(front)} trials:")
     print(format_front(front, objectives, fmt="table"))
-    print(f"\nresults: {exp_dir}/trials.parquet, epochs.parquet, pareto.parquet")
-    from search._query import load_trials
-
+    print(f"\nresults: {exp_dir}/trials.parquet, epochs.parquet, pareto.parquet, progress.parquet")
     trials = load_trials(exp_dir)
     if len(trials) and (trials["state"] == "FAILED").all():
         print(f"error: all {len(trials)} trials failed; first error: {trials['error'].iloc[0]}", file=sys.stderr)
@@ -73,11 +119,58 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_pareto(args: argparse.Namespace) -> int:
-    from search._query import format_front, front_of
+def _filters_text(args: argparse.Namespace) -> str:
+    parts = [f"--where {w!r}" for w in args.where] + [f"--family {f}" for f in args.family]
+    return " ".join(parts)
 
-    front, objectives = front_of(args.study)
-    print(format_front(front, objectives, fmt=args.format))
+
+def _cmd_pareto(args: argparse.Namespace) -> int:
+    from search._filter import split_families
+    from search._query import fixed_settings, format_front, format_trial, front_of, load_experiment
+    from search._select import check_rule, select
+
+    families = split_families(args.family)
+    rule = args.select or ("knee" if args.export else None)
+    if rule is not None:
+        check_rule(rule)
+    front, objectives = front_of(args.study, where=args.where, families=families)
+    if rule is None:
+        print(format_front(front, objectives, fmt=args.format))
+        return 0
+    check_rule(rule, columns=front.columns)
+    if front.empty:
+        narrowed = f" that passes {_filters_text(args)}" if args.where or args.family else ""
+        raise ConfigError(f"{args.study}: the front is empty: no COMPLETE trial{narrowed}; nothing to select")
+    row = select(front, objectives=objectives, rule=rule)
+    if args.format == "table":
+        default = " (the default of --export; pass --select to choose)" if args.select is None else ""
+        narrowed = f", after {_filters_text(args)}" if args.where or args.family else ""
+        print(f"selected by {rule}{default} from a front of {len(front)} trials{narrowed}:")
+    print(format_trial(row, objectives, fmt=args.format, fixed=fixed_settings(load_experiment(args.study), row)))
+    if args.export:
+        from search._export import export_trial, write_export
+
+        config = export_trial(args.study, row, selected_by=rule, where=args.where, families=families)
+        path = write_export(config, args.export)
+        print(f"\nexported trial {row['trial_id']} to {path}; retrain and test it: python -m search train {path}",
+              file=sys.stdout if args.format == "table" else sys.stderr)
+    return 0
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from search._retrain import retrain
+
+    retrain(args.config, out=args.out, epochs=args.epochs, data_dir=args.data_dir, cache_dir=args.cache_dir,
+            force=args.force)
+    return 0
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    from search._compare import compare_studies, format_comparison
+    from search._filter import split_families
+
+    comparison = compare_studies(args.studies, where=args.where, families=split_families(args.family))
+    print(format_comparison(comparison, fmt=args.format))
     return 0
 
 
@@ -86,13 +179,16 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
     for path in args.specs:
         spec = load_spec(path)
-        print(f"{path}: ok ({spec.name}: {len(spec.space)} knobs, {spec.budget.trials} trials)")
+        models = f"{len(spec.candidates)} models, " if spec.conditional else ""
+        print(f"{path}: ok ({spec.name}: {models}{len(spec.all_params())} knobs, {spec.budget.trials} trials)")
     return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
-    handler = {"run": _cmd_run, "pareto": _cmd_pareto, "check": _cmd_check}[args.command]
+    handler = {
+        "run": _cmd_run, "resume": _cmd_resume, "pareto": _cmd_pareto, "train": _cmd_train, "compare": _cmd_compare, "check": _cmd_check,
+    }[args.command]
     try:
         return handler(args)
     except ConfigError as exc:

@@ -6,6 +6,11 @@ For notebooks, :func:`load` reads a study folder into an :class:`Experiment`::
     exp.front()                     # Pareto front of the COMPLETE trials
     exp.select(rule="knee")         # one trial of it
     exp.hypervolume(reference=[0.0, 0.0])
+    exp.front(where=["throughput>=5000"], families=["convit"])   # the front of those trials
+
+``where``/``families`` narrow the trials *before* the front is taken (see ``search._filter``):
+the result is the front of the trials that pass, which can hold trials that the whole study's
+front does not (a trial dominated only by trials that were filtered out).
 """
 
 from __future__ import annotations
@@ -18,13 +23,16 @@ from pathlib import Path
 import pandas as pd
 import pyarrow as pa
 
+from search._filter import Condition, filter_trials
 from search._hypervolume import front_hypervolume
 from search._pareto import pareto_front
 from search._select import select
 from search._store import EPOCH_COLUMNS, TRIAL_COLUMNS, read_table
 from trainers.errors import ConfigError
 
-__all__ = ["load_experiment", "load_trials", "front_of", "format_front", "load", "Experiment"]
+__all__ = [
+    "load_experiment", "load_trials", "front_of", "format_front", "format_trial", "fixed_settings", "load", "Experiment",
+]
 
 
 def _experiment_dir(path: str | Path) -> Path:
@@ -58,15 +66,28 @@ def _objectives(meta: dict, path: str | Path) -> list[tuple[str, str]]:
     return [tuple(o) for o in meta["objectives"]]
 
 
-def _complete_front(trials: pd.DataFrame, objectives: Sequence[tuple[str, str]]) -> pd.DataFrame:
+def _complete_front(
+    trials: pd.DataFrame,
+    objectives: Sequence[tuple[str, str]],
+    *,
+    where: Sequence[str | Condition] = (),
+    families: Sequence[str] = (),
+) -> pd.DataFrame:
+    trials = filter_trials(trials, where=where, families=families)
     # Pruned and failed trials stopped early; their numbers do not compete with finished ones.
     return pareto_front(trials[trials["state"] == "COMPLETE"], objectives=objectives)
 
 
-def front_of(path: str | Path) -> tuple[pd.DataFrame, list[tuple[str, str]]]:
-    """The Pareto front of the study's COMPLETE trials on its own objectives."""
+def front_of(
+    path: str | Path,
+    *,
+    where: Sequence[str | Condition] = (),
+    families: Sequence[str] = (),
+) -> tuple[pd.DataFrame, list[tuple[str, str]]]:
+    """The Pareto front of the study's COMPLETE trials on its own objectives, after ``where``
+    and ``families`` have narrowed the trials (see :func:`search.filter_trials`)."""
     objectives = _objectives(load_experiment(path), path)
-    return _complete_front(load_trials(path), objectives), objectives
+    return _complete_front(load_trials(path), objectives, where=where, families=families), objectives
 
 
 @dataclass(frozen=True, eq=False)  # eq=False: DataFrames have no truth value to compare by
@@ -79,13 +100,14 @@ class Experiment:
     trials: pd.DataFrame  # trials.parquet: one row per finished trial, any state
     epochs: pd.DataFrame  # epochs.parquet: one row per trial and epoch (empty when absent)
 
-    def front(self) -> pd.DataFrame:
-        """The Pareto front of the COMPLETE trials, best first on the first objective."""
-        return _complete_front(self.trials, self.objectives)
+    def front(self, *, where: Sequence[str] = (), families: Sequence[str] = ()) -> pd.DataFrame:
+        """The Pareto front of the COMPLETE trials, best first on the first objective; ``where``
+        and ``families`` narrow the trials first (see :func:`search.filter_trials`)."""
+        return _complete_front(self.trials, self.objectives, where=where, families=families)
 
-    def select(self, *, rule: str = "knee") -> pd.Series:
+    def select(self, *, rule: str = "knee", where: Sequence[str] = (), families: Sequence[str] = ()) -> pd.Series:
         """One trial of :meth:`front` (rules: see :func:`search.select`)."""
-        return select(self.front(), objectives=self.objectives, rule=rule)
+        return select(self.front(where=where, families=families), objectives=self.objectives, rule=rule)
 
     def hypervolume(self, *, reference: Sequence[float] | Mapping[str, float]) -> float:
         """Hypervolume of the COMPLETE trials up to ``reference`` (see :func:`search.front_hypervolume`)."""
@@ -105,10 +127,13 @@ def load(path: str | Path) -> Experiment:
     )
 
 
-def format_front(front: pd.DataFrame, objectives: list[tuple[str, str]], *, fmt: str) -> str:
-    config_columns = [c for c in front.columns if c not in TRIAL_COLUMNS]
+def format_front(
+    front: pd.DataFrame, objectives: list[tuple[str, str]], *, fmt: str, leading: Sequence[str] = ()
+) -> str:
+    """``front`` as a table, JSON records or CSV; ``leading`` columns (e.g. ``study``) go first."""
+    config_columns = [c for c in front.columns if c not in TRIAL_COLUMNS and c not in leading]
     objective_columns = [c for c, _ in objectives]
-    columns = ["trial_id", "family"] + objective_columns
+    columns = list(leading) + ["trial_id", "family"] + objective_columns
     columns += [c for c in ("params", "flops", "epochs_run", "throughput_device") if c not in columns]
     columns += config_columns
     view = front[columns]
@@ -129,3 +154,48 @@ def format_front(front: pd.DataFrame, objectives: list[tuple[str, str]], *, fmt:
         if shown[column].dtype.kind == "f":
             shown[column] = shown[column].map(lambda v: f"{v:.4g}")
     return shown.to_string(index=False)
+
+
+def fixed_settings(meta: Mapping, row: pd.Series | Mapping) -> dict[str, object]:
+    """What the spec in ``meta`` (experiment.json) fixed for ``row``'s trial, i.e. the rest of its
+    config: ``model.args.<name>`` and ``train.<name>`` keys, searched ones left out."""
+    spec = meta.get("spec") or {}
+    entries = [spec["model"]] if spec.get("model") else list(spec.get("models") or [])
+    entry = next((m for m in entries if m.get("name") == row.get("model")), entries[0] if len(entries) == 1 else {})
+    searched = set(spec.get("space") or {}) | set(entry.get("space") or {})
+    fixed = {f"model.args.{k}": v for k, v in (entry.get("args") or {}).items()}
+    fixed.update({f"train.{k}": v for k, v in (spec.get("train") or {}).items() if k not in searched})
+    return fixed
+
+
+def format_trial(
+    row: pd.Series, objectives: list[tuple[str, str]], *, fmt: str, fixed: Mapping[str, object] | None = None
+) -> str:
+    """One trial (e.g. what :func:`search.select` picked) with every column that has a value, and
+    the ``fixed`` settings (:func:`fixed_settings`) after them: ``KEY  VALUE`` lines, a JSON object
+    (``fixed`` under its own key), or a one-row CSV of the columns."""
+    present = {k: v for k, v in row.items() if not (v is None or (not isinstance(v, (list, tuple)) and pd.isna(v)))}
+    leading = ["trial_id", "model", "family"] + [c for c, _ in objectives]
+    order = [c for c in leading if c in present] + [c for c in present if c not in leading]
+    view = pd.DataFrame([{k: present[k] for k in order}])
+    fixed = dict(fixed or {})
+    if fmt == "json":
+        record = json.loads(view.to_json(orient="records", date_format="iso", double_precision=15))[0]
+        return json.dumps({**record, "fixed": fixed} if fixed else record, indent=2, default=str)
+    if fmt == "csv":
+        return view.to_csv(index=False)
+    width = max(map(len, order + list(fixed)))
+    lines = []
+    for key in order + ([""] if fixed else []) + list(fixed):
+        if not key:
+            lines.append("fixed by the spec:")
+            continue
+        value = present[key] if key in present else fixed[key]
+        if key in ("throughput", "throughput_before_conversion"):
+            text = f"{value:,.0f}"
+        elif isinstance(value, float):
+            text = f"{value:.6g}"
+        else:
+            text = str(value)
+        lines.append(f"{key:<{width}}  {text}")
+    return "\n".join(lines)

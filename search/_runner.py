@@ -14,7 +14,7 @@ from search._spec import ParamSpec, SearchSpec, to_plain
 from search._store import TRIAL_VALUE_OF, ResultsStore, write_json_atomic
 from trainers.errors import ConfigError
 
-__all__ = ["run_study", "default_cache_dir", "OptunaSpace", "make_sampler"]
+__all__ = ["run_study", "resume_study", "default_cache_dir", "OptunaSpace", "make_sampler"]
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -123,25 +123,7 @@ def _check_experiment_dir(path: Path) -> None:
         )
 
 
-def run_study(
-    spec: SearchSpec,
-    *,
-    address: str | None = None,
-    cache_dir: str | os.PathLike | None = None,
-    dashboard_host: str = "127.0.0.1",
-    out: TextIO = sys.stdout,
-) -> Path:
-    """Run ``spec`` to the end; returns the experiment folder holding the Parquet files."""
-    import ray
-    from ray import tune
-    from ray.tune.logger import JsonLoggerCallback
-    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
-    from search._callback import StoreCallback
-    from search._mo_asha import MOASHAScheduler
-    from search._searcher import HonestOptunaSearch
-    from search._trainable import TrialTemplate, run_tune_trial
-    from trainers.data import DatasetRequest, prepare_dataset
-
+def _tune_environment() -> None:
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -151,9 +133,13 @@ def run_study(
     # Every epoch checkpoints (so trials can be restored), which makes Tune warn about frequent
     # experiment snapshots; at one epoch per tens of seconds that cost is negligible.
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
+    # Snapshot the experiment (trials, searcher) at least every second, so a killed driver
+    # loses at most a second of bookkeeping (the default waits up to 10 s).
+    os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "1")
 
-    exp_dir = spec.experiment_dir
-    _check_experiment_dir(exp_dir)
+
+def _prepare_data(spec: SearchSpec, cache_dir: str | os.PathLike | None, out: TextIO):
+    from trainers.data import DatasetRequest, prepare_dataset
 
     # The dataset is converted once, on the driver; trials only read the .beton files.
     data = prepare_dataset(
@@ -172,52 +158,50 @@ def run_study(
         f"({data.image_size}x{data.image_size}x{data.channels}, {data.num_classes} classes)",
         file=out, flush=True,
     )
+    return data
 
-    if not ray.is_initialized():
-        init_args: dict[str, Any] = {
-            "runtime_env": {"env_vars": {"PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")]))}},
-            "log_to_driver": False,  # trial output goes to the trial folders; errors go to the store
-            "configure_logging": True,
-            "logging_level": "WARNING",
-        }
-        if address:
-            check_ray_address(address)
-            init_args["address"] = address
-        else:
-            init_args.update(include_dashboard=True, dashboard_host=dashboard_host)
-        try:
-            context = ray.init(**init_args)
-        except (ConnectionError, RuntimeError, ValueError) as exc:
-            if not address:
-                raise
-            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            raise ConfigError(
-                f"--address {address}: could not join that Ray cluster ({reason}); check the address "
-                "(ray status on the head node prints it) or leave --address out to start a local cluster"
-            ) from None
-        url = getattr(context, "dashboard_url", None)
-        if url:
-            print(f"Ray dashboard: http://{url}", file=out, flush=True)
 
-    exp_dir.mkdir(parents=True, exist_ok=True)
-    commit = git_commit()
-    write_json_atomic(
-        {
-            "name": spec.name,
-            "spec": to_plain(spec),
-            "spec_hash": spec.spec_hash,
-            "objectives": [[o.metric, o.mode] for o in spec.objectives],
-            "git_commit": commit,
-            "created_at": dt.datetime.now(dt.timezone.utc).isoformat(),
-            "dataset": {"content_hash": data.content_hash, "counts": data.counts},
-        },
-        exp_dir / "experiment.json",
-    )
+def _init_ray(address: str | None, dashboard_host: str, out: TextIO) -> None:
+    import ray
 
+    if ray.is_initialized():
+        return
+    init_args: dict[str, Any] = {
+        "runtime_env": {"env_vars": {"PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")]))}},
+        "log_to_driver": False,  # trial output goes to the trial folders; errors go to the store
+        "configure_logging": True,
+        "logging_level": "WARNING",
+    }
+    if address:
+        check_ray_address(address)
+        init_args["address"] = address
+    else:
+        init_args.update(include_dashboard=True, dashboard_host=dashboard_host)
+    try:
+        context = ray.init(**init_args)
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        if not address:
+            raise
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ConfigError(
+            f"--address {address}: could not join that Ray cluster ({reason}); check the address "
+            "(ray status on the head node prints it) or leave --address out to start a local cluster"
+        ) from None
+    url = getattr(context, "dashboard_url", None)
+    if url:
+        print(f"Ray dashboard: http://{url}", file=out, flush=True)
+
+
+def _store_for(spec: SearchSpec, exp_dir: Path) -> ResultsStore:
     objectives = [(o.metric, o.mode) for o in spec.objectives]
-    store = ResultsStore(exp_dir, space={k: p.to_json() for k, p in spec.all_params().items()}, objectives=objectives,
-                         reference=spec.reference_point)
-    store.flush()  # empty files with the full schema: readers can open them from the start
+    return ResultsStore(exp_dir, space={k: p.to_json() for k, p in spec.all_params().items()}, objectives=objectives,
+                        reference=spec.reference_point)
+
+
+def _trainable_for(spec: SearchSpec, data, cache_dir: str | os.PathLike | None):
+    from ray import tune
+
+    from search._trainable import TrialTemplate, run_tune_trial
 
     template = TrialTemplate(
         models={m.name: dict(m.args) for m in spec.candidates},
@@ -230,11 +214,70 @@ def run_study(
         constraints=spec.parsed_constraints,
         throughput_cache_dir=str(Path(cache_dir or default_cache_dir()) / "throughput"),
     )
+    resources = {"cpu": spec.resources.cpus, "gpu": spec.resources.gpus}
+    return tune.with_resources(tune.with_parameters(run_tune_trial, template=template), resources)
+
+
+OPTUNA_JOURNAL = "optuna.journal"
+
+
+def run_study(
+    spec: SearchSpec,
+    *,
+    address: str | None = None,
+    cache_dir: str | os.PathLike | None = None,
+    dashboard_host: str = "127.0.0.1",
+    out: TextIO = sys.stdout,
+) -> Path:
+    """Run ``spec`` to the end; returns the experiment folder holding the Parquet files."""
+    from ray import tune
+    from ray.tune.logger import JsonLoggerCallback
+    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
+
+    import optuna
+
+    from search._callback import StoreCallback
+    from search._mo_asha import MOASHAScheduler
+    from search._searcher import HonestOptunaSearch
+
+    _tune_environment()
+    exp_dir = spec.experiment_dir
+    _check_experiment_dir(exp_dir)
+    data = _prepare_data(spec, cache_dir, out)
+    _init_ray(address, dashboard_host, out)
+
+    exp_dir.mkdir(parents=True, exist_ok=True)
+    commit = git_commit()
+    write_json_atomic(
+        {
+            "name": spec.name,
+            "spec": to_plain(spec),
+            "spec_hash": spec.spec_hash,
+            "objectives": [[o.metric, o.mode] for o in spec.objectives],
+            "reference_point": spec.reference_point,
+            "git_commit": commit,
+            "created_at": dt.datetime.now(dt.timezone.utc).isoformat(),
+            "dataset": {"content_hash": data.content_hash, "counts": data.counts},
+        },
+        exp_dir / "experiment.json",
+    )
+
+    objectives = [(o.metric, o.mode) for o in spec.objectives]
+    store = _store_for(spec, exp_dir)
+    store.flush()  # empty files with the full schema: readers can open them from the start
+
+    # The Optuna study lives in a journal next to the results: it survives a killed driver,
+    # and optuna-dashboard opens it (optuna-dashboard <dir>/optuna.journal).
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+
     searcher = HonestOptunaSearch(
         space=OptunaSpace(spec.space, {m.name: m.space for m in spec.candidates}),
         metric=[TRIAL_VALUE_OF[m] for m, _ in objectives],
         mode=[mode for _, mode in objectives],
         sampler=make_sampler(spec),
+        study_name=spec.name,
+        storage=JournalStorage(JournalFileBackend(str(exp_dir / OPTUNA_JOURNAL))),
     )
     if spec.scheduler.name == "asha":
         scheduler = ASHAScheduler(
@@ -256,8 +299,6 @@ def run_study(
     else:
         scheduler = FIFOScheduler()
 
-    resources = {"cpu": spec.resources.cpus, "gpu": spec.resources.gpus}
-    trainable = tune.with_resources(tune.with_parameters(run_tune_trial, template=template), resources)
     callback = StoreCallback(
         store,
         experiment=spec.name,
@@ -271,7 +312,7 @@ def run_study(
         out=out,
     )
     tuner = tune.Tuner(
-        trainable,
+        _trainable_for(spec, data, cache_dir),
         tune_config=tune.TuneConfig(
             search_alg=searcher,
             scheduler=scheduler,
@@ -298,4 +339,48 @@ def run_study(
     )
     tuner.fit()
     store.flush()
+    return exp_dir
+
+
+def resume_study(
+    exp_dir: str | os.PathLike,
+    *,
+    address: str | None = None,
+    cache_dir: str | os.PathLike | None = None,
+    dashboard_host: str = "127.0.0.1",
+    out: TextIO = sys.stdout,
+) -> Path:
+    """Finish a study whose driver stopped (killed, crashed, interrupted): finished trials stay,
+    running ones continue from their last epoch checkpoint, the rest are sampled as before."""
+    from ray import tune
+
+    from search._schema import SpecLocation, from_dict
+
+    _tune_environment()
+    exp_dir = Path(exp_dir).expanduser().resolve()
+    meta_path = exp_dir / "experiment.json"
+    tune_dir = exp_dir / "ray"
+    if not meta_path.is_file():
+        raise ConfigError(f"{exp_dir}: no experiment.json; pass the folder of a study started by `python -m search run`")
+    if not tune.Tuner.can_restore(str(tune_dir)):
+        raise ConfigError(f"{exp_dir}: Ray Tune saved no state there yet (the study stopped before its first trial); "
+                          "delete the folder and run the spec again")
+    import json
+
+    plain = json.loads(meta_path.read_text())["spec"]
+    plain.pop("source", None)
+    spec = from_dict(SearchSpec, plain, SpecLocation(str(meta_path)))
+    data = _prepare_data(spec, cache_dir, out)
+    _init_ray(address, dashboard_host, out)
+    print(f"resuming study {spec.name} in {exp_dir}", file=out, flush=True)
+    # The searcher, the scheduler and the store callback come back from Tune's own snapshot; the
+    # callback reloads the rows already in the Parquet files (StoreCallback.setup).
+    tuner = tune.Tuner.restore(
+        str(tune_dir),
+        trainable=_trainable_for(spec, data, cache_dir),
+        resume_unfinished=True,
+        resume_errored=False,  # trials that raised stay FAILED; the ones the dying driver cut off are "unfinished"
+        restart_errored=False,
+    )
+    tuner.fit()
     return exp_dir

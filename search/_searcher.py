@@ -49,7 +49,21 @@ def optuna_state_for(result: dict[str, Any] | None, *, error: bool, metrics: lis
 
 
 class HonestOptunaSearch(OptunaSearch):
-    """``OptunaSearch`` that reports trial ends by :func:`optuna_state_for`."""
+    """``OptunaSearch`` that reports trial ends by :func:`optuna_state_for`, and that cleans up
+    after a killed driver when Tune restores it."""
+
+    def restore(self, checkpoint_path: str) -> None:
+        """Tune's snapshot of this searcher, plus the Optuna study as its journal has it now. A
+        trial Optuna handed out after the snapshot belongs to no Tune trial: it can never finish,
+        so it is marked FAIL instead of staying RUNNING forever."""
+        from optuna.trial import TrialState
+
+        super().restore(checkpoint_path)
+        known = {t._trial_id for t in self._ot_trials.values()}
+        for frozen in self._ot_study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            if frozen._trial_id not in known:
+                self._ot_study._storage.set_trial_user_attr(frozen._trial_id, "orphaned", "driver killed before Tune recorded the trial")
+                self._ot_study._storage.set_trial_state_values(frozen._trial_id, TrialState.FAIL)
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
         from optuna.trial import TrialState
@@ -57,18 +71,20 @@ class HonestOptunaSearch(OptunaSearch):
         if trial_id in self._completed_trials:
             return
         ot_trial = self._ot_trials[trial_id]
+        self._completed_trials.add(trial_id)
+        if self._ot_study._storage.get_trial(ot_trial._trial_id).state.is_finished():
+            # told before the driver died (Tune's snapshot predates it): the journal has it
+            return
         metrics = self.metric if isinstance(self.metric, list) else [self.metric]
         state, values = optuna_state_for(result, error=error, metrics=metrics)
         result = result or {}
-        if result.get("rejected"):
-            ot_trial.set_user_attr("rejected", str(result["rejected"]))
-            ot_trial.set_user_attr("constraint_violation", float(result.get("constraint_violation") or 1.0))
-        if "epoch" in result:
-            ot_trial.set_user_attr("epochs_run", int(result["epoch"]))
-        if len(metrics) == 1 and values is not None:
-            values = values[0]  # type: ignore[assignment]
-        try:
-            self._ot_study.tell(ot_trial, values, state=getattr(TrialState, state))
-        except Exception as exc:  # never let the searcher take the study down
+        try:  # never let the searcher take the study down
+            if result.get("rejected"):
+                ot_trial.set_user_attr("rejected", str(result["rejected"]))
+                ot_trial.set_user_attr("constraint_violation", float(result.get("constraint_violation") or 1.0))
+            if "epoch" in result:
+                ot_trial.set_user_attr("epochs_run", int(result["epoch"]))
+            told = values[0] if len(metrics) == 1 and values is not None else values
+            self._ot_study.tell(ot_trial, told, state=getattr(TrialState, state))
+        except Exception as exc:
             logger.warning("could not tell Optuna about trial %s: %s", trial_id, exc)
-        self._completed_trials.add(trial_id)

@@ -24,7 +24,7 @@ import pandas as pd
 
 from trainers.errors import ConfigError
 
-__all__ = ["select", "RULES"]
+__all__ = ["select", "check_rule", "RULES"]
 
 RULES = ("knee", "max-acc", "max-throughput", "max:<column>", "min:<column>")
 _NAMED = {"max-acc": ("val_acc", "max"), "max-throughput": ("throughput", "max")}
@@ -40,6 +40,13 @@ def _parse_rule(rule: str) -> tuple[str, str] | None:
     if sep and mode in ("max", "min") and column:
         return column, mode
     raise ConfigError(f"unknown rule {rule!r}; use one of {', '.join(RULES)}")
+
+
+def check_rule(rule: str, *, columns: Sequence[str] | None = None) -> None:
+    """Raise ConfigError unless ``rule`` is a rule and (given ``columns``) its column is one of them."""
+    target = _parse_rule(rule)
+    if target is not None and columns is not None and target[0] not in columns:
+        raise ConfigError(f"--select {rule}: no column {target[0]!r}; the trials have {', '.join(map(str, columns))}")
 
 
 def select(front: pd.DataFrame, *, objectives: Sequence[tuple[str, str]], rule: str) -> pd.Series:

@@ -176,15 +176,40 @@ class ResultsStore:
         self._progress: list[dict[str, Any]] = []
 
     # -- rows ---------------------------------------------------------------------------
+    # A resumed study can hear about a trial or an epoch a second time (the driver died after
+    # writing a row but before Tune's snapshot recorded it); the later row replaces the earlier.
     def add_epoch(self, row: Mapping[str, Any]) -> None:
-        self._epochs.append({name: row.get(name) for name in EPOCH_COLUMNS})
+        out = {name: row.get(name) for name in EPOCH_COLUMNS}
+        self._epochs = [e for e in self._epochs if (e["trial_id"], e["epoch"]) != (out["trial_id"], out["epoch"])]
+        self._epochs.append(out)
 
     def add_trial(self, row: Mapping[str, Any], config: Mapping[str, Any]) -> None:
         out = {name: row.get(name) for name in TRIAL_COLUMNS}
         for key, typ in self._config_types.items():
             value = config.get(key)
             out[key] = None if value is None else (str(value) if typ == pa.string() else value)
+        self._trials = [t for t in self._trials if t["trial_id"] != out["trial_id"]]
         self._trials.append(out)
+
+    def load_existing(self) -> None:
+        """Take up the rows already in the folder's files (a resumed study)."""
+        for name, schema, attr in (("trials.parquet", self.trial_schema, "_trials"),
+                                   ("epochs.parquet", self.epoch_schema, "_epochs"),
+                                   ("progress.parquet", self.progress_schema, "_progress")):
+            path = self.directory / name
+            if path.is_file():
+                table = read_table(path)
+                setattr(self, attr, [{c: row.get(c) for c in schema.names} for row in table.to_pylist()])
+
+    def forget_trials(self, keep: set[str]) -> list[str]:
+        """Drop the rows of trials not in ``keep``; their ids. (After a resume: trials that
+        finished after Tune's last snapshot, so Tune will sample their slots again.)"""
+        gone = sorted({t["trial_id"] for t in self._trials} - keep)
+        if gone:
+            self._trials = [t for t in self._trials if t["trial_id"] in keep]
+            self._epochs = [e for e in self._epochs if e["trial_id"] in keep]
+            self._progress = [p for p in self._progress if p["trial_id"] in keep]
+        return gone
 
     def add_progress(self, *, trial_id: str, state: str, elapsed_s: float, at: Any) -> dict[str, Any]:
         """The study's standing after ``trial_id`` finished (call after its add_trial)."""
@@ -194,6 +219,7 @@ class ResultsStore:
         if self.reference is not None:
             points = [[t[c] for c, _ in self.objectives] for t in front]
             volume = hypervolume(points, modes=[m for _, m in self.objectives], reference=self.reference) if points else 0.0
+        self._progress = [p for p in self._progress if p["trial_id"] != trial_id]
         row = {
             "finished": len(self._trials),
             "trial_id": trial_id,
@@ -211,6 +237,10 @@ class ResultsStore:
     @property
     def trials(self) -> list[dict[str, Any]]:
         return list(self._trials)
+
+    @property
+    def progress(self) -> list[dict[str, Any]]:
+        return list(self._progress)
 
     # -- files --------------------------------------------------------------------------
     def trials_table(self) -> pa.Table:

@@ -232,6 +232,13 @@ def train_trial(
         best_val_loss = float(resume["best_val_loss"])
         bad_epochs = int(resume["bad_epochs"])
         history = list(resume["history"])
+        if history and "stop_reason" in history[-1]:
+            # Restored from the checkpoint of its last epoch (the driver died before the search
+            # recorded the end): say the final result again, train nothing.
+            if on_epoch is not None:
+                on_epoch(dict(history[-1]), lambda: resume)
+            return TrialOutcome(history=history, best_val_acc=best_val_acc, epochs_run=len(history),
+                                stop_reason=history[-1]["stop_reason"], measurement=measurement)
 
     train_loader.next_epoch = start_epoch  # a resumed trial sees the batches it would have seen
     stop_reason = "max_epochs"

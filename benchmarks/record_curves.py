@@ -1,0 +1,93 @@
+"""Record real learning curves once, for benchmarks that replay searches without training.
+
+    python -m benchmarks.record_curves                      # the default grid, ~20 min on 2 CPU cores
+    python -m benchmarks.record_curves --epochs 3 --limit 4 # a quick look
+
+Trains every configuration of a ConViT grid on real Fashion-MNIST (a small stratified subset,
+so the grid fits a CPU) for the full epoch budget and writes one row per configuration and
+epoch to ``benchmarks/data/curves-<grid>.parquet``: the knobs, the epoch, val_acc, best_val_acc,
+val_loss, and the architecture's params and inference throughput (measured once per
+architecture, cached). Configurations already in the file are skipped, so an interrupted
+recording continues where it stopped.
+
+The grid (knobs of ls_convit_micro): depth x embed_dim x local_up_to_layer x lr. The replay
+benchmark (``benchmarks.replay_search``) lets searchers pick from exactly these points.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from search._runner import default_cache_dir
+from search._store import read_table, write_atomic
+from trainers.config import ThroughputSettings, TrainSettings, TrialConfig
+from trainers.data import DatasetRequest, prepare_dataset
+from trainers.train import train_trial
+
+DATA_DIR = Path(__file__).resolve().parent / "data"
+GRID_NAME = "convit-fashion_mnist"
+GRID = {
+    "depth": [2, 4, 6, 8],
+    "embed_dim": [48, 96],
+    "local_up_to_layer": [0, 2],  # 0: every block plain attention (DeiT); 2: two GPSA blocks
+    "lr": [1e-3, 3e-3],
+}
+MODEL = "ls_convit_micro"
+DATASET = DatasetRequest(name="fashion_mnist", train_fraction=0.05, val_fraction=0.05, seed=0)
+SCHEMA = pa.schema([
+    ("config_id", pa.int64()), ("depth", pa.int64()), ("embed_dim", pa.int64()), ("local_up_to_layer", pa.int64()),
+    ("lr", pa.float64()), ("epoch", pa.int64()), ("max_epochs", pa.int64()), ("val_acc", pa.float64()),
+    ("best_val_acc", pa.float64()), ("val_loss", pa.float64()), ("params", pa.int64()), ("throughput", pa.float64()),
+    ("epoch_time_s", pa.float64()), ("throughput_device", pa.string()),
+])
+
+
+def grid_configs() -> list[dict]:
+    keys = list(GRID)
+    return [dict(zip(keys, values)) for values in itertools.product(*(GRID[k] for k in keys))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--epochs", type=int, default=5)
+    parser.add_argument("--limit", type=int, help="record only the first N configurations")
+    parser.add_argument("--out", type=Path, default=DATA_DIR / f"curves-{GRID_NAME}.parquet")
+    args = parser.parse_args()
+
+    data = prepare_dataset(DATASET, cache_dir=default_cache_dir())
+    rows = read_table(args.out).to_pylist() if args.out.exists() else []
+    done = {r["config_id"] for r in rows}
+    configs = grid_configs()[: args.limit]
+    print(f"{len(configs)} configurations x {args.epochs} epochs on {data.counts['train']} train / "
+          f"{data.counts['val']} val images; {len(done)} already recorded")
+    for config_id, config in enumerate(configs):
+        if config_id in done:
+            continue
+        start = time.perf_counter()
+        model_args = {k: v for k, v in config.items() if k != "lr"}
+        cfg = TrialConfig(
+            model=MODEL, model_args=model_args, data=data, epochs=args.epochs,
+            train=TrainSettings(batch_size=64, lr=config["lr"], warmup_epochs=0.3, pad_crop=0, num_workers=2),
+            throughput=ThroughputSettings(batch_size=256, warmup=3, repeats=10),
+            throughput_cache_dir=str(default_cache_dir() / "throughput"), seed=0,
+        )
+        outcome = train_trial(cfg)
+        for m in outcome.history:
+            rows.append({"config_id": config_id, **config, "epoch": m["epoch"], "max_epochs": args.epochs,
+                         "val_acc": m["val_acc"], "best_val_acc": m["best_val_acc"], "val_loss": m["val_loss"],
+                         "params": m["params"], "throughput": m["throughput"], "epoch_time_s": m["epoch_time_s"],
+                         "throughput_device": m["throughput_device"]})
+        write_atomic(pa.Table.from_pylist(rows, schema=SCHEMA), args.out)  # after every configuration
+        print(f"[{config_id + 1}/{len(configs)}] {config}: val_acc {outcome.best_val_acc:.4f}, "
+              f"{outcome.measurement['throughput']:,.0f} img/s, {time.perf_counter() - start:.0f} s", flush=True)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

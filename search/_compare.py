@@ -1,0 +1,145 @@
+"""Two or more studies' Pareto fronts side by side, with comparable hypervolumes.
+
+Each study keeps its own front (of its COMPLETE trials, after ``where``/``families``); the table
+stacks them with a ``study`` column, best first on the first objective, and ``joint_front``
+marks the rows that no row of any study dominates. The hypervolumes share one reference point:
+for each objective, the worst value over all the fronts (the lowest for 'max', the highest for
+'min'). Only then are the numbers comparable; a point that is the worst on some objective adds
+no volume, so a front of one such trial has hypervolume 0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from search._filter import filter_trials
+from search._hypervolume import front_hypervolume
+from search._pareto import pareto_mask
+from search._query import _complete_front, _objectives, format_front, load_experiment, load_trials
+from trainers.errors import ConfigError
+
+__all__ = ["Comparison", "compare_studies", "format_comparison"]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Comparison:
+    objectives: list[tuple[str, str]]
+    front: pd.DataFrame  # the fronts stacked: study, joint_front, then the trial columns
+    studies: pd.DataFrame  # one row per study: study, path, trials, complete, front, hypervolume
+    reference: list[float] | None  # the shared reference point; None when every front is empty
+
+
+def _labels(paths: Sequence[Path]) -> list[str]:
+    names = [p.name or str(p) for p in paths]
+    return names if len(set(names)) == len(names) else [str(p) for p in paths]
+
+
+def _study_front(path: Path, trials: pd.DataFrame, objectives, *, where, families) -> pd.DataFrame:
+    present = set(trials["family"].dropna()) if "family" in trials else set()
+    if families and not present & set(families):
+        return _complete_front(trials.iloc[0:0], objectives)  # none of those families here
+    try:
+        trials = filter_trials(trials, where=where, families=[f for f in families if f in present])
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    return _complete_front(trials, objectives)
+
+
+def compare_studies(
+    paths: Sequence[str | os.PathLike],
+    *,
+    where: Sequence[str] = (),
+    families: Sequence[str] = (),
+) -> Comparison:
+    """The fronts of the studies at ``paths`` (see the module doc). The studies must share their
+    objectives; ``where``/``families`` narrow every study's trials before its front is taken."""
+    paths = [Path(p) for p in paths]
+    if len(paths) < 2:
+        raise ConfigError("compare: pass at least two study folders")
+    objectives = _objectives(load_experiment(paths[0]), paths[0])
+    for path in paths[1:]:
+        other = _objectives(load_experiment(path), path)
+        if sorted(other) != sorted(objectives):
+            raise ConfigError(
+                f"{path} optimises {', '.join(f'{c} {m}' for c, m in other)} but {paths[0]} optimises "
+                f"{', '.join(f'{c} {m}' for c, m in objectives)}; fronts compare only on the same objectives"
+            )
+    families = list(families)
+    if families:
+        known = set()
+        for path in paths:
+            trials = load_trials(path)
+            known |= set(trials["family"].dropna()) if "family" in trials else set()
+        unknown = [f for f in families if f not in known]
+        if unknown:
+            raise ConfigError(f"--family {','.join(unknown)}: no trial of that family in any of the studies; "
+                              f"they have {', '.join(sorted(known)) or 'no finished trial'}")
+
+    labels = _labels(paths)
+    fronts, summary = [], []
+    for label, path in zip(labels, paths):
+        trials = load_trials(path)
+        front = _study_front(path, trials, objectives, where=where, families=families)
+        fronts.append(front.assign(study=label))
+        summary.append({"study": label, "path": str(path), "trials": len(trials),
+                        "complete": int((trials["state"] == "COMPLETE").sum()), "front": len(front)})
+
+    columns = [c for c, _ in objectives]
+    modes = [m for _, m in objectives]
+    nonempty = [f for f in fronts if not f.empty]
+    stacked = pd.concat(nonempty, ignore_index=True) if nonempty else fronts[0].iloc[0:0]
+    values = stacked[columns].to_numpy(dtype=float, na_value=np.nan)
+    stacked.insert(0, "joint_front", pareto_mask(values, modes=modes) if len(stacked) else [])
+    stacked.insert(0, "study", stacked.pop("study"))
+    order = {label: i for i, label in enumerate(labels)}
+    stacked = stacked.assign(_study_order=stacked["study"].map(order)).sort_values(
+        [columns[0], "_study_order"], ascending=[modes[0] == "min", True], kind="stable"
+    ).drop(columns="_study_order").reset_index(drop=True)
+
+    finite = values[~np.isnan(values).any(axis=1)] if len(values) else values
+    reference = None
+    if len(finite):
+        reference = [float(finite[:, j].min() if m == "max" else finite[:, j].max()) for j, m in enumerate(modes)]
+    for row, front in zip(summary, fronts):
+        row["hypervolume"] = 0.0 if reference is None else front_hypervolume(front, objectives=objectives, reference=reference)
+    return Comparison(objectives=objectives, front=stacked, studies=pd.DataFrame(summary), reference=reference)
+
+
+def format_comparison(comparison: Comparison, *, fmt: str) -> str:
+    """A table (fronts, then hypervolumes), JSON (everything) or CSV (the stacked fronts only)."""
+    objectives = comparison.objectives
+    if fmt == "csv":
+        return format_front(comparison.front, objectives, fmt="csv", leading=("study", "joint_front"))
+    if fmt == "json":
+        reference = None if comparison.reference is None else dict(zip([c for c, _ in objectives], comparison.reference))
+        return json.dumps(
+            {
+                "objectives": [list(o) for o in objectives],
+                "reference": reference,
+                "studies": comparison.studies.to_dict(orient="records"),
+                "front": json.loads(format_front(comparison.front, objectives, fmt="json", leading=("study", "joint_front"))),
+            },
+            indent=2,
+        )
+    heading = ", ".join(f"{c} {m}" for c, m in objectives)
+    lines = [f"Pareto fronts ({heading}); joint_front: on the front of all the studies together", ""]
+    if comparison.front.empty:
+        lines.append("(every front is empty: no trial has completed yet)")
+    else:
+        lines.append(format_front(comparison.front, objectives, fmt="table", leading=("study", "joint_front")))
+    if comparison.reference is None:
+        lines += ["", "hypervolume: - (no front has a point)"]
+    else:
+        ref = ", ".join(f"{c} {v:.4g}" for (c, _), v in zip(objectives, comparison.reference))
+        lines += ["", f"hypervolume, reference point {ref} (the worst value on any of these fronts):"]
+        table = comparison.studies.drop(columns="path").copy()
+        table["hypervolume"] = table["hypervolume"].map(lambda v: f"{v:.6g}")
+        lines.append(table.to_string(index=False))
+    return "\n".join(lines)
