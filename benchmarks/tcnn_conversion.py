@@ -33,8 +33,10 @@ NETWORKS = {  # name -> input shape (C, H, W)
 ALPHA_GATE = (1.0, 5.0, 20.0)
 
 
-def _trained_looking(model: nn.Module) -> nn.Module:
-    gen = torch.Generator().manual_seed(0)
+def trained_looking(model: nn.Module, seed: int = 0) -> nn.Module:
+    """Random BatchNorm affine parameters and running statistics, as after training, in eval mode:
+    timm zero-inits each block's last BN, which would hide the converted convs from the logits."""
+    gen = torch.Generator().manual_seed(seed)
     for m in model.modules():
         if isinstance(m, nn.BatchNorm2d):
             m.weight.data = torch.rand(m.weight.shape, generator=gen) + 0.5
@@ -49,7 +51,7 @@ def logit_errors(name: str, shape: tuple[int, int, int], batch: int = 16) -> dic
     out = {}
     for value in ALPHA_GATE:
         torch.manual_seed(0)
-        model = _trained_looking(timm.create_model(name, reparam_alpha=value, reparam_gate=value))
+        model = trained_looking(timm.create_model(name, reparam_alpha=value, reparam_gate=value))
         x = torch.randn(batch, *shape)
         ref = model(x)
         model.reparametrise()
@@ -59,7 +61,7 @@ def logit_errors(name: str, shape: tuple[int, int, int], batch: int = 16) -> dic
 
 @torch.inference_mode()
 def throughputs(name: str, shape: tuple[int, int, int], *, batch: int, repeats: int, warmup: int) -> dict[str, float]:
-    cnn = _trained_looking(timm.create_model(name))
+    cnn = trained_looking(timm.create_model(name))
     tcnn = copy.deepcopy(cnn)
     tcnn.reparametrise()
     models = {"cnn": cnn, "tcnn": tcnn}

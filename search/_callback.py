@@ -10,6 +10,7 @@ from typing import Any, TextIO
 
 from ray.tune import Callback
 
+from search._searcher import nonfinite_objectives, trial_state
 from search._store import TRIAL_VALUE_OF, ResultsStore
 
 __all__ = ["StoreCallback", "error_line"]
@@ -48,10 +49,13 @@ class StoreCallback(Callback):
         total_trials: int,
         time_limit_s: float | None,
         max_epochs: int | None = None,
+        objective_keys: list[str] | None = None,
         out: TextIO = sys.stdout,
     ) -> None:
         self.store = store
         self.max_epochs = max_epochs
+        # the result keys a COMPLETE trial must have finite (those of the objectives)
+        self.objective_keys = list(objective_keys) if objective_keys is not None else [TRIAL_VALUE_OF["val_acc"]]
         self.common = {"experiment": experiment, "model": model, "spec_hash": spec_hash, "git_commit": git_commit, "seed": seed}
         self.total_trials = total_trials
         self.time_limit_s = time_limit_s
@@ -103,14 +107,19 @@ class StoreCallback(Callback):
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         result = trial.last_result or {}
-        if result.get("rejected"):
-            state, reason = "REJECTED", "constraint"
-        elif "stop_reason" in result:
-            state, reason = "COMPLETE", result["stop_reason"]
+        state = trial_state(result, error=False, metrics=self.objective_keys)
+        error = None
+        if state == "REJECTED":
+            reason = "constraint"
+        elif state == "COMPLETE":
+            reason = result["stop_reason"]
+        elif state == "FAILED":  # finished, but an objective is missing or not finite
+            reason = "error"
+            error = "non-finite objective: " + ", ".join(nonfinite_objectives(result, metrics=self.objective_keys))
         else:
             timed_out = self.time_limit_s is not None and time.monotonic() - self._study_start >= self.time_limit_s
-            state, reason = "PRUNED", "time_limit" if timed_out else "scheduler"
-        self._finish(trial, state=state, stop_reason=reason, error=None)
+            reason = "time_limit" if timed_out else "scheduler"
+        self._finish(trial, state=state, stop_reason=reason, error=error)
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         # Tune has just written the error (with its traceback) to the trial's local folder; its

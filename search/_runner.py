@@ -309,6 +309,7 @@ def run_study(
         total_trials=spec.budget.trials,
         time_limit_s=spec.budget.time_limit_s,
         max_epochs=spec.budget.max_epochs,
+        objective_keys=[TRIAL_VALUE_OF[m] for m, _ in objectives],
         out=out,
     )
     tuner = tune.Tuner(

@@ -10,6 +10,8 @@ it were a full run's. The rule here (also the README's "honest fidelity" rule):
     rejected by a constraint before training                                        -> PRUNED, infeasible
     raised, or a non-finite objective                                                -> FAIL
 
+The store uses the same rule (:func:`trial_state`), with REJECTED and FAILED as its names.
+
 PRUNED and FAIL trials give Optuna no objective values. A rejected trial carries its
 constraint violation (``user_attrs["constraint_violation"]``), which :func:`constraint_violation`
 hands to samplers that take a ``constraints_func`` (TPE, NSGA-II), so they learn to avoid it.
@@ -23,7 +25,7 @@ from typing import Any
 
 from ray.tune.search.optuna import OptunaSearch
 
-__all__ = ["HonestOptunaSearch", "constraint_violation", "optuna_state_for"]
+__all__ = ["HonestOptunaSearch", "constraint_violation", "optuna_state_for", "trial_state", "nonfinite_objectives"]
 
 logger = logging.getLogger(__name__)
 
@@ -33,19 +35,43 @@ def constraint_violation(trial: Any) -> list[float]:
     return [float(trial.user_attrs.get("constraint_violation", 0.0))]
 
 
-def optuna_state_for(result: dict[str, Any] | None, *, error: bool, metrics: list[str]) -> tuple[str, list[float] | None]:
-    """('COMPLETE' | 'PRUNED' | 'FAIL', values or None) for a trial's last result (see the module doc)."""
+def trial_state(result: dict[str, Any] | None, *, error: bool, metrics: list[str]) -> str:
+    """COMPLETE, PRUNED, REJECTED or FAILED: the store's state of a trial that ended with
+    ``result`` as its last report (the rule of the module doc)."""
     result = result or {}
     if error:
-        return "FAIL", None
+        return "FAILED"
     if result.get("rejected"):
-        return "PRUNED", None
+        return "REJECTED"
     if "stop_reason" not in result:  # the trainer did not finish it: the scheduler or time limit did
-        return "PRUNED", None
-    values = [result.get(m) for m in metrics]
-    if any(v is None or not math.isfinite(float(v)) for v in values):
-        return "FAIL", None
-    return "COMPLETE", [float(v) for v in values]
+        return "PRUNED"
+    if nonfinite_objectives(result, metrics=metrics):
+        return "FAILED"
+    return "COMPLETE"
+
+
+def nonfinite_objectives(result: dict[str, Any], *, metrics: list[str]) -> list[str]:
+    """'best_val_acc=nan'-style descriptions of the objectives a result lacks or has non-finite."""
+    bad = []
+    for m in metrics:
+        value = result.get(m)
+        try:
+            finite = value is not None and math.isfinite(float(value))
+        except (TypeError, ValueError):
+            finite = False
+        if not finite:
+            bad.append(f"{m}={value}")
+    return bad
+
+
+_OPTUNA_STATE = {"COMPLETE": "COMPLETE", "PRUNED": "PRUNED", "REJECTED": "PRUNED", "FAILED": "FAIL"}
+
+
+def optuna_state_for(result: dict[str, Any] | None, *, error: bool, metrics: list[str]) -> tuple[str, list[float] | None]:
+    """('COMPLETE' | 'PRUNED' | 'FAIL', values or None): what Optuna is told (see the module doc)."""
+    state = trial_state(result, error=error, metrics=metrics)
+    values = [float((result or {})[m]) for m in metrics] if state == "COMPLETE" else None
+    return _OPTUNA_STATE[state], values
 
 
 class HonestOptunaSearch(OptunaSearch):

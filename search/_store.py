@@ -129,6 +129,12 @@ def config_type(param: Mapping[str, Any]) -> pa.DataType:
     return pa.string()
 
 
+def _upsert(rows: dict, key: Any, row: dict[str, Any]) -> None:
+    """Put ``row`` under ``key`` as the newest entry (a replaced row moves to the end)."""
+    rows.pop(key, None)
+    rows[key] = row
+
+
 def write_atomic(table: pa.Table, path: Path) -> None:
     """Write ``table`` to ``path`` so readers never see a partial file."""
     atomic_write(path, lambda handle: pq.write_table(table, handle))
@@ -171,76 +177,78 @@ class ResultsStore:
         )
         self.epoch_schema = pa.schema([(name, typ) for name, (typ, _) in EPOCH_COLUMNS.items()])
         self.progress_schema = pa.schema([(name, typ) for name, (typ, _) in PROGRESS_COLUMNS.items()])
-        self._trials: list[dict[str, Any]] = []
-        self._epochs: list[dict[str, Any]] = []
-        self._progress: list[dict[str, Any]] = []
+        # Rows by key, in the order they were (last) added: an upsert is O(1), not a list scan.
+        self._trials: dict[Any, dict[str, Any]] = {}  # trial_id -> row
+        self._epochs: dict[Any, dict[str, Any]] = {}  # (trial_id, epoch) -> row
+        self._progress: dict[Any, dict[str, Any]] = {}  # trial_id -> row
 
     # -- rows ---------------------------------------------------------------------------
     # A resumed study can hear about a trial or an epoch a second time (the driver died after
     # writing a row but before Tune's snapshot recorded it); the later row replaces the earlier.
     def add_epoch(self, row: Mapping[str, Any]) -> None:
         out = {name: row.get(name) for name in EPOCH_COLUMNS}
-        self._epochs = [e for e in self._epochs if (e["trial_id"], e["epoch"]) != (out["trial_id"], out["epoch"])]
-        self._epochs.append(out)
+        _upsert(self._epochs, (out["trial_id"], out["epoch"]), out)
 
     def add_trial(self, row: Mapping[str, Any], config: Mapping[str, Any]) -> None:
         out = {name: row.get(name) for name in TRIAL_COLUMNS}
         for key, typ in self._config_types.items():
             value = config.get(key)
             out[key] = None if value is None else (str(value) if typ == pa.string() else value)
-        self._trials = [t for t in self._trials if t["trial_id"] != out["trial_id"]]
-        self._trials.append(out)
+        _upsert(self._trials, out["trial_id"], out)
 
     def load_existing(self) -> None:
         """Take up the rows already in the folder's files (a resumed study)."""
-        for name, schema, attr in (("trials.parquet", self.trial_schema, "_trials"),
-                                   ("epochs.parquet", self.epoch_schema, "_epochs"),
-                                   ("progress.parquet", self.progress_schema, "_progress")):
+        for name, schema, rows, key in (
+                ("trials.parquet", self.trial_schema, self._trials, lambda r: r["trial_id"]),
+                ("epochs.parquet", self.epoch_schema, self._epochs, lambda r: (r["trial_id"], r["epoch"])),
+                ("progress.parquet", self.progress_schema, self._progress, lambda r: r["trial_id"])):
             path = self.directory / name
             if path.is_file():
                 table = read_table(path)
-                setattr(self, attr, [{c: row.get(c) for c in schema.names} for row in table.to_pylist()])
+                rows.clear()
+                for row in table.to_pylist():
+                    out = {c: row.get(c) for c in schema.names}
+                    _upsert(rows, key(out), out)
 
     def forget_trials(self, keep: set[str]) -> list[str]:
         """Drop the rows of trials not in ``keep``; their ids. (After a resume: trials that
         finished after Tune's last snapshot, so Tune will sample their slots again.)"""
-        gone = sorted({t["trial_id"] for t in self._trials} - keep)
+        gone = sorted(set(self._trials) - keep)
         if gone:
-            self._trials = [t for t in self._trials if t["trial_id"] in keep]
-            self._epochs = [e for e in self._epochs if e["trial_id"] in keep]
-            self._progress = [p for p in self._progress if p["trial_id"] in keep]
+            self._trials = {k: t for k, t in self._trials.items() if t["trial_id"] in keep}
+            self._epochs = {k: e for k, e in self._epochs.items() if e["trial_id"] in keep}
+            self._progress = {k: p for k, p in self._progress.items() if p["trial_id"] in keep}
         return gone
 
     def add_progress(self, *, trial_id: str, state: str, elapsed_s: float, at: Any) -> dict[str, Any]:
         """The study's standing after ``trial_id`` finished (call after its add_trial)."""
         front = self._front()
-        complete = [t["val_acc"] for t in self._trials if t["state"] == "COMPLETE" and t.get("val_acc") is not None]
+        complete = [t["val_acc"] for t in self._trials.values() if t["state"] == "COMPLETE" and t.get("val_acc") is not None]
         volume = None
         if self.reference is not None:
             points = [[t[c] for c, _ in self.objectives] for t in front]
             volume = hypervolume(points, modes=[m for _, m in self.objectives], reference=self.reference) if points else 0.0
-        self._progress = [p for p in self._progress if p["trial_id"] != trial_id]
         row = {
             "finished": len(self._trials),
             "trial_id": trial_id,
             "state": state,
-            "epochs_spent": sum(int(t.get("epochs_run") or 0) for t in self._trials),
+            "epochs_spent": sum(int(t.get("epochs_run") or 0) for t in self._trials.values()),
             "elapsed_s": elapsed_s,
             "front_size": len(front),
             "hypervolume": volume,
             "best_val_acc": max(complete) if complete else None,
             "at": at,
         }
-        self._progress.append(row)
+        _upsert(self._progress, trial_id, row)
         return row
 
     @property
     def trials(self) -> list[dict[str, Any]]:
-        return list(self._trials)
+        return list(self._trials.values())
 
     @property
     def progress(self) -> list[dict[str, Any]]:
-        return list(self._progress)
+        return list(self._progress.values())
 
     # -- files --------------------------------------------------------------------------
     def trials_table(self) -> pa.Table:
@@ -251,7 +259,7 @@ class ResultsStore:
         return pa.Table.from_pylist(self._front(), schema=self.trial_schema)
 
     def _front(self) -> list[dict[str, Any]]:
-        complete = [t for t in self._trials if t["state"] == "COMPLETE"]
+        complete = [t for t in self._trials.values() if t["state"] == "COMPLETE"]
         if complete:
             values = [[t[c] if t[c] is not None else float("nan") for c, _ in self.objectives] for t in complete]
             mask = pareto_mask(values, modes=[m for _, m in self.objectives])
@@ -263,7 +271,7 @@ class ResultsStore:
         return front
 
     def flush(self) -> None:
-        write_atomic(pa.Table.from_pylist(self._epochs, schema=self.epoch_schema), self.directory / "epochs.parquet")
+        write_atomic(pa.Table.from_pylist(list(self._epochs.values()), schema=self.epoch_schema), self.directory / "epochs.parquet")
         write_atomic(self.trials_table(), self.directory / "trials.parquet")
         write_atomic(self.pareto_table(), self.directory / "pareto.parquet")
-        write_atomic(pa.Table.from_pylist(self._progress, schema=self.progress_schema), self.directory / "progress.parquet")
+        write_atomic(pa.Table.from_pylist(list(self._progress.values()), schema=self.progress_schema), self.directory / "progress.parquet")

@@ -175,7 +175,8 @@ def test_progress_rows_track_the_fronts_hypervolume(tmp_path):
 def test_search_rejects_configs_before_training_and_reuses_measurements(tmp_path):
     spec = yaml.safe_load((ROOT / "spaces" / "synthetic_smoke.yaml").read_text())
     spec.update(name="constrained", storage=str(tmp_path / "results"), constraints=["params <= 50000"],
-                algorithm={"name": "random", "seed": 1})
+                algorithm={"name": "random", "seed": 1},
+                scheduler={"name": "mo_asha"})  # wired through the spec (one epoch: no rung to judge at)
     spec["space"] = {"depth": {"type": "choice", "values": [2, 6]},  # 26.5k / 77k parameters
                      "lr": {"type": "choice", "values": [2.0e-3, 3.0e-3]}}
     spec["model"]["args"] = {"local_up_to_layer": 1}

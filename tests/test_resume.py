@@ -106,3 +106,6 @@ def test_sigkilled_driver_resumes_to_the_exact_trial_count(tmp_path):
     # COMPLETE in the journal but its slot is sampled again: the store keeps the exact count)
     assert {round(c[2], 12) for c in configs} <= complete and len(complete) <= TRIALS + 1
     assert reads > 10
+    print(f"\nSIGKILL after {len(before['trials.parquet'])} finished trials and {len(before['epochs.parquet'])} epochs; "
+          f"after resume: {len(trials)} trials ({len(set(ids))} distinct ids, {len(set(configs))} distinct configs), "
+          f"{len(pairs)} epoch rows, Optuna states {sorted(states)}; {reads} reads of all four files while it ran")

@@ -21,21 +21,9 @@ from trainers.config import ThroughputSettings, TrainSettings, TrialConfig
 from trainers.data import DatasetRequest, prepare_dataset
 from trainers.models.ls_tcnn import ALPHA_BETA, ReparamGPSA, TransformedResNet, inverse_softplus
 from trainers.train import lr_at, train_trial
+from benchmarks.tcnn_conversion import trained_looking as _trained_looking
 
 FAST_THROUGHPUT = ThroughputSettings(batch_size=16, warmup=1, repeats=2)
-
-
-def _trained_looking(model: nn.Module, seed: int = 0) -> nn.Module:
-    """Random BatchNorm affine params and running stats, as after training: timm zero-inits each
-    block's last BN, which would hide the converted convs from the logits."""
-    gen = torch.Generator().manual_seed(seed)
-    for m in model.modules():
-        if isinstance(m, nn.BatchNorm2d):
-            m.weight.data = torch.rand(m.weight.shape, generator=gen) + 0.5
-            m.bias.data = torch.randn(m.bias.shape, generator=gen) * 0.1
-            m.running_mean = torch.randn(m.running_mean.shape, generator=gen) * 0.1
-            m.running_var = torch.rand(m.running_var.shape, generator=gen) + 0.5
-    return model.eval()
 
 
 def _rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:

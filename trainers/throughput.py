@@ -185,17 +185,13 @@ def measure_model(
     }
     key = hashlib.sha256(json.dumps(key_fields, sort_keys=True).encode()).hexdigest()[:32]
     path = Path(cache_dir) / f"{key}.json" if cache_dir is not None else None
-    if path is not None and path.is_file():
-        try:
-            return {**json.loads(path.read_text()), "throughput_cached": True}
-        except (OSError, ValueError):
-            pass  # unreadable: measure again and overwrite it
+    cached = _read_cached(path)
+    if cached is not None:
+        return cached
     with _device_lock(cache_dir, key_fields["device"]):
-        if path is not None and path.is_file():  # another trial measured it while we waited
-            try:
-                return {**json.loads(path.read_text()), "throughput_cached": True}
-            except (OSError, ValueError):
-                pass
+        cached = _read_cached(path)  # another trial may have measured it while we waited
+        if cached is not None:
+            return cached
         result = measure_throughput(model, input_shape=input_shape, batch_size=batch_size, warmup=warmup,
                                     repeats=repeats, precision=precision, channels_last=channels_last)
         record = {
@@ -212,6 +208,15 @@ def measure_model(
         if path is not None:
             atomic_write(path, lambda handle: handle.write(json.dumps(record).encode()))
     return {**record, "throughput_cached": False}
+
+
+def _read_cached(path: Path | None) -> dict[str, Any] | None:
+    if path is None or not path.is_file():
+        return None
+    try:
+        return {**json.loads(path.read_text()), "throughput_cached": True}
+    except (OSError, ValueError):
+        return None  # unreadable: measure again and overwrite it
 
 
 class _device_lock:

@@ -1,13 +1,16 @@
 """What every model family file shares: argument checks and timm's default-config helpers."""
 import math
 from numbers import Integral, Real
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
+
+from torch import nn
 
 from timm.models import build_model_with_cfg
 
 __all__ = [
     'IMAGENET_DEFAULT_MEAN', 'IMAGENET_DEFAULT_STD', 'FASHION_MNIST_MEAN', 'FASHION_MNIST_STD', 'GridSize',
     '_pair', '_check_int', '_check_real', '_cfg', '_fashion_mnist_cfg', '_build_without_weights',
+    '_gated_param_groups',
 ]
 
 IMAGENET_DEFAULT_MEAN = (0.485, 0.456, 0.406)
@@ -64,3 +67,30 @@ def _build_without_weights(model_cls: type, variant: str, pretrained: bool, weig
         raise ValueError(f'{variant} has no pretrained weights; create it with pretrained=False and load a '
                          f'state dict{weights_hint}')
     return build_model_with_cfg(model_cls, variant, pretrained, **kwargs)
+
+
+def _gated_param_groups(model: nn.Module, weight_decay: float, *, gate_lr_mult: float,
+                        no_decay_names: Set[str]) -> List[Dict[str, Any]]:
+    """AdamW groups {'params', 'weight_decay', 'lr_scale'} for models with GPSA gates.
+
+    Gates (names ending in 'gating_param'): lr_scale = gate_lr_mult, no weight decay. Biases,
+    norms and `no_decay_names`: no weight decay. Everything else: `weight_decay`. Frozen
+    parameters are left out; empty groups are dropped.
+    """
+    _check_real('weight_decay', weight_decay, 0.)
+    decay, no_decay, gates = [], [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        if name.endswith('gating_param'):
+            gates.append(p)
+        elif p.ndim <= 1 or name in no_decay_names:
+            no_decay.append(p)
+        else:
+            decay.append(p)
+    groups = [
+        dict(params=decay, weight_decay=float(weight_decay), lr_scale=1.0),
+        dict(params=no_decay, weight_decay=0.0, lr_scale=1.0),
+        dict(params=gates, weight_decay=0.0, lr_scale=float(gate_lr_mult)),
+    ]
+    return [g for g in groups if g['params']]

@@ -48,7 +48,7 @@ from timm.models import generate_default_cfgs, register_model
 from timm.models._features_fx import register_notrace_module
 
 from trainers.models._common import (
-    GridSize, _build_without_weights, _cfg, _check_int, _check_real, _fashion_mnist_cfg, _pair,
+    GridSize, _build_without_weights, _cfg, _check_int, _check_real, _fashion_mnist_cfg, _gated_param_groups, _pair,
 )
 
 __all__ = ['GPSA', 'MHSA', 'Block', 'LocalityConViT']
@@ -387,24 +387,8 @@ class LocalityConViT(nn.Module):
         cls_token: no weight decay. Everything else: `weight_decay`. Frozen parameters are left out;
         empty groups are dropped.
         """
-        _check_real('weight_decay', weight_decay, 0.)
-        skip = self.no_weight_decay()
-        decay, no_decay, gates = [], [], []
-        for name, p in self.named_parameters():
-            if not p.requires_grad:
-                continue
-            if name.endswith('gating_param'):
-                gates.append(p)
-            elif p.ndim <= 1 or name in skip:
-                no_decay.append(p)
-            else:
-                decay.append(p)
-        groups = [
-            dict(params=decay, weight_decay=float(weight_decay), lr_scale=1.0),
-            dict(params=no_decay, weight_decay=0.0, lr_scale=1.0),
-            dict(params=gates, weight_decay=0.0, lr_scale=float(self.gate_lr_mult)),
-        ]
-        return [g for g in groups if g['params']]
+        return _gated_param_groups(self, weight_decay, gate_lr_mult=self.gate_lr_mult,
+                                   no_decay_names=self.no_weight_decay())
 
     @torch.jit.ignore
     def group_matcher(self, coarse: bool = False) -> Dict[str, Any]:

@@ -65,7 +65,7 @@ from timm.models import adapt_input_conv, generate_default_cfgs, register_model
 from timm.models._helpers import load_state_dict
 from timm.models.resnet import BasicBlock, Bottleneck, ResNet
 
-from ._common import _build_without_weights, _cfg, _check_real, _fashion_mnist_cfg
+from ._common import _build_without_weights, _cfg, _check_real, _fashion_mnist_cfg, _gated_param_groups
 
 __all__ = ['TransformedResNet', 'ReparamGPSA', 'inverse_softplus']
 
@@ -311,26 +311,11 @@ class TransformedResNet(ResNet):
 
         Gates: lr_scale = gate_lr_mult, no weight decay. Biases, norms, attention centres and
         locality strengths: no weight decay. Everything else (convs, W_out, W_qry/key/val, fc):
-        `weight_decay`. The same three groups before and after the conversion.
+        `weight_decay`. Frozen parameters are left out; empty groups (the gates of a CNN not yet
+        converted) are dropped.
         """
-        _check_real('weight_decay', weight_decay, 0.)
-        skip = self.no_weight_decay()
-        decay, no_decay, gates = [], [], []
-        for name, p in self.named_parameters():
-            if not p.requires_grad:
-                continue
-            if name.endswith('gating_param'):
-                gates.append(p)
-            elif p.ndim <= 1 or name in skip:
-                no_decay.append(p)
-            else:
-                decay.append(p)
-        return [
-            dict(params=decay, weight_decay=float(weight_decay), lr_scale=1.0),
-            dict(params=no_decay, weight_decay=0.0, lr_scale=1.0),
-            dict(params=gates, weight_decay=0.0, lr_scale=self.gate_lr_mult),
-        ]
-
+        return _gated_param_groups(self, weight_decay, gate_lr_mult=self.gate_lr_mult,
+                                   no_decay_names=self.no_weight_decay())
 
 def _create_ls_tcnn(variant: str, pretrained: bool = False, **kwargs) -> TransformedResNet:
     hint = ' (or pass pretrained_path=<a local timm ResNet checkpoint>)'

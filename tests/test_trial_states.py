@@ -1,0 +1,112 @@
+"""Fake trainables that succeed, report NaN or inf, raise, or get cut short, in a real Tune run
+with this project's searcher and store callback: the study finishes, and the store and Optuna
+record each with the right state."""
+
+from __future__ import annotations
+
+import io
+import math
+import os
+
+import optuna
+import pyarrow.parquet as pq
+import pytest
+
+from search._callback import StoreCallback
+from search._runner import OptunaSpace
+from search._searcher import HonestOptunaSearch
+from search._spec import ParamSpec
+from search._store import ResultsStore
+
+pytestmark = pytest.mark.ray
+
+KINDS = ["ok", "nan", "inf", "raise", "cut", "flaky"]
+EXPECTED = {  # kind -> (store state, stop_reason, Optuna state)
+    "ok": ("COMPLETE", "max_epochs", "COMPLETE"),
+    "nan": ("FAILED", "error", "FAIL"),
+    "inf": ("FAILED", "error", "FAIL"),
+    "raise": ("FAILED", "error", "FAIL"),
+    "cut": ("PRUNED", "scheduler", "PRUNED"),
+    "flaky": ("COMPLETE", "max_epochs", "COMPLETE"),  # raises once; budget.max_failures retries it
+}
+
+
+def _fake_trainable(marker_dir: str):
+    def trainable(config):  # defined in a function: shipped to the workers by value
+        from pathlib import Path
+
+        from ray import tune
+
+        kind = config["kind"]
+        if kind == "flaky":
+            marker = Path(marker_dir) / "flaky-failed-once"
+            if not marker.exists():
+                marker.touch()
+                raise RuntimeError("a transient failure")
+            kind = "ok"
+        if kind == "raise":
+            tune.report({"epoch": 1, "best_val_acc": 0.5, "throughput": 100.0})
+            raise RuntimeError("the fake trainable broke")
+        if kind == "cut":  # would run 3 epochs; the run's stop criterion cuts it after 2
+            for epoch in (1, 2, 3):
+                tune.report({"epoch": epoch, "best_val_acc": 0.1 * epoch, "throughput": 50.0})
+            return
+        acc = {"ok": 0.9, "nan": math.nan, "inf": 0.7}[kind]
+        throughput = math.inf if kind == "inf" else 200.0
+        tune.report({"epoch": 1, "best_val_acc": acc, "throughput": throughput, "stop_reason": "max_epochs"})
+
+    return trainable
+
+
+def test_every_ending_is_recorded_with_its_state(tmp_path):
+    import ray
+    from ray import tune
+
+    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
+    objectives = [("val_acc", "max"), ("throughput", "max")]
+    space = {"kind": ParamSpec(type="choice", values=tuple(KINDS))}
+    store = ResultsStore(tmp_path, space={"kind": space["kind"].to_json()}, objectives=objectives, reference=[0.0, 0.0])
+    store.flush()
+    study_storage = optuna.storages.InMemoryStorage()
+    searcher = HonestOptunaSearch(
+        space=OptunaSpace(space, {"fake": {}}), metric=["best_val_acc", "throughput"], mode=["max", "max"],
+        sampler=optuna.samplers.RandomSampler(seed=0), points_to_evaluate=[{"kind": k} for k in KINDS],
+        study_name="states", storage=study_storage,
+    )
+    out = io.StringIO()
+    callback = StoreCallback(store, experiment="states", model="fake", spec_hash="x", git_commit=None, seed=0,
+                             total_trials=len(KINDS), time_limit_s=None, max_epochs=1,
+                             objective_keys=["best_val_acc", "throughput"], out=out)
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+    try:
+        tuner = tune.Tuner(
+            _fake_trainable(str(tmp_path)),
+            tune_config=tune.TuneConfig(search_alg=searcher, num_samples=len(KINDS), max_concurrent_trials=1),
+            run_config=tune.RunConfig(name="states", storage_path=str(tmp_path / "ray"), callbacks=[callback],
+                                      stop={"training_iteration": 2}, verbose=0,
+                                      failure_config=tune.FailureConfig(max_failures=1)),
+        )
+        tuner.fit()
+    finally:
+        ray.shutdown()
+
+    rows = pq.read_table(open(tmp_path / "trials.parquet", "rb")).to_pylist()
+    assert sorted(r["kind"] for r in rows) == sorted(KINDS)
+    for row in rows:
+        state, reason, _ = EXPECTED[row["kind"]]
+        assert (row["state"], row["stop_reason"]) == (state, reason), row
+    by_kind = {r["kind"]: r for r in rows}
+    assert "non-finite objective: best_val_acc=nan" in by_kind["nan"]["error"]
+    assert "throughput=inf" in by_kind["inf"]["error"]
+    assert "the fake trainable broke" in by_kind["raise"]["error"]  # after its one retry
+    assert by_kind["flaky"]["val_acc"] == 0.9
+    front = pq.read_table(open(tmp_path / "pareto.parquet", "rb")).to_pylist()
+    assert sorted(r["kind"] for r in front) == ["flaky", "ok"]  # nothing unfinished or non-finite on the front
+    progress = pq.read_table(open(tmp_path / "progress.parquet", "rb")).to_pylist()
+    assert progress[-1]["hypervolume"] == pytest.approx(0.9 * 200.0)
+
+    study = optuna.load_study(study_name="states", storage=study_storage)
+    told = {t.params["kind"]: t.state.name for t in study.trials}
+    assert told == {k: EXPECTED[k][2] for k in KINDS}
+    complete = [t for t in study.trials if t.state.name == "COMPLETE"]
+    assert [t.values for t in complete] == [[0.9, 200.0], [0.9, 200.0]]
