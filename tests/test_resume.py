@@ -109,3 +109,11 @@ def test_sigkilled_driver_resumes_to_the_exact_trial_count(tmp_path):
     print(f"\nSIGKILL after {len(before['trials.parquet'])} finished trials and {len(before['epochs.parquet'])} epochs; "
           f"after resume: {len(trials)} trials ({len(set(ids))} distinct ids, {len(set(configs))} distinct configs), "
           f"{len(pairs)} epoch rows, Optuna states {sorted(states)}; {reads} reads of all four files while it ran")
+
+
+def test_resume_of_a_folder_that_is_not_a_study_is_a_one_line_error(tmp_path, capsys):
+    from search._cli import main
+
+    assert main(["resume", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no experiment.json" in err
