@@ -4,11 +4,13 @@ The public API; the modules behind it are private (``search._spec``, ``search._s
 """
 
 from search._compare import Comparison, compare_studies
+from search._dashboard import make_server, serve_dashboard
 from search._export import export_trial, load_export, write_export
 from search._filter import filter_trials
 from search._hypervolume import front_hypervolume, hypervolume
 from search._pareto import pareto_front, pareto_mask
 from search._query import Experiment, format_front, front_of, load, load_experiment, load_trials
+from search._report import Report, write_report
 from search._retrain import RetrainResult, retrain
 from search._select import select
 from search._spec import SearchSpec, load_spec
@@ -39,4 +41,8 @@ __all__ = [
     "RetrainResult",
     "compare_studies",
     "Comparison",
+    "serve_dashboard",
+    "make_server",
+    "write_report",
+    "Report",
 ]

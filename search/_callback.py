@@ -74,6 +74,11 @@ class StoreCallback(Callback):
         self.__dict__.update(state)
         self.out = self.out or sys.stdout
 
+    @property
+    def elapsed_s(self) -> float:
+        """Seconds since the study started (a resumed study counts on); the progress bar shows it."""
+        return time.monotonic() - self._study_start
+
     # -- Tune events ------------------------------------------------------------------------
     def setup(self, **info: Any) -> None:
         """Start of ``fit()``, fresh or resumed: take up the rows already written."""

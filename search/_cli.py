@@ -1,4 +1,4 @@
-"""``python -m search``: run a study, print its Pareto front, pick and retrain one of its trials.
+"""``python -m search``: run a study, print its Pareto front, pick and retrain one of its trials, watch it.
 
 User errors (a bad spec, a missing dataset, a folder that is not a study) print one line and
 exit with code 2; nothing is half-written.
@@ -33,6 +33,15 @@ def _add_filters(parser: argparse.ArgumentParser) -> None:
                         help="keep the trials of these model families (repeat, or a comma list: convit,gmm)")
 
 
+def _add_dashboard_host(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dashboard-host", default="127.0.0.1", metavar="HOST",
+                        help="address Ray's dashboard binds (default 127.0.0.1: this machine only; "
+                        "another address also needs --allow-remote-dashboard)")
+    parser.add_argument("--allow-remote-dashboard", action="store_true",
+                        help="let --dashboard-host be a non-loopback address such as 0.0.0.0: Ray's dashboard and "
+                        "its job API (which runs code) become reachable from other machines")
+
+
 def _build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m search", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -48,12 +57,14 @@ def _build_parser() -> argparse.ArgumentParser:
     run.add_argument("--data-dir", help="where the dataset's files are (overrides the catalog's path)")
     run.add_argument("--cache-dir", help="where converted .beton files are kept "
                      "(default: $LOCALITY_SEARCH_CACHE or ~/.cache/locality-search/datasets)")
+    _add_dashboard_host(run)
 
     resume = commands.add_parser("resume", help="finish a study whose driver stopped (killed, crashed, interrupted)")
     resume.add_argument("study", help="the study folder, e.g. results/convit_locality")
     resume.add_argument("--address", default=os.environ.get("RAY_ADDRESS"),
                         help="join this Ray cluster (default: $RAY_ADDRESS, else start a local one)")
     resume.add_argument("--cache-dir", help="where converted .beton files are kept (as for run)")
+    _add_dashboard_host(resume)
 
     pareto = commands.add_parser(
         "pareto", help="print the Pareto front of a study, or one trial of it (--select), or export it (--export)"
@@ -84,24 +95,46 @@ def _build_parser() -> argparse.ArgumentParser:
 
     check = commands.add_parser("check", help="validate spec files without running them")
     check.add_argument("specs", nargs="+")
+
+    dashboard = commands.add_parser(
+        "dashboard", help="serve a live Pareto page for one or more study folders (refreshes while they run)"
+    )
+    dashboard.add_argument("studies", nargs="+", metavar="STUDY",
+                           help="study folders, e.g. results/convit_locality (several: their fronts side by side)")
+    dashboard.add_argument("--host", default="127.0.0.1",
+                           help="address to listen on (default 127.0.0.1; another needs --allow-remote)")
+    dashboard.add_argument("--port", type=int, default=8050, help="port (default 8050; 0 picks a free one)")
+    dashboard.add_argument("--allow-remote", action="store_true",
+                           help="let --host be a non-loopback address: the page has no login, and anyone who reaches "
+                           "it sees every trial, config and path of the studies")
+
+    report = commands.add_parser("report", help="write one self-contained HTML report (and a PNG of the front) of a study")
+    report.add_argument("study", help="a study folder, e.g. results/convit_locality")
+    report.add_argument("--out", metavar="PATH.html",
+                        help="where to write it (default: STUDY/report.html); the PNG goes beside it as <name>-front.png")
     return parser
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from search._runner import run_study
+    from search._runner import check_dashboard_host, run_study
     from search._spec import load_spec
+
+    # before the spec and the dataset: a refused address costs nothing
+    check_dashboard_host(args.dashboard_host, allow_remote=args.allow_remote_dashboard, address=args.address)
 
     spec = load_spec(args.spec).with_overrides(
         trials=args.trials, max_epochs=args.max_epochs, storage=args.storage, name=args.name,
         data_dir=args.data_dir,
     )
-    return _report(run_study(spec, address=args.address, cache_dir=args.cache_dir))
+    return _report(run_study(spec, address=args.address, cache_dir=args.cache_dir, dashboard_host=args.dashboard_host,
+                             allow_remote_dashboard=args.allow_remote_dashboard))
 
 
 def _cmd_resume(args: argparse.Namespace) -> int:
     from search._runner import resume_study
 
-    return _report(resume_study(args.study, address=args.address, cache_dir=args.cache_dir))
+    return _report(resume_study(args.study, address=args.address, cache_dir=args.cache_dir,
+                                dashboard_host=args.dashboard_host, allow_remote_dashboard=args.allow_remote_dashboard))
 
 
 def _report(exp_dir) -> int:
@@ -184,10 +217,27 @@ def _cmd_check(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_dashboard(args: argparse.Namespace) -> int:
+    from search._dashboard import serve_dashboard
+
+    serve_dashboard(args.studies, host=args.host, port=args.port, allow_remote=args.allow_remote)
+    return 0
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from search._report import write_report
+
+    report = write_report(args.study, out=args.out)
+    print(f"wrote {report.html} ({report.trials} trials, {report.front} on the front; self-contained, opens offline) "
+          f"and {report.png} in {report.seconds:.1f} s")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
     handler = {
         "run": _cmd_run, "resume": _cmd_resume, "pareto": _cmd_pareto, "train": _cmd_train, "compare": _cmd_compare, "check": _cmd_check,
+        "dashboard": _cmd_dashboard, "report": _cmd_report,
     }[args.command]
     try:
         return handler(args)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import re
 import subprocess
@@ -161,6 +162,53 @@ def _prepare_data(spec: SearchSpec, cache_dir: str | os.PathLike | None, out: Te
     return data
 
 
+DASHBOARD_FLAG = "--allow-remote-dashboard"
+
+
+def check_dashboard_host(dashboard_host: str, *, allow_remote: bool, address: str | None) -> None:
+    """Before anything starts: a non-loopback dashboard needs ``allow_remote`` (the flag), and
+    with ``address`` the cluster's head node has bound its dashboard already."""
+    from search._dashboard import check_bind_host, is_loopback_host
+
+    if address and not is_loopback_host(dashboard_host):
+        raise ConfigError(
+            f"--dashboard-host {dashboard_host}: applies only to the local cluster a run starts; with --address the "
+            "head node's dashboard is already bound (`ray start --head --dashboard-host HOST` sets it)"
+        )
+    check_bind_host(dashboard_host, allow_remote=allow_remote, flag=DASHBOARD_FLAG, option="--dashboard-host",
+                    what="Ray's dashboard, whose job API runs code on this machine")
+
+
+def ray_token_auth_enabled() -> bool:
+    """Whether this process's Ray uses token authentication (Ray >= 2.5x: on by default for a
+    local cluster that ``ray.init()`` starts, unless ``RAY_AUTH_MODE=disabled``)."""
+    try:
+        from ray._private.authentication.authentication_utils import is_token_auth_enabled
+    except ImportError:  # an older Ray without token authentication
+        return False
+    try:
+        return bool(is_token_auth_enabled())
+    except Exception:
+        return False
+
+
+def _dashboard_notes(dashboard_host: str, url: str, out: TextIO) -> None:
+    """After the URL line: how to log in when token auth is on; a warning when it is off on a
+    non-loopback address."""
+    from search._dashboard import is_loopback_host
+
+    if ray_token_auth_enabled():
+        print("  (Ray token authentication is on: the dashboard asks for the token that `ray get-auth-token` prints)",
+              file=out, flush=True)
+    elif not is_loopback_host(dashboard_host):
+        print(
+            f"warning: the Ray dashboard listens on {dashboard_host} WITHOUT authentication (RAY_AUTH_MODE="
+            f"{os.environ.get('RAY_AUTH_MODE', 'unset')}): anyone who reaches http://{url} can submit jobs that run code "
+            "on this machine. Leave RAY_AUTH_MODE unset (Ray then requires a token) or bind 127.0.0.1",
+            file=out, flush=True,
+        )
+
+
 def _init_ray(address: str | None, dashboard_host: str, out: TextIO) -> None:
     import ray
 
@@ -190,6 +238,7 @@ def _init_ray(address: str | None, dashboard_host: str, out: TextIO) -> None:
     url = getattr(context, "dashboard_url", None)
     if url:
         print(f"Ray dashboard: http://{url}", file=out, flush=True)
+        _dashboard_notes(dashboard_host if not address else "127.0.0.1", url, out)
 
 
 def _store_for(spec: SearchSpec, exp_dir: Path) -> ResultsStore:
@@ -227,9 +276,13 @@ def run_study(
     address: str | None = None,
     cache_dir: str | os.PathLike | None = None,
     dashboard_host: str = "127.0.0.1",
+    allow_remote_dashboard: bool = False,
     out: TextIO = sys.stdout,
 ) -> Path:
-    """Run ``spec`` to the end; returns the experiment folder holding the Parquet files."""
+    """Run ``spec`` to the end; returns the experiment folder holding the Parquet files.
+
+    Ray's dashboard binds ``dashboard_host``; an address other than loopback needs
+    ``allow_remote_dashboard`` (``--allow-remote-dashboard``)."""
     from ray import tune
     from ray.tune.logger import JsonLoggerCallback
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
@@ -237,9 +290,12 @@ def run_study(
     import optuna
 
     from search._callback import StoreCallback
+    from search._metrics import MetricsCallback
     from search._mo_asha import MOASHAScheduler
+    from search._progress import ProgressBar
     from search._searcher import HonestOptunaSearch
 
+    check_dashboard_host(dashboard_host, allow_remote=allow_remote_dashboard, address=address)
     _tune_environment()
     exp_dir = spec.experiment_dir
     _check_experiment_dir(exp_dir)
@@ -326,7 +382,11 @@ def run_study(
         run_config=tune.RunConfig(
             name="ray",
             storage_path=str(exp_dir),
-            callbacks=[callback, JsonLoggerCallback()],
+            # Order matters: the bar is erased before the store prints a trial's line, and the
+            # metrics read the store after it has the trial's row.
+            callbacks=[ProgressBar(callback, stream=out), callback,
+                       MetricsCallback(store, experiment=spec.name, total_trials=spec.budget.trials),
+                       JsonLoggerCallback()],
             verbose=0,
             checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
             failure_config=tune.FailureConfig(max_failures=spec.budget.max_failures),
@@ -349,6 +409,7 @@ def resume_study(
     address: str | None = None,
     cache_dir: str | os.PathLike | None = None,
     dashboard_host: str = "127.0.0.1",
+    allow_remote_dashboard: bool = False,
     out: TextIO = sys.stdout,
 ) -> Path:
     """Finish a study whose driver stopped (killed, crashed, interrupted): finished trials stay,
@@ -357,6 +418,7 @@ def resume_study(
 
     from search._schema import SpecLocation, from_dict
 
+    check_dashboard_host(dashboard_host, allow_remote=allow_remote_dashboard, address=address)
     _tune_environment()
     exp_dir = Path(exp_dir).expanduser().resolve()
     meta_path = exp_dir / "experiment.json"
@@ -366,8 +428,6 @@ def resume_study(
     if not tune.Tuner.can_restore(str(tune_dir)):
         raise ConfigError(f"{exp_dir}: Ray Tune saved no state there yet (the study stopped before its first trial); "
                           "delete the folder and run the spec again")
-    import json
-
     plain = json.loads(meta_path.read_text())["spec"]
     plain.pop("source", None)
     spec = from_dict(SearchSpec, plain, SpecLocation(str(meta_path)))

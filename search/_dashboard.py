@@ -1,0 +1,400 @@
+"""The live Pareto page: ``python -m search dashboard DIR [DIR...]``.
+
+A stdlib ``ThreadingHTTPServer`` serves two things:
+
+    GET /           one self-contained HTML page (CSS and JS inline; it fetches nothing but the
+                    JSON below, so it works with no network)
+    GET /api/data   the studies' rows as compact, columnar JSON, read from the Parquet files at
+                    request time; an ETag built from the files' (mtime, size) answers the page's
+                    2-second polls with 304 while nothing changed, so a finished 10,000-trial
+                    study costs one ``stat`` per poll
+
+The page itself lives in ``dashboards/static/`` (``pareto.html``, ``pareto.css``,
+``pareto.js``); :func:`render_page` inlines them, and :mod:`search._report` reuses it with the
+data embedded instead of fetched.
+
+The server is read-only and binds 127.0.0.1 unless told otherwise: study folders hold configs
+and paths, and the page has no login. Another address needs ``allow_remote=True``
+(``--allow-remote``). On loopback it also refuses requests whose Host header is not a loopback
+name, so a web page the user visits cannot read the data through DNS rebinding.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import http.server
+import ipaddress
+import json
+import math
+import os
+import socket
+import sys
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+import numpy as np
+import pyarrow as pa
+
+from search._pareto import pareto_mask
+from search._store import TRIAL_COLUMNS, read_table
+from trainers.errors import ConfigError
+
+__all__ = [
+    "STATIC_DIR",
+    "check_bind_host",
+    "is_loopback_host",
+    "study_payload",
+    "studies_payload",
+    "render_page",
+    "make_server",
+    "serve_dashboard",
+]
+
+STATIC_DIR = Path(__file__).resolve().parent.parent / "dashboards" / "static"
+
+# Result columns the page shows (knobs are added per study); the rest of trials.parquet
+# (device strings, commits, timestamps) stays out of the JSON to keep it small at 10,000 rows.
+PAGE_COLUMNS = (
+    "trial_id", "model", "family", "state", "stop_reason", "error", "rejected_by", "epochs_run", "epochs_budget",
+    "val_acc", "val_loss", "final_val_acc", "throughput", "params", "flops", "duration_s", "ended_at",
+)
+# Text columns with few distinct values go as a dictionary plus codes: smaller and faster to parse.
+DICT_COLUMNS = ("model", "family", "state", "stop_reason")
+PROGRESS_PAGE_COLUMNS = ("finished", "state", "epochs_spent", "elapsed_s", "front_size", "hypervolume", "best_val_acc")
+
+
+# -- binding ----------------------------------------------------------------------------------
+def is_loopback_host(host: str) -> bool:
+    """True when every address ``host`` names is a loopback address (127.0.0.0/8, ::1)."""
+    name = host.strip("[]")
+    if name.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(name, None)
+    except OSError:
+        return False  # unresolvable: not provably loopback; binding will report the error
+    return bool(infos) and all(ipaddress.ip_address(info[4][0].split("%")[0]).is_loopback for info in infos)
+
+
+def check_bind_host(host: str, *, allow_remote: bool, flag: str, option: str, what: str) -> None:
+    """Refuse a non-loopback ``host`` unless ``allow_remote``: one line that names the flag."""
+    if allow_remote or is_loopback_host(host):
+        return
+    raise ConfigError(
+        f"{option} {host}: not a loopback address, so anyone who can reach this machine could open {what}; "
+        f"pass {flag} to bind it anyway, or keep 127.0.0.1 and tunnel (ssh -L PORT:127.0.0.1:PORT HOST)"
+    )
+
+
+# -- data -------------------------------------------------------------------------------------
+def _file_key(path: Path) -> str:
+    try:
+        st = path.stat()
+    except OSError:
+        return "-"
+    return f"{st.st_mtime_ns}:{st.st_size}:{st.st_ino}"
+
+
+def study_version(path: Path) -> str:
+    """Changes whenever the files the page reads change (each is replaced by a rename)."""
+    return "|".join(_file_key(path / name) for name in ("experiment.json", "trials.parquet", "progress.parquet"))
+
+
+def _knobs(spec: Mapping[str, Any], columns: Sequence[str]) -> list[dict[str, Any]]:
+    """The searched knobs, in spec order, with their ranges (the parallel-coordinates axes)."""
+    knobs: dict[str, dict[str, Any]] = {}
+    entries = [spec["model"]] if spec.get("model") else list(spec.get("models") or [])
+    if len(entries) > 1:
+        knobs["model"] = {"name": "model", "type": "choice", "values": [e.get("name") for e in entries], "models": None}
+    for entry in entries:
+        for key, param in (entry.get("space") or {}).items():
+            knob = knobs.setdefault(key, {"name": key, **_range(param), "models": []})
+            if knob["models"] is not None:
+                knob["models"].append(entry.get("name"))
+    for key, param in (spec.get("space") or {}).items():
+        knobs[key] = {"name": key, **_range(param), "models": None}  # shared by every model
+    present = set(columns)
+    return [k for k in knobs.values() if k["name"] in present]
+
+
+def _range(param: Mapping[str, Any]) -> dict[str, Any]:
+    kind = param.get("type")
+    if kind == "choice":
+        return {"type": "choice", "values": list(param.get("values") or [])}
+    return {"type": kind, "low": param.get("low"), "high": param.get("high"),
+            "log": bool(param.get("log")) or kind == "loguniform"}
+
+
+def _column_json(column: pa.ChunkedArray, name: str) -> Any:
+    """One column as a JSON-ready list (NaN/inf -> null), or {"dict": [...], "codes": [...]}."""
+    typ = column.type
+    if pa.types.is_timestamp(typ):
+        # Seconds since the epoch: the page only orders and formats them.
+        values = column.cast(pa.int64()).to_numpy(zero_copy_only=False)
+        valid = ~np.asarray(column.is_null())
+        scale = {"s": 1.0, "ms": 1e3, "us": 1e6, "ns": 1e9}[typ.unit]
+        return [round(float(v) / scale, 3) if ok else None for v, ok in zip(values, valid)]
+    if pa.types.is_floating(typ):
+        array = column.to_numpy(zero_copy_only=False).astype(float)
+        return [float(v) if math.isfinite(v) else None for v in array.tolist()]
+    if name in DICT_COLUMNS or (pa.types.is_string(typ) and name not in ("trial_id", "error", "rejected_by")):
+        encoded = column.dictionary_encode().combine_chunks()
+        codes = encoded.indices.to_pylist()
+        return {"dict": encoded.dictionary.to_pylist(), "codes": codes}
+    return column.to_pylist()
+
+
+def study_payload(path: str | os.PathLike, *, label: str | None = None) -> dict[str, Any]:
+    """One study folder as the page's JSON: columns, front rows, progress, knobs.
+
+    A folder a run has not written yet (or only partly) gives ``error`` and no rows, so the page
+    can say what it waits for and keep polling."""
+    path = Path(path)
+    base: dict[str, Any] = {"label": label or path.name or str(path), "path": str(path), "version": study_version(path)}
+    meta_file, trials_file = path / "experiment.json", path / "trials.parquet"
+    if not meta_file.is_file() or not trials_file.is_file():
+        missing = "experiment.json" if not meta_file.is_file() else "trials.parquet"
+        return {**base, "error": f"{path}: no {missing} yet; waiting for `python -m search run` to write it", "n": 0}
+    try:
+        meta = json.loads(meta_file.read_text())
+        table = read_table(trials_file)
+    except (OSError, ValueError, pa.ArrowException) as exc:  # a torn read cannot happen (atomic renames); a bad file can
+        return {**base, "error": f"{path}: cannot read the study ({exc})", "n": 0}
+    spec = meta.get("spec") or {}
+    objectives = [tuple(o) for o in meta.get("objectives") or []]
+    knob_names = [c for c in table.column_names if c not in TRIAL_COLUMNS]
+    knobs = _knobs(spec, knob_names + (["model"] if "model" in table.column_names else []))
+    for name in knob_names:  # a knob the spec does not describe (edited experiment.json): infer
+        if name not in {k["name"] for k in knobs}:
+            numeric = pa.types.is_integer(table.schema.field(name).type) or pa.types.is_floating(table.schema.field(name).type)
+            knobs.append({"name": name, "type": "uniform" if numeric else "choice", "models": None})
+    shown = [c for c in PAGE_COLUMNS if c in table.column_names] + [k for k in knob_names if k not in PAGE_COLUMNS]
+    columns = {name: _column_json(table.column(name), name) for name in shown}
+
+    # The front: COMPLETE trials no other COMPLETE trial beats on every objective (as search.load().front()).
+    n = table.num_rows
+    front: list[int] = []
+    if n and objectives and all(c in table.column_names for c, _ in objectives):
+        state = np.asarray(table.column("state").to_pylist(), dtype=object)
+        complete = np.flatnonzero(state == "COMPLETE")
+        if complete.size:
+            values = np.column_stack([
+                table.column(c).to_numpy(zero_copy_only=False).astype(float)[complete] for c, _ in objectives
+            ])
+            mask = pareto_mask(values, modes=[m for _, m in objectives])
+            rows = complete[mask]
+            first, mode = objectives[0]
+            key = values[mask, 0]
+            rows = rows[np.argsort(-key if mode == "max" else key, kind="stable")]
+            front = [int(i) for i in rows]
+
+    progress = None
+    progress_file = path / "progress.parquet"
+    if progress_file.is_file():
+        ptable = read_table(progress_file)
+        progress = {c: _column_json(ptable.column(c), c) for c in PROGRESS_PAGE_COLUMNS if c in ptable.column_names}
+    budget = spec.get("budget") or {}
+    return {
+        **base,
+        "error": None,
+        "name": meta.get("name"),
+        "objectives": [list(o) for o in objectives],
+        "reference_point": meta.get("reference_point"),
+        "created_at": meta.get("created_at"),
+        "budget": {"trials": budget.get("trials"), "max_epochs": budget.get("max_epochs"),
+                   "time_limit_s": budget.get("time_limit_s")},
+        "knobs": knobs,
+        "n": n,
+        "columns": columns,
+        "front": front,
+        "progress": progress,
+    }
+
+
+def _labels(paths: Sequence[Path]) -> list[str]:
+    names = [p.name or str(p) for p in paths]
+    return names if len(set(names)) == len(names) else [str(p) for p in paths]
+
+
+def studies_payload(paths: Sequence[str | os.PathLike]) -> dict[str, Any]:
+    folders = [Path(p) for p in paths]
+    return {
+        "generated_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "studies": [study_payload(p, label=label) for p, label in zip(folders, _labels(folders))],
+    }
+
+
+def json_for_script(data: Any) -> str:
+    """JSON that is safe inside <script>: no '</script>' or '<!--' can end the element early."""
+    text = json.dumps(data, separators=(",", ":"), allow_nan=False)
+    return text.replace("<", "\\u003c").replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
+
+
+def render_page(*, data: Any | None = None, title: str = "locality-search: Pareto", static_html: str = "") -> str:
+    """The page with its CSS and JS inline. ``data`` (a :func:`studies_payload`) embeds the rows
+    and turns polling off (the static report); ``None`` makes the page poll ``api/data``.
+    ``static_html`` goes above the interactive views (the report's summary, for readers without JS)."""
+    try:
+        html = (STATIC_DIR / "pareto.html").read_text()
+        css = (STATIC_DIR / "pareto.css").read_text()
+        js = (STATIC_DIR / "pareto.js").read_text()
+    except OSError as exc:
+        raise ConfigError(
+            f"the Pareto page's files are missing ({exc.filename}); run from a checkout of locality-search, "
+            "whose dashboards/static/ holds them"
+        ) from None
+    import html as html_lib
+    import re
+
+    parts = {
+        "{{TITLE}}": html_lib.escape(title),
+        "/*{{CSS}}*/": css,
+        "<!--{{STATIC}}-->": static_html,
+        "/*{{DATA}}*/null": "null" if data is None else json_for_script(data),
+        "/*{{JS}}*/": js,
+    }
+    # One pass over the template: text substituted in (data, user strings) is never searched again.
+    return re.sub("|".join(map(re.escape, parts)), lambda m: parts[m.group(0)], html)
+
+
+# -- server -----------------------------------------------------------------------------------
+class _Handler(http.server.BaseHTTPRequestHandler):
+    server: _DashboardServer
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:  # quiet: the page polls every 2 s
+        if self.server.verbose:
+            super().log_message(format, *args)
+
+    def _send(self, status: int, body: bytes, content_type: str, headers: Mapping[str, str] = {}) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("X-Content-Type-Options", "nosniff")
+        for key, value in headers.items():
+            self.send_header(key, value)
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def _host_ok(self) -> bool:
+        if not self.server.loopback_only:
+            return True
+        host = (self.headers.get("Host") or "").strip()
+        name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
+        return is_loopback_host(name) if name else False
+
+    def do_HEAD(self) -> None:
+        self.do_GET()
+
+    def do_GET(self) -> None:
+        if not self._host_ok():
+            self._send(403, b"forbidden: this dashboard answers on loopback names only\n", "text/plain; charset=utf-8")
+            return
+        route = self.path.split("?", 1)[0]
+        if route in ("/", "/index.html"):
+            self._send(200, self.server.page(), "text/html; charset=utf-8",
+                       {"Content-Security-Policy": "default-src 'none'; connect-src 'self'; img-src 'self' data:; "
+                        "style-src 'unsafe-inline'; script-src 'unsafe-inline'"})
+        elif route == "/api/data":
+            etag, body = self.server.data()
+            if self.headers.get("If-None-Match") == etag:
+                self.send_response(304)
+                self.send_header("ETag", etag)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            self._send(200, body, "application/json", {"ETag": etag})
+        elif route == "/favicon.ico":
+            self._send(204, b"", "image/x-icon")
+        else:
+            self._send(404, b"not found\n", "text/plain; charset=utf-8")
+
+
+class _DashboardServer(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], *, paths: Sequence[Path], loopback_only: bool, verbose: bool) -> None:
+        family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
+        self.address_family = family
+        super().__init__(address, _Handler)
+        self.paths = list(paths)
+        self.loopback_only = loopback_only
+        self.verbose = verbose
+        self._lock = threading.Lock()
+        self._cached: tuple[str, bytes] | None = None
+        self._page: bytes | None = None
+
+    def page(self) -> bytes:
+        if self._page is None:
+            self._page = render_page().encode()
+        return self._page
+
+    def data(self) -> tuple[str, bytes]:
+        """(ETag, JSON) of the studies now; rebuilt only when a file changed."""
+        versions = [study_version(p) for p in self.paths]
+        etag = '"' + str(abs(hash(tuple(versions)))) + '"'
+        with self._lock:
+            if self._cached is None or self._cached[0] != etag:
+                payload = studies_payload(self.paths)
+                self._cached = (etag, json.dumps(payload, separators=(",", ":"), allow_nan=False).encode())
+            return self._cached
+
+    @property
+    def url(self) -> str:
+        host, port = self.server_address[:2]
+        shown = f"[{host}]" if ":" in str(host) else host
+        return f"http://{shown}:{port}/"
+
+
+def make_server(
+    paths: Sequence[str | os.PathLike],
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8050,
+    allow_remote: bool = False,
+    verbose: bool = False,
+) -> _DashboardServer:
+    """A bound (not yet serving) dashboard server for ``paths``; ``port=0`` picks a free port.
+    Call ``serve_forever()`` (in a thread, for tests) and ``shutdown()``/``server_close()``."""
+    if not paths:
+        raise ConfigError("dashboard: pass at least one study folder, e.g. results/convit_locality")
+    check_bind_host(host, allow_remote=allow_remote, flag="--allow-remote", option="--host",
+                    what="the dashboard (no login: every trial, config and path of the studies)")
+    render_page()  # fail now, with the fix, if the page's files are missing
+    try:
+        return _DashboardServer((host, port), paths=[Path(p) for p in paths],
+                                loopback_only=is_loopback_host(host), verbose=verbose)
+    except OSError as exc:
+        hint = f"; pick another with --port (or --port 0 for any free one)" if exc.errno in (98, 48) else ""
+        raise ConfigError(f"dashboard: cannot listen on {host}:{port} ({exc.strerror or exc}){hint}") from None
+
+
+def serve_dashboard(
+    paths: Sequence[str | os.PathLike],
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8050,
+    allow_remote: bool = False,
+    out: TextIO = sys.stdout,
+) -> None:
+    """Serve the Pareto page for ``paths`` until interrupted (Ctrl-C)."""
+    server = make_server(paths, host=host, port=port, allow_remote=allow_remote)
+    for path in server.paths:
+        if not (path / "trials.parquet").is_file():
+            print(f"note: {path} holds no study yet; the page shows it once `python -m search run` writes it",
+                  file=out, flush=True)
+    if not server.loopback_only:
+        print(f"warning: serving on {host}, reachable from other machines, without a login", file=out, flush=True)
+    print(f"Pareto dashboard for {', '.join(map(str, server.paths))}: {server.url}  (Ctrl-C stops it)", file=out, flush=True)
+    try:
+        server.serve_forever(poll_interval=0.5)
+    finally:
+        server.server_close()

@@ -1,0 +1,287 @@
+"""``python -m search report DIR``: one self-contained HTML file and a PNG of the front.
+
+The HTML holds everything inline -- the data, the page's CSS and JS (the live page's, see
+:mod:`search._dashboard`), and the PNG as a data: URI -- so it opens offline, can be mailed or
+attached, and makes no network request. Its top part is plain HTML (a summary, the front as a
+picture and as a table) for readers that do not run scripts, e.g. mail clients; below it, the
+interactive views of the live page.
+
+The PNG is drawn with Pillow (a dependency already: FFCV needs it; matplotlib is not one):
+drawn at twice the size and downsampled, which antialiases the marks.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import datetime as dt
+import html
+import io
+import math
+import os
+import shlex
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from search._dashboard import render_page, studies_payload
+from search._query import load
+from search._store import TRIAL_COLUMNS
+from trainers._atomic import atomic_write
+
+__all__ = ["Report", "write_report", "front_png"]
+
+FAMILY_COLORS = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac"]
+LABELS = {"throughput": "throughput (img/s)", "val_acc": "val_acc", "params": "params", "flops": "FLOPs"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Report:
+    html: Path
+    png: Path
+    trials: int
+    front: int
+    seconds: float
+
+
+def _nice_ticks(lo: float, hi: float, n: int) -> list[float]:
+    span = hi - lo
+    if not span > 0:
+        return [lo]
+    step = 10 ** math.floor(math.log10(span / n))
+    err = n / span * step
+    step *= 10 if err <= 0.15 else 5 if err <= 0.35 else 2 if err <= 0.75 else 1
+    first = math.ceil(lo / step) * step
+    return [first + k * step for k in range(int((hi - first) / step + 1e-9) + 1)]
+
+
+def _tick_text(value: float, step: float) -> str:
+    if abs(value) >= 1e6:
+        return f"{value / 1e6:.3g}M"
+    if abs(value) >= 1e4 or step >= 1:
+        return f"{value:,.0f}"
+    digits = 0  # as many decimals as the tick step has: 0.05 -> 2
+    while digits < 6 and abs(round(step * 10**digits) - step * 10**digits) > 1e-6 * 10**digits:
+        digits += 1
+    return f"{value:.{digits}f}"
+
+
+def _rgb(hex_color: str, alpha: int = 255) -> tuple[int, int, int, int]:
+    return int(hex_color[1:3], 16), int(hex_color[3:5], 16), int(hex_color[5:7], 16), alpha
+
+
+def front_png(
+    trials: pd.DataFrame,
+    *,
+    front: pd.DataFrame,
+    x: str,
+    y: str,
+    modes: Sequence[str] = ("max", "max"),
+    title: str,
+    size: tuple[int, int] = (1600, 1000),
+) -> bytes:
+    """A PNG of ``y`` against ``x``: trials coloured by family (hollow: cut short), the front's
+    trials ringed and joined by the staircase they dominate when ``x``/``y`` are the objectives."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    ss = 2  # drawn at twice the size, then downsampled: antialiased marks
+    width, height = size[0] * ss, size[1] * ss
+    image = Image.new("RGB", (width, height), "white")
+    draw = ImageDraw.Draw(image, "RGBA")  # RGBA fills blend onto the RGB image
+
+    def font(px: int):
+        try:
+            return ImageFont.load_default(size=px * ss)
+        except TypeError:  # Pillow < 10.1: a fixed bitmap font
+            return ImageFont.load_default()
+
+    f_small, f_axis, f_title = font(15), font(17), font(22)
+    left, right, top, bottom = 120 * ss, width - 40 * ss, 90 * ss, height - 150 * ss
+    shown = trials[trials["state"] != "REJECTED"]
+    xs = pd.to_numeric(shown[x], errors="coerce").to_numpy(dtype=float, na_value=np.nan) if x in shown else np.array([])
+    ys = pd.to_numeric(shown[y], errors="coerce").to_numpy(dtype=float, na_value=np.nan) if y in shown else np.array([])
+    ok = np.isfinite(xs) & np.isfinite(ys)
+    draw.text((left, 28 * ss), title, fill="#1f2328", font=f_title)
+    if not ok.any():
+        draw.text((width / 2, height / 2), "no trial has both values yet", fill="#59636e", font=f_axis, anchor="mm")
+        return _png_bytes(image.resize(size, Image.LANCZOS))
+    x_lo, x_hi = float(xs[ok].min()), float(xs[ok].max())
+    y_lo, y_hi = float(ys[ok].min()), float(ys[ok].max())
+    pad_x = (x_hi - x_lo) * 0.04 or abs(x_lo) * 0.05 or 1.0
+    pad_y = (y_hi - y_lo) * 0.06 or abs(y_lo) * 0.05 or 0.01
+    x_lo, x_hi, y_lo, y_hi = x_lo - pad_x, x_hi + pad_x, y_lo - pad_y, y_hi + pad_y
+
+    def sx(v: float) -> float:
+        return left + (v - x_lo) / (x_hi - x_lo) * (right - left)
+
+    def sy(v: float) -> float:
+        return bottom - (v - y_lo) / (y_hi - y_lo) * (bottom - top)
+
+    xt, yt = _nice_ticks(x_lo, x_hi, 8), _nice_ticks(y_lo, y_hi, 7)
+    for v in xt:
+        px = sx(v)
+        draw.line([(px, top), (px, bottom)], fill="#eef1f4", width=ss)
+        draw.text((px, bottom + 8 * ss), _tick_text(v, xt[1] - xt[0] if len(xt) > 1 else 1.0), fill="#59636e",
+                  font=f_small, anchor="mt")
+    for v in yt:
+        py = sy(v)
+        draw.line([(left, py), (right, py)], fill="#eef1f4", width=ss)
+        draw.text((left - 8 * ss, py), _tick_text(v, yt[1] - yt[0] if len(yt) > 1 else 1.0), fill="#59636e",
+                  font=f_small, anchor="rm")
+    draw.line([(left, top), (left, bottom), (right, bottom)], fill="#8c959f", width=ss)
+    direction = {"max": "higher is better", "min": "lower is better"}
+    draw.text(((left + right) / 2, bottom + 40 * ss), f"{LABELS.get(x, x)}  ({direction[modes[1]]})" if len(modes) > 1 else LABELS.get(x, x),
+              fill="#1f2328", font=f_axis, anchor="mt")
+    ylabel = Image.new("RGBA", (int((bottom - top)), 30 * ss), (255, 255, 255, 0))
+    ImageDraw.Draw(ylabel).text((ylabel.width / 2, ylabel.height / 2), f"{LABELS.get(y, y)}  ({direction[modes[0]]})",
+                                fill="#1f2328", font=f_axis, anchor="mm")
+    rotated = ylabel.rotate(90, expand=True)
+    image.paste(rotated, (18 * ss, int(top)), rotated)
+
+    families = sorted(str(f) for f in trials["family"].dropna().unique()) if "family" in trials else []  # as the page: all trials
+    color = {f: FAMILY_COLORS[k % len(FAMILY_COLORS)] for k, f in enumerate(families)}
+    state = shown["state"].to_numpy()
+    fam = shown["family"].astype(object).where(shown["family"].notna(), "").to_numpy() if "family" in shown else np.full(len(shown), "")
+    n = int(ok.sum())
+    r = (2.2 if n > 3000 else 3.0 if n > 500 else 4.5) * ss
+    cut = np.isin(state, ["PRUNED", "FAILED"])
+    for k in np.flatnonzero(ok & cut):  # cut short first (underneath), hollow
+        px, py = sx(xs[k]), sy(ys[k])
+        draw.ellipse([px - r, py - r, px + r, py + r], outline=_rgb(color.get(fam[k], "#6e7781"), 170), width=max(1, ss))
+    for k in np.flatnonzero(ok & ~cut):
+        px, py = sx(xs[k]), sy(ys[k])
+        draw.ellipse([px - r, py - r, px + r, py + r], fill=_rgb(color.get(fam[k], "#6e7781"), 200))
+
+    fx = pd.to_numeric(front[x], errors="coerce").to_numpy(dtype=float, na_value=np.nan) if len(front) and x in front else np.array([])
+    fy = pd.to_numeric(front[y], errors="coerce").to_numpy(dtype=float, na_value=np.nan) if len(front) and y in front else np.array([])
+    keep = np.isfinite(fx) & np.isfinite(fy)
+    if keep.any():
+        sgx = -1.0 if len(modes) > 1 and modes[1] == "min" else 1.0
+        sgy = -1.0 if modes[0] == "min" else 1.0
+        order = np.argsort(sgx * fx[keep], kind="stable")
+        px_, py_ = fx[keep][order], fy[keep][order]
+        # the boundary of what the front dominates: in from the x-worst edge, then trial to trial
+        path = [(left if sgx > 0 else right, sy(py_[0])), (sx(px_[0]), sy(py_[0]))]
+        for k in range(1, len(px_)):
+            path += [(sx(px_[k - 1]), sy(py_[k])), (sx(px_[k]), sy(py_[k]))]
+        path.append((sx(px_[-1]), bottom if sgy > 0 else top))
+        draw.line(path, fill="#1f2328", width=2 * ss, joint="curve")
+        front_fam = front["family"].astype(object).where(front["family"].notna(), "").to_numpy()[keep] if "family" in front else [""] * int(keep.sum())
+        R = r + 3 * ss
+        for vx, vy, f in zip(fx[keep], fy[keep], front_fam):
+            px, py = sx(vx), sy(vy)
+            draw.ellipse([px - R, py - R, px + R, py + R], fill=_rgb(color.get(f, "#6e7781")), outline="#1f2328", width=2 * ss)
+
+    # legend, under the x label
+    lx, ly = left, bottom + 90 * ss
+    for f in families:
+        draw.ellipse([lx, ly - 6 * ss, lx + 12 * ss, ly + 6 * ss], fill=color[f])
+        draw.text((lx + 18 * ss, ly), f, fill="#1f2328", font=f_small, anchor="lm")
+        lx += 18 * ss + draw.textlength(f, font=f_small) + 22 * ss
+    draw.ellipse([lx, ly - 6 * ss, lx + 12 * ss, ly + 6 * ss], outline="#6e7781", width=2 * ss)
+    draw.text((lx + 18 * ss, ly), "cut short (PRUNED / FAILED)", fill="#1f2328", font=f_small, anchor="lm")
+    lx += 18 * ss + draw.textlength("cut short (PRUNED / FAILED)", font=f_small) + 22 * ss
+    draw.line([(lx, ly), (lx + 24 * ss, ly)], fill="#1f2328", width=2 * ss)
+    draw.text((lx + 30 * ss, ly), f"Pareto front ({int(keep.sum())} COMPLETE trials)", fill="#1f2328", font=f_small, anchor="lm")
+    return _png_bytes(image.resize(size, Image.LANCZOS))
+
+
+def _png_bytes(image) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG", optimize=False)
+    return buffer.getvalue()
+
+
+def _cell(value: object, column: str) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)) or value is pd.NA:
+        return ""
+    if column in ("throughput", "throughput_before_conversion"):
+        return f"{value:,.0f}"
+    if column in ("params", "flops"):
+        return f"{value / 1e6:.2f}M"
+    if isinstance(value, float):
+        return f"{value:.4f}" if column in ("val_acc", "val_loss", "final_val_acc") else f"{value:.4g}"
+    return str(value)
+
+
+def _front_table(front: pd.DataFrame, objectives: Sequence[tuple[str, str]]) -> str:
+    knobs = [c for c in front.columns if c not in TRIAL_COLUMNS]
+    columns = ["trial_id", "family", "model"] + [c for c, _ in objectives]
+    columns += [c for c in ("params", "flops", "epochs_run") if c not in columns] + knobs
+    columns = [c for c in columns if c in front.columns and front[c].notna().any()]
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(_cell(row[c], c))}</td>" for c in columns) + "</tr>"
+        for _, row in front.iterrows()
+    )
+    return f'<table class="front-table"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
+def _write_shared(path: Path, data: bytes) -> None:
+    """Atomically, readable as the umask allows (a report is meant to be passed on; the
+    temporary file atomic_write starts from is private)."""
+    atomic_write(path, lambda handle: handle.write(data))
+    umask = os.umask(0)
+    os.umask(umask)
+    path.chmod(0o666 & ~umask)
+
+
+def write_report(study: str | os.PathLike, *, out: str | os.PathLike | None = None) -> Report:
+    """Write ``out`` (default ``<study>/report.html``) and ``<out stem>-front.png`` beside it."""
+    started = time.perf_counter()
+    study = Path(study)
+    exp = load(study)  # ConfigError, naming the fix, when the folder is not a study
+    out_path = Path(out) if out is not None else study / "report.html"
+    if out_path.suffix.lower() not in (".html", ".htm"):
+        out_path = out_path.with_suffix(".html")
+    png_path = out_path.with_name(out_path.stem + "-front.png")
+    objectives = list(exp.objectives)
+    front = exp.front()
+    trials = exp.trials
+    y = objectives[0][0]
+    x = objectives[1][0] if len(objectives) > 1 else "throughput"
+    modes = [m for _, m in objectives[:2]]
+    name = exp.spec.get("name") or study.name
+    png = front_png(trials, front=front, x=x, y=y, modes=modes,
+                    title=f"{name}: {len(front)} trials on the Pareto front, of {len(trials)} finished")
+    _write_shared(png_path, png)
+
+    counts = trials["state"].value_counts().to_dict() if len(trials) else {}
+    payload = studies_payload([study])
+    progress = payload["studies"][0].get("progress") or {}
+    volume = (progress.get("hypervolume") or [None])[-1]
+    complete = trials[trials["state"] == "COMPLETE"]
+    best = complete["val_acc"].max() if "val_acc" in complete and len(complete) else None
+    generated = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    facts = [
+        ("study", f"{name} ({study})"),
+        ("objectives", ", ".join(f"{c} ({m})" for c, m in objectives)),
+        ("trials", f"{len(trials)} finished" + (f" of {exp.spec['spec']['budget']['trials']}" if (exp.spec.get("spec") or {}).get("budget") else "")
+         + (": " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) if counts else "")),
+        ("front", f"{len(front)} COMPLETE trials"),
+    ]
+    if best is not None and not pd.isna(best):
+        facts.append(("best val_acc", f"{best:.4f}"))
+    if volume is not None:
+        facts.append(("hypervolume", f"{volume:,.4g} (reference point {exp.spec.get('reference_point')})"))
+    facts += [("created", str(exp.spec.get("created_at", "?"))), ("git commit", str(exp.spec.get("git_commit") or "?")),
+              ("report generated", generated)]
+    export = (f"python -m search pareto {shlex.quote(str(study))} --where \"trial_id=='TRIAL'\" --export best.yaml"
+              "\npython -m search train best.yaml")
+    static_html = (
+        '<section class="report card">'
+        f"<h2>Report: {html.escape(name)}</h2>"
+        '<table class="facts">' + "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(v)}</td></tr>" for k, v in facts) + "</table>"
+        f'<img class="front-png" alt="Pareto front of {html.escape(name)}: {html.escape(y)} against {html.escape(x)}" '
+        f'src="data:image/png;base64,{base64.b64encode(png).decode()}">'
+        f"<h3>Pareto front ({len(front)} trials)</h3>" + _front_table(front, objectives) +
+        f'<p class="note">Retrain one of them (replace TRIAL with its id):</p><pre class="export">{html.escape(export)}</pre>'
+        '<p class="note">Below: every trial, interactive (needs JavaScript; the data is inside this file).</p>'
+        "</section>"
+    )
+    page = render_page(data=payload, title=f"{name}: Pareto report", static_html=static_html)
+    _write_shared(out_path, page.encode())
+    return Report(html=out_path, png=png_path, trials=len(trials), front=len(front), seconds=time.perf_counter() - started)
