@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["environment", "write_result", "RESULTS_DIR"]
+__all__ = ["environment", "write_result", "RESULTS_DIR", "setup_process"]
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
@@ -27,6 +27,16 @@ def _cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def setup_process(*, retain_memory: bool = True) -> bool:
+    """What a trainer process does before timing anything: keep freed memory (glibc; see
+    trainers/_malloc.py), as `train_trial` does. Every contender of a benchmark runs under it."""
+    if not retain_memory:
+        return False
+    from trainers._malloc import retain_freed_memory
+
+    return retain_freed_memory()
 
 
 def device_name(device: str | torch.device = "cpu") -> str:
@@ -54,8 +64,17 @@ def environment(device: str | torch.device = "cpu") -> dict[str, Any]:
         "timm": timm_version,
         "python": platform.python_version(),
         "torch_num_threads": torch.get_num_threads(),
+        "malloc_retains_freed_memory": _malloc_state(),
         "platform": platform.platform(),
     }
+
+
+def _malloc_state() -> bool | None:
+    try:
+        from trainers import _malloc
+    except ImportError:
+        return None
+    return bool(_malloc._state)
 
 
 def _slug(text: str) -> str:

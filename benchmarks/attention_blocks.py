@@ -21,7 +21,7 @@ import time
 
 import torch
 
-from benchmarks._env import write_result
+from benchmarks._env import setup_process, write_result
 from trainers.models.ls_convit import GPSA, MHSA
 from trainers.models.ls_gmm import GMMAttention
 from trainers.models.ls_refiner import RefinedAttention
@@ -77,7 +77,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--glibc-default-malloc", action="store_true",
+                        help="leave glibc's trim/mmap thresholds alone (default: keep freed memory, as the trainer does)")
     args = parser.parse_args(argv)
+    setup_process(retain_memory=not args.glibc_default_malloc)
     results = {}
     for tokens in args.tokens:
         if math.isqrt(tokens) ** 2 != tokens:

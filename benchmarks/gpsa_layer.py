@@ -18,7 +18,7 @@ from typing import Callable
 import torch
 from timm.models.convit import GPSA as TimmGPSA
 
-from benchmarks._env import write_result
+from benchmarks._env import setup_process, write_result
 from trainers.models.ls_convit import GPSA
 
 
@@ -84,7 +84,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--device", action="append", choices=["cpu", "cuda"],
                         help="repeatable; default: cpu, plus cuda when available")
+    parser.add_argument("--glibc-default-malloc", action="store_true",
+                        help="leave glibc's trim/mmap thresholds alone (default: keep freed memory, as the trainer does)")
     args = parser.parse_args(argv)
+    setup_process(retain_memory=not args.glibc_default_malloc)
     devices = args.device or (["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"])
     for device in devices:
         if device == "cuda" and not torch.cuda.is_available():

@@ -43,35 +43,73 @@ def pareto_mask(values: np.ndarray, *, modes: Sequence[str]) -> np.ndarray:
 
 def _front_2d(points: np.ndarray) -> np.ndarray:
     """Sort by the first objective (descending), then keep each point whose second objective
-    beats the running maximum of every point with a strictly larger first objective."""
+    beats the running maximum of every point with a strictly larger first objective.
+
+    Vectorised: groups of equal first objective are runs of the sorted order; a group's best
+    second value is its first entry; a group is on the front when that value beats the running
+    maximum of the groups before it (the first group always is), and then so are its members
+    that equal it (exact duplicates)."""
     a, b = points[:, 0], points[:, 1]
     order = np.lexsort((-b, -a))  # a descending, ties broken by b descending
-    keep = []
-    best_b_above = None  # max b over points with a strictly larger a (None: no such point)
-    i = 0
-    while i < order.size:
-        j = i
-        while j < order.size and a[order[j]] == a[order[i]]:
-            j += 1
-        group = order[i:j]  # same a; the first has the largest b
-        top_b = b[group[0]]
-        if best_b_above is None or top_b > best_b_above:
-            keep.extend(int(k) for k in group if b[k] == top_b)
-            best_b_above = top_b
-        i = j
-    return np.array(sorted(keep), dtype=int)
+    a_sorted, b_sorted = a[order], b[order]
+    starts = np.ones(order.size, dtype=bool)
+    starts[1:] = a_sorted[1:] != a_sorted[:-1]  # first entry of each group of equal a
+    group = np.cumsum(starts) - 1  # group number of each sorted entry
+    top_b = b_sorted[starts]  # the largest b of each group
+    best_above = np.maximum.accumulate(top_b)  # max b over this group and the ones before it
+    wins = np.ones(top_b.size, dtype=bool)
+    wins[1:] = top_b[1:] > best_above[:-1]
+    keep = wins[group] & (b_sorted == top_b[group])
+    return np.sort(order[keep])
 
 
-def _front_nd(points: np.ndarray) -> np.ndarray:
-    """O(n^2) definition for three or more objectives."""
-    n = points.shape[0]
-    keep = np.ones(n, dtype=bool)
-    for i in range(n):
-        ge = (points >= points[i]).all(axis=1)
-        gt = (points > points[i]).any(axis=1)
-        if (ge & gt).any():
-            keep[i] = False
-    return np.flatnonzero(keep)
+def _front_nd(points: np.ndarray, block: int = 1024) -> np.ndarray:
+    """Three or more objectives: a cut by a few strong points, then sort-filter-skyline in blocks.
+
+    Dominance by *any* point is dominance, so points that one of a few strong rows (the best by
+    the sum of their per-objective ranks) dominates can be dropped first, in one vectorised step.
+    After a lexicographic sort of the rest (descending on every column in turn), a point can only
+    be dominated by points before it (one that dominates it is >= everywhere and differs, so it
+    sorts first). So they are taken a block at a time: compared with the front found so far, then
+    the block's survivors with each other (enough: a block point dominated by the front or by an
+    earlier point passes that dominance on). O(n * front size) numpy work in all, instead of the
+    O(n^2) definition."""
+    n, k = points.shape
+    rows = np.arange(n)  # candidates, as row numbers of ``points``
+    if n > 4 * block:
+        ranks = np.argsort(np.argsort(points, axis=0, kind="stable"), axis=0, kind="stable").sum(axis=1)
+        pivots = points[np.argsort(-ranks, kind="stable")[:32]]  # (p, k)
+        beaten = np.zeros(n, dtype=bool)
+        for lo in range(0, n, 1 << 15):
+            part = points[lo:lo + (1 << 15), None, :]  # (m, 1, k)
+            beaten[lo:lo + part.shape[0]] = ((pivots >= part).all(axis=2) & (pivots > part).any(axis=2)).any(axis=1)
+        rows = np.flatnonzero(~beaten)
+    candidates = points[rows]
+    order = np.lexsort(tuple(-candidates[:, j] for j in reversed(range(k))))
+    ordered = candidates[order]
+    kept: list[np.ndarray] = []  # positions in ``ordered`` of the front so far
+    front = ordered[:0]
+    for lo in range(0, ordered.shape[0], block):
+        chunk = ordered[lo:lo + block]  # (m, k)
+        alive = np.arange(chunk.shape[0])
+        step = max(1, (1 << 21) // max(1, chunk.shape[0] * k))  # bound the (m, f, k) temporaries
+        for f_lo in range(0, front.shape[0], step):
+            if alive.size == 0:
+                break
+            f = front[f_lo:f_lo + step][None, :, :]  # (1, f, k)
+            c = chunk[alive][:, None, :]  # (m, 1, k)
+            dominated = ((f >= c).all(axis=2) & (f > c).any(axis=2)).any(axis=1)
+            alive = alive[~dominated]
+        if alive.size > 1:  # survivors among themselves: dom[i, j] = j dominates i
+            c = chunk[alive]
+            dom = (c[None, :, :] >= c[:, None, :]).all(axis=2) & (c[None, :, :] > c[:, None, :]).any(axis=2)
+            alive = alive[~dom.any(axis=1)]
+        if alive.size:
+            kept.append(lo + alive)
+            front = np.concatenate([front, chunk[alive]])
+    if not kept:
+        return np.zeros(0, dtype=int)
+    return np.sort(rows[order[np.concatenate(kept)]])
 
 
 def pareto_front(table, *, objectives: Sequence[tuple[str, str]]):

@@ -9,7 +9,7 @@ from timm.models.convit import GPSA as TimmGPSA
 from timm.models.convit import ConVit as TimmConVit
 
 import trainers.models  # noqa: F401  (registers ls_convit_* with timm)
-from trainers.models.ls_convit import GPSA, LocalityConViT, rel_indices
+from trainers.models.ls_convit import GPSA, LocalityConViT, gated_attention, rel_indices
 
 NANO = dict(img_size=28, patch_size=4, in_chans=1, num_classes=10)  # 7 x 7 = 49 patches
 
@@ -106,6 +106,104 @@ def test_rel_indices_match_timm_square_and_are_cached():
     assert layer.rel_indices.shape == (25, 25, 3)
     with pytest.raises(ValueError, match='grid_size'):
         layer(torch.randn(2, 50, 16))
+
+
+# --- the CPU training core (gated_attention) -----------------------------------------------------
+
+def _gated_inputs(B=2, H=3, N=5, d=4, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    qkv = torch.randn(3, B, H, N, d, generator=gen, dtype=torch.float64)
+    gate = torch.sigmoid(torch.randn(H, generator=gen, dtype=torch.float64))
+    pos = torch.softmax(torch.randn(H, N, N, generator=gen, dtype=torch.float64), dim=-1)
+    return qkv, gate, pos
+
+
+def test_gated_attention_matches_the_formula_and_gradcheck():
+    qkv, gate, pos = _gated_inputs()
+    q, k, v = qkv
+    scale = 0.37
+    attn = (1 - gate.view(-1, 1, 1)) * torch.softmax(q @ k.transpose(-2, -1) * scale, -1) + gate.view(-1, 1, 1) * pos
+    torch.testing.assert_close(gated_attention(qkv, gate, pos, scale), attn @ v, rtol=0, atol=1e-12)
+    inputs = tuple(t.clone().requires_grad_() for t in (qkv, gate, pos))
+    assert torch.autograd.gradcheck(lambda a, b, c: gated_attention(a, b, c, scale), inputs)
+    # the gates at their extremes (s = 0: pure content, s = 1: pure position)
+    for s in (0.0, 1.0):
+        inputs = (qkv.clone().requires_grad_(), torch.full_like(gate, s).requires_grad_(), pos.clone().requires_grad_())
+        assert torch.autograd.gradcheck(lambda a, b, c: gated_attention(a, b, c, scale), inputs)
+
+
+def test_gated_attention_frozen_gate_and_positions_give_the_same_qkv_gradient():
+    qkv, gate, pos = _gated_inputs(seed=1)
+    w = torch.randn(2, 3, 5, 4, dtype=torch.float64)
+    grads = []
+    for needs in (True, False):
+        x = qkv.clone().requires_grad_()
+        g, p = gate.clone().requires_grad_(needs), pos.clone().requires_grad_(needs)
+        (gated_attention(x, g, p, 0.5) * w).sum().backward()
+        grads.append(x.grad)
+        assert (g.grad is not None) == needs and (p.grad is not None) == needs
+    torch.testing.assert_close(grads[0], grads[1], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize('dtype', [torch.float32, torch.float64])
+def test_gpsa_explicit_core_and_fused_path_agree(dtype, monkeypatch):
+    torch.manual_seed(0)
+    layer = GPSA(24, num_heads=4).to(dtype)
+    _perturb(layer)
+    x = torch.randn(3, 49, 24, dtype=dtype)
+    with torch.no_grad():
+        y_core_no_grad = layer(x)  # the CPU path without autograd
+    with monkeypatch.context() as m:  # the CUDA / autocast path, forced on the CPU
+        m.setattr(GPSA, '_use_gated_attention', lambda self, x: False)
+        y_fused = layer(x)
+        assert y_fused.grad_fn is not None
+        y_fused = y_fused.detach()
+    y_core = layer(x.requires_grad_())  # grad on the CPU: gated_attention with its backward
+    assert y_core.grad_fn is not None
+    tol = 1e-5 if dtype == torch.float32 else 1e-12
+    torch.testing.assert_close(y_core_no_grad, y_fused, rtol=0, atol=tol)
+    tol = 1e-5 if dtype == torch.float32 else 1e-12
+    torch.testing.assert_close(y_core.detach(), y_fused, rtol=0, atol=tol)
+    # frozen gates and positions (e.g. fine-tuning the rest): same gradient for x
+    (y_core * y_fused).sum().backward()
+    gx = x.grad.clone()
+    layer.gating_param.requires_grad_(False)
+    layer.pos_proj.requires_grad_(False)
+    x.grad = None
+    (layer(x) * y_fused).sum().backward()
+    torch.testing.assert_close(x.grad, gx, rtol=0, atol=tol)
+
+
+def test_positional_attention_is_reused_without_grad_until_the_parameters_change():
+    torch.manual_seed(0)
+    layer = GPSA(16, num_heads=4).eval()
+    with torch.inference_mode():
+        first = layer.positional_attention((7, 7))
+        assert layer.positional_attention((7, 7)) is first  # reused
+    with torch.no_grad():
+        layer.pos_proj.weight.mul_(2.)  # e.g. an optimizer step
+    with torch.inference_mode():
+        second = layer.positional_attention((7, 7))
+    assert second is not first
+    torch.testing.assert_close(second, layer._positional_attention((7, 7)), rtol=0, atol=0)
+    layer.load_state_dict(GPSA(16, num_heads=4).state_dict())
+    with torch.inference_mode():
+        third = layer.positional_attention((7, 7))
+    torch.testing.assert_close(third, layer._positional_attention((7, 7)), rtol=0, atol=0)
+    assert layer.positional_attention((5, 5)).shape == (4, 25, 25)  # another grid: recomputed
+    p = layer.positional_attention((7, 7))  # with grad: never cached, part of the graph
+    assert p.requires_grad and layer._pos_cache is None
+
+
+def test_positional_attention_drops_only_negligible_entries():
+    torch.manual_seed(0)
+    layer = GPSA(16, num_heads=4, locality_strength=3.).double()
+    P = layer.positional_attention((14, 14))  # far keys sit hundreds of units below the peak
+    exact = torch.softmax(layer.pos_proj(layer.rel_indices).permute(2, 0, 1), dim=-1)
+    torch.testing.assert_close(P, exact, rtol=0, atol=1e-15)  # rounding
+    assert (P == 0).any() and exact[P == 0].max() < 1e-29  # only negligible entries were dropped
+    assert (P[P > 0] >= 1e-33).all()  # none left near the subnormal range
+    torch.testing.assert_close(P.sum(-1), torch.ones(4, 196, dtype=torch.float64))
 
 
 # --- GPSA properties ----------------------------------------------------------------------------

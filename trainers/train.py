@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 import trainers.models  # noqa: F401  (registers this project's model families with timm)
+from trainers._malloc import retain_freed_memory
 from trainers.config import TrialConfig
 from trainers.data import make_loader
 from trainers.throughput import measure_model
@@ -129,6 +130,7 @@ def train_trial(
     settings = cfg.train
     data = cfg.data
     device = pick_device(cfg.device)
+    retain_freed_memory()  # no page faults for each step's activations (see trainers/_malloc.py)
     torch.manual_seed(cfg.seed)
     on_cuda = device.type == "cuda"
     amp_dtype = (torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16) if on_cuda else None

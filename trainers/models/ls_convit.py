@@ -28,6 +28,18 @@ moves between `LocalityConViT` and timm's `ConVit` unchanged (same keys, same sh
   Attention dropout acts on A itself, which the fast path never forms: with `attn_drop > 0` a
   GPSA layer in training mode falls back to the explicit formula (same result as timm). The
   model does not expose attention dropout, so model forwards always take the fast path.
+* Where it runs (all exact, same numbers up to rounding; `benchmarks/gpsa_layer.py` times them):
+  - the q, k and v projections are one matmul (the `qk` and `v` weights concatenated per call;
+    the parameters and state-dict keys stay timm's);
+  - training on the CPU (float32/float64, no autocast): `gated_attention`, one autograd function
+    for the attention core. Forward: S = Q K^T / sqrt(d) (one batched GEMM), softmax, the mixed
+    A = (1 - s) softmax(S) + s P (one pass, P broadcast over the batch), A @ V. Backward by hand
+    from the saved softmax and A: dV = A^T dO, dA = dO V^T, dS = (1 - s) / sqrt(d) * softmax'(dA),
+    dQ = dS K, dK = dS^T Q; the gate's and P's gradients from sum_b dA (skipped when frozen).
+    On a 2-core CPU this beats fused SDPA plus a separate P @ V: the maps are small (N <= 196)
+    and the GEMMs batched;
+  - otherwise (inference, CUDA, autocast): fused `scaled_dot_product_attention` for the content
+    term and one GEMM per head, P @ V, for the whole batch.
 * Knobs the search needs: `gate_init` (initial gating parameter; paper 1.0) and `gate_lr_mult`
   (learning-rate multiplier for the gating parameters, applied through `param_groups()`).
 * With `local_up_to_layer == depth` (every layer GPSA) no self-attention layer is left to read the
@@ -51,7 +63,7 @@ from trainers.models._common import (
     GridSize, _build_without_weights, _cfg, _check_int, _check_real, _fashion_mnist_cfg, _gated_param_groups, _pair,
 )
 
-__all__ = ['GPSA', 'MHSA', 'Block', 'LocalityConViT']
+__all__ = ['GPSA', 'MHSA', 'Block', 'LocalityConViT', 'gated_attention']
 
 
 def rel_indices(grid_size: GridSize) -> torch.Tensor:
@@ -68,6 +80,23 @@ def rel_indices(grid_size: GridSize) -> torch.Tensor:
     return torch.stack((dx, dy, dx ** 2 + dy ** 2), dim=-1)
 
 
+_NEGLIGIBLE = 1e-30
+
+
+def _softmax_without_denormals(scores: torch.Tensor) -> torch.Tensor:
+    """softmax over the last dim, with the entries below 1e-30 set to 0.
+
+    A local positional attention on a large grid (14 x 14 at 224 px) puts most keys hundreds of
+    units below the peak, so a plain softmax fills P with subnormal floats, and every op that
+    reads P (the mixing, over the whole batch) then runs several times slower on x86. Rows sum to
+    1, so those entries are below 1e-30 of the row: zeroing them changes no output or gradient
+    beyond float32 rounding (nor float64 at the tolerances of tests/test_convit.py), and what is
+    left, times any gate above 1e-8, stays a normal float.
+    """
+    P = scores.softmax(dim=-1)
+    return P.masked_fill(P < _NEGLIGIBLE, 0.)
+
+
 def _square_grid(num_patches: int) -> GridSize:
     side = math.isqrt(num_patches)
     if side * side != num_patches:
@@ -75,6 +104,79 @@ def _square_grid(num_patches: int) -> GridSize:
             f'GPSA got {num_patches} tokens, which is not a square patch grid; pass grid_size=(rows, cols) '
             'to GPSA, or feed it patch tokens only (no class token)')
     return side, side
+
+
+def _gated_attention_forward(qkv: torch.Tensor, gate: torch.Tensor, pos: torch.Tensor,
+                             scale: float) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(out (B, H, N, d), softmax(S) and A (B*H, N, N)) for `gated_attention`'s inputs."""
+    _, B, H, N, d = qkv.shape
+    q, k, v = qkv.view(3, B * H, N, d).unbind(0)  # (B*H, N, d) each
+    scores = torch.baddbmm(qkv.new_empty(B * H, N, N), q, k.transpose(1, 2), beta=0., alpha=scale)  # S
+    soft = torch.softmax(scores, dim=-1)  # (B*H, N, N)
+    del scores
+    g = gate.view(H, 1, 1)
+    attn = torch.addcmul(g * pos, soft.view(B, H, N, N), 1. - g)  # A = s P + (1 - s) softmax(S)
+    out = torch.bmm(attn.view(B * H, N, N), v)  # (B*H, N, d)
+    return out.view(B, H, N, d), soft, attn.view(B * H, N, N)
+
+
+class _GatedAttention(torch.autograd.Function):
+    """The GPSA core with a hand-written backward (see `gated_attention`)."""
+
+    @staticmethod
+    def forward(ctx, qkv: torch.Tensor, gate: torch.Tensor, pos: torch.Tensor, scale: float) -> torch.Tensor:
+        out, soft, attn = _gated_attention_forward(qkv, gate, pos, scale)
+        ctx.save_for_backward(qkv, gate, pos, soft, attn)
+        ctx.scale = scale
+        return out
+
+    @staticmethod
+    def backward(ctx, d_out: torch.Tensor):
+        qkv, gate, pos, soft, attn = ctx.saved_tensors
+        _, B, H, N, d = qkv.shape
+        q, k, v = qkv.view(3, B * H, N, d).unbind(0)
+        d_out = d_out.reshape(B * H, N, d)
+        d_qkv = torch.empty_like(qkv)  # filled in place: no stacking copy afterwards
+        dq, dk, dv = d_qkv.view(3, B * H, N, d).unbind(0)
+        d_attn = torch.bmm(d_out, v.transpose(1, 2))  # dA (B*H, N, N)
+        torch.bmm(attn.view(B * H, N, N).transpose(1, 2), d_out, out=dv)
+        d_gate = d_pos = None
+        if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
+            d_attn_sum = d_attn.view(B, H, N, N).sum(0)  # (H, N, N)
+            if ctx.needs_input_grad[2]:
+                d_pos = d_attn_sum * gate.view(H, 1, 1)  # dA/dP = s
+            if ctx.needs_input_grad[1]:  # dA/ds = P - softmax(S)
+                soft_dot = torch.linalg.vecdot(d_attn.view(B, H, N * N), soft.view(B, H, N * N)).sum(0)  # (H,)
+                d_gate = (d_attn_sum * pos).sum((1, 2)) - soft_dot
+        # dS = softmax'(dA) * (1 - s) / sqrt(d)
+        d_scores = torch._softmax_backward_data(d_attn, soft, -1, soft.dtype)  # (B*H, N, N)
+        d_scores.view(B, H, N, N).mul_(((1. - gate) * ctx.scale).view(H, 1, 1))
+        torch.bmm(d_scores, k, out=dq)
+        torch.bmm(d_scores.transpose(1, 2), q, out=dk)
+        return d_qkv, d_gate, d_pos, None
+
+
+def gated_attention(qkv: torch.Tensor, gate: torch.Tensor, pos: torch.Tensor, scale: float) -> torch.Tensor:
+    """((1 - s) softmax(Q K^T * scale) + s P) @ V per head, differentiable in all three inputs.
+
+    qkv: (3, B, H, N, d), contiguous (q, k, v stacked); gate: s (H,) in [0, 1]; pos: P (H, N, N),
+    shared by the batch. Returns (B, H, N, d). Forms the B x H x N x N maps (saved for the
+    backward), so it is meant for the CPU, where that beats the fused kernels at GPSA's sizes.
+    """
+    qkv = qkv.contiguous()
+    if not torch.is_grad_enabled() or not any(t.requires_grad for t in (qkv, gate, pos)):
+        return _gated_attention_inference(qkv, gate, pos, scale)
+    return _GatedAttention.apply(qkv, gate, pos, scale)
+
+
+def _gated_attention_inference(qkv: torch.Tensor, gate: torch.Tensor, pos: torch.Tensor, scale: float) -> torch.Tensor:
+    """`gated_attention` with nothing kept for a backward: one B*H x N x N buffer, updated in place."""
+    _, B, H, N, d = qkv.shape
+    q, k, v = qkv.view(3, B * H, N, d).unbind(0)
+    attn = torch.baddbmm(qkv.new_empty(B * H, N, N), q, k.transpose(1, 2), beta=0., alpha=scale)  # S
+    torch._softmax(attn, -1, False, out=attn)  # softmax(S), row by row in place
+    attn.view(B, H, N, N).lerp_(pos, gate.view(H, 1, 1))  # (1 - s) softmax(S) + s P
+    return torch.bmm(attn, v).view(B, H, N, d)
 
 
 @register_notrace_module  # reason: the rel_indices cache is Python control flow
@@ -118,6 +220,7 @@ class GPSA(nn.Module):
         # r_ij for the last grid seen, (N, N, 3); non-persistent: rebuilt, never saved.
         self._rel_grid: Optional[GridSize] = None
         self.register_buffer('rel_indices', torch.zeros(0, 0, 3), persistent=False)
+        self._pos_cache: Optional[Tuple[tuple, torch.Tensor]] = None  # P for inference, see positional_attention
         if self.grid_size is not None:
             self._set_rel_indices(self.grid_size)
         # standalone, initialise as LocalityConViT does (the model re-applies the same scheme)
@@ -130,7 +233,8 @@ class GPSA(nn.Module):
     # --- relative positions ------------------------------------------------------------------
     def _set_rel_indices(self, grid: GridSize) -> None:
         w = self.qk.weight
-        self.rel_indices = rel_indices(grid).to(device=w.device, dtype=w.dtype)
+        with torch.inference_mode(False):  # a normal tensor even when first built during inference
+            self.rel_indices = rel_indices(grid).to(device=w.device, dtype=w.dtype)
         self._rel_grid = grid
 
     def _grid_for(self, num_patches: int) -> GridSize:
@@ -145,11 +249,30 @@ class GPSA(nn.Module):
 
     # --- attention maps ----------------------------------------------------------------------
     def positional_attention(self, grid: GridSize) -> torch.Tensor:
-        """P = softmax(v_pos . r_ij) over keys j, (H, N, N); independent of the input."""
+        """P = softmax(v_pos . r_ij) over keys j, (H, N, N); independent of the input.
+
+        Without autograd (inference) P is kept and reused until pos_proj's parameters change (an
+        optimizer step, load_state_dict, a move: their storage or version counter) or the grid does.
+        """
         if self._rel_grid != grid or self.rel_indices.device != self.qk.weight.device:
             self._set_rel_indices(grid)
-        pos = F.linear(self.rel_indices.to(self.pos_proj.weight.dtype), self.pos_proj.weight, self.pos_proj.bias)
-        return pos.permute(2, 0, 1).softmax(dim=-1)  # (N, N, H) -> (H, N, N)
+        weight, bias = self.pos_proj.weight, self.pos_proj.bias
+        key = None
+        if not torch.is_grad_enabled():
+            key = (grid, weight.data_ptr(), weight._version, bias.data_ptr(), bias._version, weight.dtype,
+                   weight.device, torch.is_inference_mode_enabled())
+            if self._pos_cache is not None and self._pos_cache[0] == key:
+                return self._pos_cache[1]
+        P = self._positional_attention(grid)
+        self._pos_cache = None if key is None else (key, P)
+        return P
+
+    def _positional_attention(self, grid: GridSize) -> torch.Tensor:
+        N = grid[0] * grid[1]
+        rel = self.rel_indices.to(self.pos_proj.weight.dtype).view(N * N, 3)
+        # v_pos . r_ij + bias as (H, 3) @ (3, N*N): the scores come out head-major and contiguous
+        pos = torch.addmm(self.pos_proj.bias.view(-1, 1), self.pos_proj.weight, rel.t()).view(-1, N, N)
+        return _softmax_without_denormals(pos)  # (H, N, N)
 
     def get_attention_map(self, x: torch.Tensor) -> torch.Tensor:
         """The full mixed attention A (B, H, N, N) by the explicit formula (no dropout).
@@ -164,18 +287,37 @@ class GPSA(nn.Module):
         return (1. - gate) * content + gate * self.positional_attention(self._grid_for(N))
 
     # --- forward -----------------------------------------------------------------------------
+    def _qkv(self, x: torch.Tensor) -> torch.Tensor:
+        """q, k and v in one matmul: (B, N, 3 * C), columns [q | k | v] as timm's qk then v."""
+        weight = torch.cat((self.qk.weight, self.v.weight))
+        bias = None if self.qk.bias is None else torch.cat((self.qk.bias, self.v.bias))
+        return F.linear(x, weight, bias)
+
+    def _use_gated_attention(self, x: torch.Tensor) -> bool:
+        """The explicit core (`gated_attention`): on the CPU in float32/64 without autocast, for
+        training and inference alike (see the module doc); elsewhere fused SDPA + P @ V."""
+        return (x.device.type == 'cpu' and x.dtype in (torch.float32, torch.float64)
+                and not torch.is_autocast_enabled('cpu'))
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, N, C = x.shape
         H, d = self.num_heads, self.head_dim
-        v = self.v(x).reshape(B, N, H, d)  # (B, N, H, d)
         if self.training and self.attn_drop_p > 0.:
             # explicit path: dropout must act on the mixed attention A
+            v = self.v(x).reshape(B, N, H, d)  # (B, N, H, d)
             attn = self.attn_drop(self.get_attention_map(x))  # (B, H, N, N)
             out = (attn @ v.transpose(1, 2)).transpose(1, 2)  # (B, N, H, d)
             return self.proj_drop(self.proj(out.reshape(B, N, C)))
 
-        q, k = self.qk(x).reshape(B, N, 2, H, d).permute(2, 0, 3, 1, 4).unbind(0)  # (B, H, N, d) each
         gate = torch.sigmoid(self.gating_param)  # (H,)
+        if self._use_gated_attention(x):
+            qkv = self._qkv(x).view(B, N, 3, H, d).permute(2, 0, 3, 1, 4)  # (3, B, H, N, d) view
+            pos_attn = self.positional_attention(self._grid_for(N))  # P (H, N, N)
+            out = gated_attention(qkv, gate, pos_attn, self.scale)  # (B, H, N, d)
+            return self.proj_drop(self.proj(out.transpose(1, 2).reshape(B, N, C)))
+
+        q, k, v = self._qkv(x).view(B, N, 3, H, d).unbind(2)  # (B, N, H, d) each
+        q, k = q.transpose(1, 2), k.transpose(1, 2)  # (B, H, N, d)
         # content term, fused: (B, H, N, d), scaled by (1 - s) afterwards
         content = F.scaled_dot_product_attention(q, k, v.transpose(1, 2))
         # positional term: one GEMM per head for the whole batch, (H, N, N) @ (H, N, B*d)

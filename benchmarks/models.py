@@ -1,0 +1,214 @@
+"""Whole models: each family's tiny/small vs the DeiT of that size, and ls_convit vs timm's convit (same weights).
+
+    python -m benchmarks.models                          # 224 px (batch 8), 32 px, 28 px micro models; CPU
+    python -m benchmarks.models --groups convit --repeats 10
+    python -m benchmarks.models --groups tiny small --batch 16
+
+Groups (each a set of models timed side by side, alternately: one batch of each in turn per
+repeat, after a warm-up, so load drifts hit all alike):
+
+  convit   ls_convit_tiny vs timm's convit_tiny at 224 px, ours loading timm's state dict (same
+           config, same weights: the outputs are compared), plus deit_tiny_patch16_224
+  tiny     ls_{convit,gmm,refiner}_tiny and ls_tcnn_resnet18 (converted: its last stage as GPSA)
+           vs deit_tiny_patch16_224, 224 px, 3 x 224 x 224, 1000 classes
+  small    ls_{convit,gmm,refiner}_small and ls_tcnn_resnet50 (converted) vs deit_small_patch16_224
+  px32     32 px, patch 4 (8 x 8 tokens): ls_convit_tiny vs timm's convit_tiny (same weights) vs the
+           DeiT-Ti of that size (timm vit_tiny_patch16_224's blocks with img_size=32, patch_size=4)
+  micro    the Fashion-MNIST CPU defaults at 28 px: ls_{convit,gmm,refiner}_micro and
+           ls_tcnn_resnet10_micro_s (converted) vs ls_convit_micro with local_up_to_layer=0 (a
+           DeiT of the same width and depth), batch 256
+
+Per model: inference images/s (eval, torch.inference_mode) and training images/s (train mode,
+forward + backward of a summed output, no optimizer), medians over --repeats batches; the ratio
+to the group's baseline (> 1: faster). Writes benchmarks/results/models-<device>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from typing import Callable
+
+import timm
+import torch
+
+import trainers.models  # noqa: F401  (registers the ls_* families)
+from benchmarks._env import setup_process, write_result
+
+IMAGENET = dict(num_classes=1000, in_chans=3)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _converted(name: str, **kwargs) -> torch.nn.Module:
+    model = timm.create_model(name, **kwargs)
+    model.reparametrise()  # the T-CNN as it ends a run: its last stage recast as GPSA
+    return model
+
+
+def _convit_pair(img_size: int, patch_size: int) -> tuple[torch.nn.Module, torch.nn.Module, float]:
+    """timm convit_tiny and ls_convit_tiny holding the same (perturbed) weights; max |logit diff|."""
+    torch.manual_seed(0)
+    ref = timm.create_model("convit_tiny", img_size=img_size, patch_size=patch_size)
+    with torch.no_grad():  # off the init, so the gates and positions matter
+        for p in ref.parameters():
+            p.add_(0.02 * torch.randn_like(p))
+    ours = timm.create_model("ls_convit_tiny", img_size=img_size, patch_size=patch_size)
+    ours.load_state_dict(ref.state_dict())
+    x = torch.randn(2, 3, img_size, img_size)
+    with torch.inference_mode():
+        diff = (ref.eval()(x) - ours.eval()(x)).abs().max().item()
+    return ref, ours, diff
+
+
+def _group(name: str) -> tuple[dict[str, Callable[[], torch.nn.Module]], str, tuple[int, int, int], dict]:
+    """name -> builders, the baseline's name, the input shape, extra facts."""
+    extra: dict = {}
+    if name == "convit":
+        def pair():
+            if "pair" not in extra:
+                ref, ours, diff = _convit_pair(224, 16)
+                extra["pair"] = (ref, ours)
+                extra["max_abs_logit_diff"] = diff
+            return extra["pair"]
+        builders = {
+            "timm convit_tiny": lambda: pair()[0],
+            "ls_convit_tiny": lambda: pair()[1],
+            "deit_tiny_patch16_224": lambda: timm.create_model("deit_tiny_patch16_224"),
+        }
+        return builders, "timm convit_tiny", (3, 224, 224), extra
+    if name in ("tiny", "small"):
+        deit = f"deit_{name}_patch16_224"
+        tcnn = "ls_tcnn_resnet18" if name == "tiny" else "ls_tcnn_resnet50"
+        builders = {deit: lambda: timm.create_model(deit)}
+        for family in ("convit", "gmm", "refiner"):
+            builders[f"ls_{family}_{name}"] = (lambda f=family: timm.create_model(f"ls_{f}_{name}", **IMAGENET))
+        builders[f"{tcnn} (converted)"] = lambda: _converted(tcnn, **IMAGENET)
+        builders[f"timm convit_{name}"] = lambda: timm.create_model(f"convit_{name}")
+        return builders, deit, (3, 224, 224), extra
+    if name == "px32":
+        def pair():
+            if "pair" not in extra:
+                ref, ours, diff = _convit_pair(32, 4)
+                extra["pair"] = (ref, ours)
+                extra["max_abs_logit_diff"] = diff
+            return extra["pair"]
+        builders = {
+            "deit_tiny (32 px, patch 4)": lambda: timm.create_model(
+                "deit_tiny_patch16_224", img_size=32, patch_size=4),
+            "ls_convit_tiny (32 px, patch 4)": lambda: pair()[1],
+            "timm convit_tiny (32 px, patch 4)": lambda: pair()[0],
+        }
+        return builders, "deit_tiny (32 px, patch 4)", (3, 32, 32), extra
+    if name == "micro":
+        builders = {
+            "deit micro (ls_convit_micro, 0 GPSA)": lambda: timm.create_model("ls_convit_micro", local_up_to_layer=0),
+            "ls_convit_micro": lambda: timm.create_model("ls_convit_micro"),
+            "ls_gmm_micro": lambda: timm.create_model("ls_gmm_micro"),
+            "ls_refiner_micro": lambda: timm.create_model("ls_refiner_micro"),
+            "ls_tcnn_resnet10_micro_s (converted)": lambda: _converted("ls_tcnn_resnet10_micro_s"),
+        }
+        return builders, "deit micro (ls_convit_micro, 0 GPSA)", (1, 28, 28), extra
+    raise ValueError(name)
+
+
+def run_group(name: str, *, batch: int, repeats: int, warmup: int, device: str, train: bool) -> dict:
+    dev = torch.device(device)
+    builders, baseline, shape, extra = _group(name)
+    models = {label: build().to(dev) for label, build in builders.items()}
+    params = {label: sum(p.numel() for p in m.parameters()) for label, m in models.items()}
+    torch.manual_seed(1)
+    x = torch.randn(batch, *shape, device=dev)
+
+    def infer(model: torch.nn.Module) -> float:
+        model.eval()
+        _sync(dev)
+        start = time.perf_counter()
+        with torch.inference_mode():
+            model(x)
+        _sync(dev)
+        return time.perf_counter() - start
+
+    def train_step(model: torch.nn.Module) -> float:
+        model.train()
+        model.zero_grad(set_to_none=True)
+        _sync(dev)
+        start = time.perf_counter()
+        model(x).float().sum().backward()
+        _sync(dev)
+        return time.perf_counter() - start
+
+    modes = {"inference": infer, **({"train": train_step} if train else {})}
+    out: dict = {"config": dict(group=name, batch=batch, input_shape=list(shape), repeats=repeats, warmup=warmup,
+                                device=str(dev), dtype="float32"),
+                 "baseline": baseline, "params": params}
+    if "max_abs_logit_diff" in extra:
+        out["max_abs_logit_diff"] = extra["max_abs_logit_diff"]
+    for mode, fn in modes.items():
+        for _ in range(warmup):
+            for model in models.values():
+                fn(model)
+        times: dict[str, list[float]] = {label: [] for label in models}
+        for _ in range(repeats):
+            for label, model in models.items():
+                times[label].append(fn(model))
+        median = {label: statistics.median(ts) for label, ts in times.items()}
+        out[mode] = {
+            "median_batch_s": median,
+            "images_per_s": {label: batch / m for label, m in median.items()},
+            "speed_vs_baseline": {label: median[baseline] / m for label, m in median.items()},
+        }
+    if name in ("convit", "px32"):
+        ours = next(label for label in models if label.startswith("ls_convit_tiny"))
+        ref = next(label for label in models if label.startswith("timm convit_tiny"))
+        out["ours_over_timm_convit"] = {mode: out[mode]["median_batch_s"][ref] / out[mode]["median_batch_s"][ours]
+                                        for mode in modes}
+    return out
+
+
+DEFAULT_BATCH = {"convit": 8, "tiny": 8, "small": 8, "px32": 64, "micro": 256}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--groups", nargs="+", default=["convit", "tiny", "small", "px32", "micro"],
+                        choices=["convit", "tiny", "small", "px32", "micro"])
+    parser.add_argument("--batch", type=int, help="one batch size for every group (default: 8 at 224 px, 64 at 32 px, 256 at 28 px)")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--no-train", action="store_true", help="inference only")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--glibc-default-malloc", action="store_true",
+                        help="leave glibc's trim/mmap thresholds alone (default: keep freed memory, as the trainer does)")
+    args = parser.parse_args(argv)
+    setup_process(retain_memory=not args.glibc_default_malloc)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device is available here")
+    results = {}
+    for group in args.groups:
+        batch = args.batch or DEFAULT_BATCH[group]
+        r = run_group(group, batch=batch, repeats=args.repeats, warmup=args.warmup, device=args.device,
+                      train=not args.no_train)
+        results[group] = r
+        print(f"[{group}] batch {batch}, input {tuple(r['config']['input_shape'])}, threads {torch.get_num_threads()}, "
+              f"baseline {r['baseline']}")
+        for label in r["params"]:
+            line = f"  {label:<40} {r['params'][label] / 1e6:6.2f}M  infer {r['inference']['images_per_s'][label]:9.1f} img/s " \
+                   f"({r['inference']['speed_vs_baseline'][label]:.2f}x)"
+            if "train" in r:
+                line += f"   train {r['train']['images_per_s'][label]:8.1f} img/s ({r['train']['speed_vs_baseline'][label]:.2f}x)"
+            print(line)
+        if "ours_over_timm_convit" in r:
+            ratios = ", ".join(f"{mode} {v:.2f}x" for mode, v in r["ours_over_timm_convit"].items())
+            print(f"  ls_convit_tiny / timm convit_tiny (same weights, max |logit diff| {r['max_abs_logit_diff']:.1e}): "
+                  f"{ratios}")
+    path = write_result("models", {"groups": results}, device=args.device)
+    print(f"-> {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,224 @@
+"""Trial overhead: a trial's wall time vs the pure compute of its steps; Ray's per-trial cost with and without actor reuse.
+
+    python -m benchmarks.trial_overhead                  # ls_convit_micro, Fashion-MNIST 10%, 3 epochs; Ray 12 no-op trials
+    python -m benchmarks.trial_overhead --epochs 2 --skip-ray
+    python -m benchmarks.trial_overhead --only-ray --ray-trials 20
+
+Trainer: `trainers.train.train_trial` runs a whole trial as a search does (build the model,
+measure its throughput, FFCV loaders, AdamW with the lr schedule, validate and report every
+epoch, the Tune adapter's checkpoint serialised in the report callback). The compute of the same
+trial is then timed on its own: the same model, optimizer and batches (taken from the same loader
+beforehand, kept in memory), only forward + loss + backward + AdamW step per training batch and
+forward per validation batch. overhead = 1 - compute / wall. Two trials run in one process: the
+first pays the one-off costs (FFCV compilation, the throughput measurement), the second is what
+every later trial on a node pays (loaders cached per process, measurement cached per
+architecture), as with Ray's reused actors. Compute and trials alternate (compute, trial 1,
+compute, trial 2, compute), the compute figure is the median. Target: overhead <= 15%.
+
+Ray: a Tune run of --ray-trials no-op function trainables (each reports once) with
+reuse_actors=True and with reuse_actors=False, alternately, on a local Ray started for the
+benchmark (2 CPUs, no dashboard); seconds per trial = Tuner.fit() wall time / trials.
+
+Writes benchmarks/results/trial_overhead-<device>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from benchmarks._env import setup_process, write_result
+
+
+def _config(data, *, epochs: int, cache_dir: str):
+    from trainers.config import ThroughputSettings, TrainSettings, TrialConfig
+
+    return TrialConfig(model="ls_convit_micro", model_args={}, data=data, epochs=epochs, train=TrainSettings(),
+                       throughput=ThroughputSettings(), seed=0, device="cpu", throughput_cache_dir=cache_dir)
+
+
+def _trial(cfg) -> dict:
+    from trainers.train import train_trial
+
+    reports = []
+
+    def on_epoch(metrics, get_state):  # what the Tune adapter does, minus Ray: serialise a checkpoint
+        buffer = io.BytesIO()
+        if get_state is not None:
+            torch.save(get_state(), buffer)
+        reports.append({**metrics, "checkpoint_bytes": buffer.tell()})
+
+    start = time.perf_counter()
+    outcome = train_trial(cfg, on_epoch=on_epoch)
+    wall = time.perf_counter() - start
+    epochs_s = sum(r["epoch_time_s"] for r in reports)
+    return {"wall_s": wall, "epochs_s": epochs_s, "before_first_epoch_s": wall - epochs_s,
+            "train_s": [r["train_time_s"] for r in reports], "epoch_s": [r["epoch_time_s"] for r in reports],
+            "best_val_acc": outcome.best_val_acc, "throughput_cached": reports[0].get("throughput_cached")}
+
+
+def _compute(cfg, batches: dict) -> float:
+    """Seconds of forward/backward/AdamW over the trial's training batches and forward over its
+    validation batches, from memory; the same model, parameter groups and lr schedule."""
+    from torch import nn
+
+    from trainers.train import build_model, default_param_groups, lr_at
+
+    torch.manual_seed(cfg.seed)
+    model = build_model(cfg)
+    groups = model.param_groups(weight_decay=cfg.train.weight_decay) if hasattr(model, "param_groups") \
+        else default_param_groups(model, cfg.train.weight_decay)
+    optimizer = torch.optim.AdamW(groups, lr=cfg.train.lr)
+    criterion = nn.CrossEntropyLoss(label_smoothing=cfg.train.label_smoothing)
+    steps = len(batches["train"][0])
+    total = steps * cfg.epochs
+    warmup = round(cfg.train.warmup_epochs * steps)
+    start = time.perf_counter()
+    for epoch in range(cfg.epochs):
+        model.train()
+        for step, (images, labels) in enumerate(batches["train"][epoch]):
+            lr = lr_at(epoch * steps + step, total_steps=total, warmup_steps=warmup, peak_lr=cfg.train.lr,
+                       min_lr=cfg.train.min_lr)
+            for group in optimizer.param_groups:
+                group["lr"] = lr * group.get("lr_scale", 1.0)
+            loss = criterion(model(images), labels)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+        model.eval()
+        with torch.inference_mode():
+            for images, labels in batches["val"]:
+                model(images)
+    return time.perf_counter() - start
+
+
+def _batches(cfg) -> dict:
+    from trainers.data import make_loader
+
+    data, settings = cfg.data, cfg.train
+    common = dict(mean=data.mean, std=data.std, device="cpu", num_workers=settings.num_workers)
+    train = make_loader(data.train_path, batch_size=settings.batch_size, train=True, seed=cfg.seed, flip=data.flip,
+                        pad_crop=settings.pad_crop, **common)
+    val = make_loader(data.val_path, batch_size=max(256, settings.batch_size), train=False, **common)
+    return {"train": [[(x, y) for x, y in train] for _ in range(cfg.epochs)], "val": [(x, y) for x, y in val]}
+
+
+def trainer_overhead(*, epochs: int) -> dict:
+    from search._runner import default_cache_dir
+    from trainers.data import DatasetRequest, prepare_dataset
+
+    data = prepare_dataset(DatasetRequest(name="fashion_mnist", train_fraction=0.1), cache_dir=default_cache_dir())
+    with tempfile.TemporaryDirectory(prefix="ls-bench-tput-") as cache:
+        cfg = _config(data, epochs=epochs, cache_dir=cache)
+        # The trials go first in this process, so the first one really is cold (FFCV compiles).
+        compute = []
+        first = _trial(cfg)
+        batches = _batches(cfg)
+        compute.append(_compute(cfg, batches))
+        second = _trial(cfg)
+        compute.append(_compute(cfg, batches))
+        third = _trial(cfg)
+        compute.append(_compute(cfg, batches))
+    compute_s = statistics.median(compute)
+    trials = {"first": first, "later": [second, third]}
+    later_wall = statistics.median([t["wall_s"] for t in trials["later"]])
+    return {
+        "config": {"model": cfg.model, "dataset": data.name, "train_images": data.counts["train"],
+                   "val_images": data.counts["val"], "epochs": epochs, "batch_size": cfg.train.batch_size,
+                   "num_workers": cfg.train.num_workers, "throughput_batch": cfg.throughput.batch_size},
+        "compute_s": compute,
+        "compute_median_s": compute_s,
+        "trials": trials,
+        "overhead_first_trial": 1.0 - compute_s / first["wall_s"],
+        "overhead_later_trial": 1.0 - compute_s / later_wall,
+        # per-epoch view: epoch wall (train + validate) against its share of the compute
+        "overhead_within_epochs_later": 1.0 - compute_s / statistics.median([t["epochs_s"] for t in trials["later"]]),
+    }
+
+
+def _noop(config):
+    from ray import tune
+
+    tune.report({"done": 1})
+
+
+def ray_overhead(*, trials: int, repeats: int) -> dict:
+    import ray
+    from ray import tune
+
+    import os
+
+    root = str(Path(__file__).resolve().parents[1])  # the workers import this module, as the search's do
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=True, logging_level="ERROR",
+             runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}})
+    try:
+        times: dict[str, list[float]] = {"reuse_actors": [], "fresh_actors": []}
+        with tempfile.TemporaryDirectory(prefix="ls-bench-ray-") as storage:
+            def fit(reuse: bool, tag: str) -> float:
+                tuner = tune.Tuner(
+                    _noop,
+                    tune_config=tune.TuneConfig(num_samples=trials, reuse_actors=reuse),
+                    run_config=tune.RunConfig(name=tag, storage_path=storage, verbose=0),
+                )
+                start = time.perf_counter()
+                grid = tuner.fit()
+                elapsed = time.perf_counter() - start
+                assert len(grid) == trials and not grid.errors, grid.errors
+                return elapsed
+
+            fit(True, "warmup")  # the first Tune run pays imports and worker start-up
+            for i in range(repeats):
+                times["reuse_actors"].append(fit(True, f"reuse-{i}"))
+                times["fresh_actors"].append(fit(False, f"fresh-{i}"))
+    finally:
+        ray.shutdown()
+    per_trial = {k: statistics.median(v) / trials for k, v in times.items()}
+    return {"trials": trials, "repeats": repeats, "fit_s": times, "seconds_per_trial": per_trial,
+            "fresh_over_reuse": per_trial["fresh_actors"] / per_trial["reuse_actors"]}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--ray-trials", type=int, default=12)
+    parser.add_argument("--ray-repeats", type=int, default=2)
+    parser.add_argument("--skip-ray", action="store_true")
+    parser.add_argument("--only-ray", action="store_true")
+    args = parser.parse_args(argv)
+    setup_process()  # as train_trial does, so the compute replica runs under the same allocator settings
+    result: dict = {}
+    if not args.only_ray:
+        t = trainer_overhead(epochs=args.epochs)
+        result["trainer"] = t
+        first, later = t["trials"]["first"], t["trials"]["later"]
+        print(f"trainer: {t['config']['model']}, {t['config']['train_images']} train / {t['config']['val_images']} val "
+              f"images, {args.epochs} epochs, batch {t['config']['batch_size']}")
+        print(f"  pure compute (fwd/bwd/AdamW + val forward, from memory): {t['compute_median_s']:.2f} s "
+              f"(runs: {', '.join(f'{c:.2f}' for c in t['compute_s'])})")
+        print(f"  first trial in the process: {first['wall_s']:.2f} s wall ({first['before_first_epoch_s']:.2f} s before "
+              f"the first epoch) -> overhead {t['overhead_first_trial']:.1%}")
+        for i, tr in enumerate(later, 2):
+            print(f"  trial {i}: {tr['wall_s']:.2f} s wall ({tr['before_first_epoch_s']:.2f} s before the first epoch, "
+                  f"throughput cached: {tr['throughput_cached']})")
+        print(f"  later trials: overhead {t['overhead_later_trial']:.1%} (target <= 15%: "
+              f"{'met' if t['overhead_later_trial'] <= 0.15 else 'NOT met'}); within the epochs alone "
+              f"{t['overhead_within_epochs_later']:.1%}")
+    if not args.skip_ray:
+        r = ray_overhead(trials=args.ray_trials, repeats=args.ray_repeats)
+        result["ray"] = r
+        print(f"ray: {r['trials']} no-op trials per Tune run, median of {r['repeats']} runs each")
+        print(f"  reuse_actors=True : {r['seconds_per_trial']['reuse_actors']:.3f} s/trial")
+        print(f"  reuse_actors=False: {r['seconds_per_trial']['fresh_actors']:.3f} s/trial "
+              f"({r['fresh_over_reuse']:.2f}x the reused)")
+    path = write_result("trial_overhead", result)
+    print(f"-> {path}")
+
+
+if __name__ == "__main__":
+    main()
