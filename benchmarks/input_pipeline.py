@@ -188,7 +188,7 @@ _STARTUP = textwrap.dedent("""
         def trial(seed):
             start = time.perf_counter()
             for train in (True, False):
-                aug = [RandomHorizontalFlip(), RandomTranslate(padding=2)] if train else []
+                aug = [RandomHorizontalFlip(), RandomTranslate(padding=2, fill=(0,) * data.channels)] if train else []
                 mean, std = np.array(data.mean) * 255, np.array(data.std) * 255
                 loader = Loader(data.train_path if train else data.val_path, batch_size={batch}, num_workers={workers},
                                 order=OrderOption.RANDOM if train else OrderOption.SEQUENTIAL, seed=seed, drop_last=train,
@@ -212,7 +212,11 @@ def startup(*, data, batch: int, workers: int, mode: str) -> dict:
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     payload = json.dumps(dataclasses.asdict(data))
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", code, payload], cwd=ROOT, env=env, capture_output=True, text=True)
+    try:
+        proc = subprocess.run([sys.executable, "-c", code, payload], cwd=ROOT, env=env, capture_output=True, text=True,
+                              timeout=300)
+    except subprocess.TimeoutExpired:  # e.g. FFCV's thread died and its consumer waits forever
+        return {"error": "no first batch within 300 s"}
     wall = time.perf_counter() - start
     if proc.returncode != 0:
         return {"error": proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit {proc.returncode}"}
