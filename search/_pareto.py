@@ -63,7 +63,7 @@ def _front_2d(points: np.ndarray) -> np.ndarray:
     return np.sort(order[keep])
 
 
-def _front_nd(points: np.ndarray, block: int = 1024) -> np.ndarray:
+def _front_nd(points: np.ndarray, block: int = 128) -> np.ndarray:
     """Three or more objectives: a cut by a few strong points, then sort-filter-skyline in blocks.
 
     Dominance by *any* point is dominance, so points that one of a few strong rows (the best by
@@ -76,8 +76,10 @@ def _front_nd(points: np.ndarray, block: int = 1024) -> np.ndarray:
     O(n^2) definition."""
     n, k = points.shape
     rows = np.arange(n)  # candidates, as row numbers of ``points``
-    if n > 4 * block:
-        ranks = np.argsort(np.argsort(points, axis=0, kind="stable"), axis=0, kind="stable").sum(axis=1)
+    if n > 4096:
+        ranks = np.zeros(n, dtype=np.int64)  # sum over objectives of each row's rank (0 = worst)
+        for j in range(k):
+            ranks[np.argsort(points[:, j], kind="stable")] += np.arange(n)
         pivots = points[np.argsort(-ranks, kind="stable")[:32]]  # (p, k)
         beaten = np.zeros(n, dtype=bool)
         for lo in range(0, n, 1 << 15):
