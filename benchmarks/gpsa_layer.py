@@ -3,14 +3,22 @@
     python -m benchmarks.gpsa_layer                      # batch 256, 49 tokens, dim 96, 4 heads; CPU (+ CUDA)
     python -m benchmarks.gpsa_layer --device cpu --repeats 30
 
-Both layers hold the same weights (ours loads timm's state dict) and see the same input; the two
-are timed alternately (timm, ours, timm, ours, ...) after a warm-up, so drifts in machine load hit
+Both layers hold the same weights (ours loads timm's state dict) and see the same input; they are
+timed alternately (timm, ours, timm, ours, ...) after a warm-up, so drifts in machine load hit
 both alike. Reports the median of each and the ratio timm / ours (> 1: ours is faster), and writes
 benchmarks/results/gpsa_layer-<device>.json.
+
+bf16 column (on by default on the CPU; --no-bf16 skips it): the same two layers, fp32 weights and
+input, each under `torch.autocast(device, dtype=torch.bfloat16)` (as the trainer's `precision:
+bf16`), timed in the same rotation (timm fp32, ours fp32, timm bf16, ours bf16, ...). Three ratios:
+  ratio_timm_over_ours            fp32 vs fp32 (like for like; the original key)
+  ratio_timm_over_ours_bf16       bf16 vs bf16 (like for like)
+  ratio_timm_fp32_over_ours_bf16  timm in fp32 vs ours in bf16: a PRECISION CHANGE, not like for like
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import time
 from typing import Callable
@@ -27,10 +35,18 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _step(layer: torch.nn.Module, x: torch.Tensor) -> None:
+def _autocast(device: torch.device, precision: str):
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=torch.bfloat16)
+
+
+def _step(layer: torch.nn.Module, x: torch.Tensor, precision: str = "fp32") -> None:
     layer.zero_grad(set_to_none=True)
     x.grad = None
-    layer(x).sum().backward()
+    with _autocast(x.device, precision):
+        y = layer(x)
+    y.float().sum().backward()  # .float(): a no-op in fp32
 
 
 def _time(fn: Callable[[], None], device: torch.device) -> float:
@@ -41,7 +57,8 @@ def _time(fn: Callable[[], None], device: torch.device) -> float:
     return time.perf_counter() - start
 
 
-def run(*, batch: int, tokens: int, dim: int, heads: int, repeats: int, warmup: int, device: str) -> dict:
+def run(*, batch: int, tokens: int, dim: int, heads: int, repeats: int, warmup: int, device: str,
+        bf16: bool = True) -> dict:
     dev = torch.device(device)
     torch.manual_seed(0)
     ref = TimmGPSA(dim, num_heads=heads, locality_strength=1.0).to(dev)
@@ -54,24 +71,51 @@ def run(*, batch: int, tokens: int, dim: int, heads: int, repeats: int, warmup: 
     x = torch.randn(batch, tokens, dim, device=dev, requires_grad=True)
     with torch.no_grad():
         max_abs_diff = (ref(x) - ours(x)).abs().max().item()
+        if bf16:
+            with _autocast(dev, "bf16"):
+                y_ref, y_ours = ref(x).float(), ours(x).float()
+            max_abs_diff_bf16 = (y_ref - y_ours).abs().max().item()
+            max_abs_out = y_ref.abs().max().item()
 
     layers = {"timm": ref, "ours": ours}
+    precisions = ["fp32", "bf16"] if bf16 else ["fp32"]
+    contenders = [(precision, name) for precision in precisions for name in layers]  # the rotation
     for _ in range(warmup):
-        for layer in layers.values():
-            _step(layer, x)
-    times: dict[str, list[float]] = {"timm": [], "ours": []}
+        for precision, name in contenders:
+            _step(layers[name], x, precision)
+    times: dict[str, dict[str, list[float]]] = {precision: {name: [] for name in layers} for precision in precisions}
     for _ in range(repeats):
-        for name, layer in layers.items():
-            times[name].append(_time(lambda: _step(layer, x), dev))
-    med = {name: statistics.median(ts) for name, ts in times.items()}
-    return {
+        for precision, name in contenders:
+            times[precision][name].append(_time(lambda: _step(layers[name], x, precision), dev))
+    med = {precision: {name: statistics.median(ts) for name, ts in by_name.items()}
+           for precision, by_name in times.items()}
+    out = {
         "config": dict(batch=batch, tokens=tokens, dim=dim, heads=heads, repeats=repeats, warmup=warmup,
-                       device=str(dev), dtype="float32", what="one GPSA layer, forward + backward"),
-        "median_s": med,
-        "times_s": times,
-        "ratio_timm_over_ours": med["timm"] / med["ours"],
+                       device=str(dev), dtype="float32", what="one GPSA layer, forward + backward",
+                       precisions=precisions,
+                       bf16="torch.autocast(bfloat16) around the forward; fp32 weights and input" if bf16 else None),
+        "median_s": med["fp32"],
+        "times_s": times["fp32"],
+        "ratio_timm_over_ours": med["fp32"]["timm"] / med["fp32"]["ours"],
         "max_abs_output_diff": max_abs_diff,
     }
+    if bf16:
+        out.update({
+            "median_s_bf16": med["bf16"],
+            "times_s_bf16": times["bf16"],
+            "ratio_timm_over_ours_bf16": med["bf16"]["timm"] / med["bf16"]["ours"],
+            "ratio_timm_fp32_over_ours_bf16": med["fp32"]["timm"] / med["bf16"]["ours"],
+            "ratio_ours_fp32_over_ours_bf16": med["fp32"]["ours"] / med["bf16"]["ours"],
+            "max_abs_output_diff_bf16": max_abs_diff_bf16,
+            "max_abs_output_bf16": max_abs_out,
+            "ratios": {
+                "fp32 timm / fp32 ours (like for like)": med["fp32"]["timm"] / med["fp32"]["ours"],
+                "bf16 timm / bf16 ours (like for like)": med["bf16"]["timm"] / med["bf16"]["ours"],
+                "fp32 timm / bf16 ours (precision change, NOT like for like)":
+                    med["fp32"]["timm"] / med["bf16"]["ours"],
+            },
+        })
+    return out
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -84,6 +128,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--device", action="append", choices=["cpu", "cuda"],
                         help="repeatable; default: cpu, plus cuda when available")
+    parser.add_argument("--no-bf16", action="store_true",
+                        help="fp32 only (default: also both layers under bf16 autocast, same rotation)")
     parser.add_argument("--glibc-default-malloc", action="store_true",
                         help="leave glibc's trim/mmap thresholds alone (default: keep freed memory, as the trainer does)")
     args = parser.parse_args(argv)
@@ -93,7 +139,7 @@ def main(argv: list[str] | None = None) -> None:
         if device == "cuda" and not torch.cuda.is_available():
             parser.error("--device cuda: no CUDA device is available here")
         result = run(batch=args.batch, tokens=args.tokens, dim=args.dim, heads=args.heads,
-                     repeats=args.repeats, warmup=args.warmup, device=device)
+                     repeats=args.repeats, warmup=args.warmup, device=device, bf16=not args.no_bf16)
         path = write_result("gpsa_layer", result, device=device)
         med = result["median_s"]
         print(f"[{device}] batch={args.batch} tokens={args.tokens} dim={args.dim} heads={args.heads} "
@@ -101,7 +147,17 @@ def main(argv: list[str] | None = None) -> None:
         print(f"  timm GPSA  fwd+bwd median: {med['timm'] * 1e3:8.2f} ms")
         print(f"  ours GPSA  fwd+bwd median: {med['ours'] * 1e3:8.2f} ms")
         print(f"  ratio timm/ours: {result['ratio_timm_over_ours']:.2f}x   "
-              f"(max |out diff| {result['max_abs_output_diff']:.1e})  -> {path}")
+              f"(max |out diff| {result['max_abs_output_diff']:.1e})")
+        if "median_s_bf16" in result:
+            mb = result["median_s_bf16"]
+            print(f"  timm GPSA  fwd+bwd median, bf16 autocast: {mb['timm'] * 1e3:8.2f} ms")
+            print(f"  ours GPSA  fwd+bwd median, bf16 autocast: {mb['ours'] * 1e3:8.2f} ms")
+            print(f"  ratio timm/ours, bf16 vs bf16 (like for like): {result['ratio_timm_over_ours_bf16']:.2f}x   "
+                  f"(max |out diff| {result['max_abs_output_diff_bf16']:.1e} of max |out| "
+                  f"{result['max_abs_output_bf16']:.1f})")
+            print(f"  ratio timm fp32 / ours bf16 (precision change, NOT like for like): "
+                  f"{result['ratio_timm_fp32_over_ours_bf16']:.2f}x")
+        print(f"  -> {path}")
 
 
 if __name__ == "__main__":

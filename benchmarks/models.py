@@ -21,11 +21,21 @@ repeat, after a warm-up, so load drifts hit all alike):
 Per model: inference images/s (eval, torch.inference_mode) and training images/s (train mode,
 forward + backward of a summed output, no optimizer), medians over --repeats batches; the ratio
 to the group's baseline (> 1: faster). Writes benchmarks/results/models-<device>.json.
+
+bf16 columns (default; --no-bf16 skips them): every model also runs under
+`torch.autocast(device, dtype=torch.bfloat16)` (fp32 weights and input, as the trainer's
+`precision: bf16`), in the same rotation as its fp32 runs (all models fp32, then all bf16, per
+repeat). The fp32 numbers keep their keys (`inference`, `train`, `ours_over_timm_convit`); bf16
+adds `inference_bf16` / `train_bf16` (speed_vs_baseline there: against the baseline in bf16),
+`ours_over_timm_convit_bf16` (bf16 vs bf16, like for like) and
+`ours_bf16_over_timm_convit_fp32` (ours in bf16 vs timm in fp32: a precision change, NOT like for
+like).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import time
 from typing import Callable
@@ -116,57 +126,82 @@ def _group(name: str) -> tuple[dict[str, Callable[[], torch.nn.Module]], str, tu
     raise ValueError(name)
 
 
-def run_group(name: str, *, batch: int, repeats: int, warmup: int, device: str, train: bool) -> dict:
+def _autocast(device: torch.device, precision: str):
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=torch.bfloat16)
+
+
+def run_group(name: str, *, batch: int, repeats: int, warmup: int, device: str, train: bool,
+              bf16: bool = True) -> dict:
     dev = torch.device(device)
     builders, baseline, shape, extra = _group(name)
     models = {label: build().to(dev) for label, build in builders.items()}
     params = {label: sum(p.numel() for p in m.parameters()) for label, m in models.items()}
     torch.manual_seed(1)
     x = torch.randn(batch, *shape, device=dev)
+    precisions = ["fp32", "bf16"] if bf16 else ["fp32"]
 
-    def infer(model: torch.nn.Module) -> float:
+    def infer(model: torch.nn.Module, precision: str) -> float:
         model.eval()
         _sync(dev)
         start = time.perf_counter()
-        with torch.inference_mode():
+        with torch.inference_mode(), _autocast(dev, precision):
             model(x)
         _sync(dev)
         return time.perf_counter() - start
 
-    def train_step(model: torch.nn.Module) -> float:
+    def train_step(model: torch.nn.Module, precision: str) -> float:
         model.train()
         model.zero_grad(set_to_none=True)
         _sync(dev)
         start = time.perf_counter()
-        model(x).float().sum().backward()
+        with _autocast(dev, precision):
+            y = model(x)
+        y.float().sum().backward()
         _sync(dev)
         return time.perf_counter() - start
 
     modes = {"inference": infer, **({"train": train_step} if train else {})}
     out: dict = {"config": dict(group=name, batch=batch, input_shape=list(shape), repeats=repeats, warmup=warmup,
-                                device=str(dev), dtype="float32"),
+                                device=str(dev), dtype="float32", precisions=precisions),
                  "baseline": baseline, "params": params}
     if "max_abs_logit_diff" in extra:
         out["max_abs_logit_diff"] = extra["max_abs_logit_diff"]
+        if bf16:
+            ref, ours = extra["pair"]
+            with torch.inference_mode(), _autocast(dev, "bf16"):
+                xs = x[:2]
+                out["max_abs_logit_diff_bf16"] = (ref.eval()(xs).float() - ours.eval()(xs).float()).abs().max().item()
     for mode, fn in modes.items():
         for _ in range(warmup):
-            for model in models.values():
-                fn(model)
-        times: dict[str, list[float]] = {label: [] for label in models}
+            for precision in precisions:
+                for model in models.values():
+                    fn(model, precision)
+        times: dict[str, dict[str, list[float]]] = {p: {label: [] for label in models} for p in precisions}
         for _ in range(repeats):
-            for label, model in models.items():
-                times[label].append(fn(model))
-        median = {label: statistics.median(ts) for label, ts in times.items()}
-        out[mode] = {
-            "median_batch_s": median,
-            "images_per_s": {label: batch / m for label, m in median.items()},
-            "speed_vs_baseline": {label: median[baseline] / m for label, m in median.items()},
-        }
+            for precision in precisions:
+                for label, model in models.items():
+                    times[precision][label].append(fn(model, precision))
+        for precision in precisions:
+            median = {label: statistics.median(ts) for label, ts in times[precision].items()}
+            out[mode if precision == "fp32" else f"{mode}_{precision}"] = {
+                "median_batch_s": median,
+                "images_per_s": {label: batch / m for label, m in median.items()},
+                "speed_vs_baseline": {label: median[baseline] / m for label, m in median.items()},
+            }
     if name in ("convit", "px32"):
         ours = next(label for label in models if label.startswith("ls_convit_tiny"))
         ref = next(label for label in models if label.startswith("timm convit_tiny"))
-        out["ours_over_timm_convit"] = {mode: out[mode]["median_batch_s"][ref] / out[mode]["median_batch_s"][ours]
-                                        for mode in modes}
+
+        def ratio(ref_key: str, ours_key: str) -> dict:
+            return {mode: out[ref_key.format(mode)]["median_batch_s"][ref] / out[ours_key.format(mode)]["median_batch_s"][ours]
+                    for mode in modes}
+
+        out["ours_over_timm_convit"] = ratio("{}", "{}")
+        if bf16:
+            out["ours_over_timm_convit_bf16"] = ratio("{}_bf16", "{}_bf16")
+            out["ours_bf16_over_timm_convit_fp32"] = ratio("{}", "{}_bf16")
     return out
 
 
@@ -182,6 +217,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--no-train", action="store_true", help="inference only")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--no-bf16", action="store_true",
+                        help="fp32 only (default: every model also under bf16 autocast, same rotation)")
     parser.add_argument("--glibc-default-malloc", action="store_true",
                         help="leave glibc's trim/mmap thresholds alone (default: keep freed memory, as the trainer does)")
     args = parser.parse_args(argv)
@@ -192,7 +229,7 @@ def main(argv: list[str] | None = None) -> None:
     for group in args.groups:
         batch = args.batch or DEFAULT_BATCH[group]
         r = run_group(group, batch=batch, repeats=args.repeats, warmup=args.warmup, device=args.device,
-                      train=not args.no_train)
+                      train=not args.no_train, bf16=not args.no_bf16)
         results[group] = r
         print(f"[{group}] batch {batch}, input {tuple(r['config']['input_shape'])}, threads {torch.get_num_threads()}, "
               f"baseline {r['baseline']}")
@@ -202,10 +239,23 @@ def main(argv: list[str] | None = None) -> None:
             if "train" in r:
                 line += f"   train {r['train']['images_per_s'][label]:8.1f} img/s ({r['train']['speed_vs_baseline'][label]:.2f}x)"
             print(line)
+            if "inference_bf16" in r:
+                line = f"  {'  bf16 autocast':<40} {'':7}  infer {r['inference_bf16']['images_per_s'][label]:9.1f} img/s " \
+                       f"({r['inference_bf16']['speed_vs_baseline'][label]:.2f}x)"
+                if "train_bf16" in r:
+                    line += f"   train {r['train_bf16']['images_per_s'][label]:8.1f} img/s " \
+                            f"({r['train_bf16']['speed_vs_baseline'][label]:.2f}x)"
+                print(line)
         if "ours_over_timm_convit" in r:
             ratios = ", ".join(f"{mode} {v:.2f}x" for mode, v in r["ours_over_timm_convit"].items())
-            print(f"  ls_convit_tiny / timm convit_tiny (same weights, max |logit diff| {r['max_abs_logit_diff']:.1e}): "
-                  f"{ratios}")
+            print(f"  ls_convit_tiny / timm convit_tiny, fp32 vs fp32 (same weights, max |logit diff| "
+                  f"{r['max_abs_logit_diff']:.1e}): {ratios}")
+        if "ours_over_timm_convit_bf16" in r:
+            ratios = ", ".join(f"{mode} {v:.2f}x" for mode, v in r["ours_over_timm_convit_bf16"].items())
+            print(f"  ls_convit_tiny / timm convit_tiny, bf16 vs bf16 (like for like, max |logit diff| "
+                  f"{r['max_abs_logit_diff_bf16']:.1e}): {ratios}")
+            ratios = ", ".join(f"{mode} {v:.2f}x" for mode, v in r["ours_bf16_over_timm_convit_fp32"].items())
+            print(f"  ls_convit_tiny bf16 / timm convit_tiny fp32 (precision change, NOT like for like): {ratios}")
     path = write_result("models", {"groups": results}, device=args.device)
     print(f"-> {path}")
 

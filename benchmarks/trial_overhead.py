@@ -155,7 +155,7 @@ def ray_overhead(*, trials: int, repeats: int) -> dict:
     import os
 
     root = str(Path(__file__).resolve().parents[1])  # the workers import this module, as the search's do
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=True, logging_level="ERROR",
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=True, logging_level="ERROR",
              runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}})
     try:
         times: dict[str, list[float]] = {"reuse_actors": [], "fresh_actors": []}

@@ -36,6 +36,9 @@ def error_line(error: BaseException | str | None) -> str:
     return type(error).__name__ if isinstance(error, BaseException) else "unknown error"
 
 
+EPOCH_FLUSH_S = 2.0  # the least time between two writes of the files for epoch results
+
+
 class StoreCallback(Callback):
     def __init__(
         self,
@@ -50,7 +53,7 @@ class StoreCallback(Callback):
         time_limit_s: float | None,
         max_epochs: int | None = None,
         objective_keys: list[str] | None = None,
-        out: TextIO = sys.stdout,
+        out: TextIO | None = None,  # None: sys.stdout when called (not when imported)
     ) -> None:
         self.store = store
         self.max_epochs = max_epochs
@@ -59,7 +62,7 @@ class StoreCallback(Callback):
         self.common = {"experiment": experiment, "model": model, "spec_hash": spec_hash, "git_commit": git_commit, "seed": seed}
         self.total_trials = total_trials
         self.time_limit_s = time_limit_s
-        self.out = out
+        self.out = out or sys.stdout
         self._started: dict[str, dt.datetime] = {}
         self._study_start = time.monotonic()
         self._finished = 0
@@ -109,6 +112,12 @@ class StoreCallback(Callback):
         row["trial_id"] = trial.trial_id
         row["reported_at"] = _now()
         self.store.add_epoch(row)
+        # Readers (dashboards, `pareto` during a run) see epochs at most a few seconds late; the
+        # interval grows with the cost of writing the files, so big studies spend < 5% on it.
+        now = time.monotonic()
+        if now - getattr(self, "_flushed_at", 0.0) >= max(EPOCH_FLUSH_S, 20 * getattr(self, "_flush_cost", 0.0)):
+            self.store.flush()
+            self._flushed_at, self._flush_cost = time.monotonic(), time.monotonic() - now
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         result = trial.last_result or {}
@@ -150,10 +159,11 @@ class StoreCallback(Callback):
             "model": trial.config.get("model", self.common["model"]),
             **{k: result.get(k) for k in (
                 "family", "throughput", "throughput_device", "throughput_batch", "throughput_precision",
-                "throughput_threads", "torch_version", "params", "flops", "node_ip",
+                "throughput_threads", "torch_version", "params", "flops", "node_ip", "hostname", "node_id",
                 "throughput_before_conversion", "converted_at_epoch", "throughput_cached", "architecture",
             )},
             "rejected_by": result.get("rejected"),
+            "failures": int(getattr(trial, "num_failures", 0) or 0),
             "epochs_budget": self.max_epochs,
             "trial_id": trial.trial_id,
             "trial_name": str(trial),

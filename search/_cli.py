@@ -50,7 +50,7 @@ def _build_parser() -> argparse.ArgumentParser:
     run.add_argument("spec", help="a YAML search spec, e.g. spaces/convit_locality.yaml")
     run.add_argument("--trials", type=int, help="number of trials (overrides budget.trials)")
     run.add_argument("--max-epochs", type=int, help="epochs per trial (overrides budget.max_epochs)")
-    run.add_argument("--storage", help="results directory (overrides storage)")
+    run.add_argument("--storage", help="results directory, or a URI every node can reach: s3://bucket/prefix, gs://..., file:///shared/... (overrides storage)")
     run.add_argument("--name", help="study name, the folder under storage (overrides name)")
     run.add_argument("--address", default=os.environ.get("RAY_ADDRESS"),
                      help="join this Ray cluster (default: $RAY_ADDRESS, else start a local one)")
@@ -71,6 +71,10 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     pareto.add_argument("study", help="a study folder, e.g. results/convit_locality")
     pareto.add_argument("--format", choices=("table", "json", "csv"), default="table")
+    pareto.add_argument("--device", metavar="NAME",
+                        help="only trials whose throughput was measured on this device (throughput_device)")
+    pareto.add_argument("--mix-devices", action="store_true",
+                        help="one front over trials measured on different devices (by default each device gets its own)")
     _add_filters(pareto)
     pareto.add_argument("--select", metavar="RULE",
                         help="print the one trial of the front that RULE picks: knee, max-acc, max-throughput, "
@@ -159,15 +163,23 @@ def _filters_text(args: argparse.Namespace) -> str:
 
 def _cmd_pareto(args: argparse.Namespace) -> int:
     from search._filter import split_families
-    from search._query import fixed_settings, format_front, format_trial, front_of, load_experiment
+    from search._query import fixed_settings, format_front, format_trial, front_devices, front_of, load_experiment
     from search._select import check_rule, select
 
     families = split_families(args.family)
     rule = args.select or ("knee" if args.export else None)
     if rule is not None:
         check_rule(rule)
-    front, objectives = front_of(args.study, where=args.where, families=families)
+    front, objectives = front_of(args.study, where=args.where, families=families, device=args.device,
+                                 mix_devices=args.mix_devices)
+    devices = front_devices(front, objectives)
+    if devices and (rule is not None):
+        raise ConfigError(f"{args.study}: throughput was measured on {len(devices)} devices ({', '.join(map(repr, devices))}), "
+                          "one front each; pass --device NAME to select from one (or --mix-devices)")
     if rule is None:
+        if devices and args.format == "table":
+            print(f"{len(devices)} fronts, one per device that measured throughput ({', '.join(devices)}); "
+                  "--device NAME shows one, --mix-devices compares them anyway")
         print(format_front(front, objectives, fmt=args.format))
         return 0
     check_rule(rule, columns=front.columns)

@@ -21,8 +21,8 @@ import pandas as pd
 
 from search._filter import filter_trials
 from search._hypervolume import front_hypervolume
-from search._pareto import pareto_mask
-from search._query import _complete_front, _objectives, format_front, load_experiment, load_trials
+from search._pareto import DEVICE_COLUMN, device_groups, pareto_mask
+from search._query import _complete_front, _objectives, format_front, load_experiment, load_trials, study_dir
 from trainers.errors import ConfigError
 
 __all__ = ["Comparison", "compare_studies", "format_comparison"]
@@ -60,9 +60,10 @@ def compare_studies(
 ) -> Comparison:
     """The fronts of the studies at ``paths`` (see the module doc). The studies must share their
     objectives; ``where``/``families`` narrow every study's trials before its front is taken."""
-    paths = [Path(p) for p in paths]
     if len(paths) < 2:
         raise ConfigError("compare: pass at least two study folders")
+    given = [str(p) for p in paths]
+    paths = [study_dir(p) for p in paths]  # a URI: its staging copy
     objectives = _objectives(load_experiment(paths[0]), paths[0])
     for path in paths[1:]:
         other = _objectives(load_experiment(path), path)
@@ -82,13 +83,13 @@ def compare_studies(
             raise ConfigError(f"--family {','.join(unknown)}: no trial of that family in any of the studies; "
                               f"they have {', '.join(sorted(known)) or 'no finished trial'}")
 
-    labels = _labels(paths)
+    labels = _labels([Path(g.partition("?")[0]) if "://" in g else Path(g) for g in given])
     fronts, summary = [], []
-    for label, path in zip(labels, paths):
+    for label, path, where_given in zip(labels, paths, given):
         trials = load_trials(path)
         front = _study_front(path, trials, objectives, where=where, families=families)
         fronts.append(front.assign(study=label))
-        summary.append({"study": label, "path": str(path), "trials": len(trials),
+        summary.append({"study": label, "path": where_given, "trials": len(trials),
                         "complete": int((trials["state"] == "COMPLETE").sum()), "front": len(front)})
 
     columns = [c for c, _ in objectives]
@@ -96,7 +97,9 @@ def compare_studies(
     nonempty = [f for f in fronts if not f.empty]
     stacked = pd.concat(nonempty, ignore_index=True) if nonempty else fronts[0].iloc[0:0]
     values = stacked[columns].to_numpy(dtype=float, na_value=np.nan)
-    stacked.insert(0, "joint_front", pareto_mask(values, modes=modes) if len(stacked) else [])
+    # Studies measured on different devices do not compete: one joint front per device.
+    groups = device_groups(stacked[DEVICE_COLUMN].tolist() if DEVICE_COLUMN in stacked else None, objectives)
+    stacked.insert(0, "joint_front", pareto_mask(values, modes=modes, groups=groups) if len(stacked) else [])
     stacked.insert(0, "study", stacked.pop("study"))
     order = {label: i for i, label in enumerate(labels)}
     stacked = stacked.assign(_study_order=stacked["study"].map(order)).sort_values(

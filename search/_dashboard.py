@@ -37,7 +37,7 @@ from typing import Any, TextIO
 import numpy as np
 import pyarrow as pa
 
-from search._pareto import pareto_mask
+from search._pareto import DEVICE_COLUMN, device_groups, pareto_mask
 from search._store import TRIAL_COLUMNS, read_table
 from trainers.errors import ConfigError
 
@@ -187,7 +187,9 @@ def study_payload(path: str | os.PathLike, *, label: str | None = None) -> dict[
             values = np.column_stack([
                 table.column(c).to_numpy(zero_copy_only=False).astype(float)[complete] for c, _ in objectives
             ])
-            mask = pareto_mask(values, modes=[m for _, m in objectives])
+            devices = table.column(DEVICE_COLUMN).to_pylist() if DEVICE_COLUMN in table.column_names else None
+            groups = device_groups([devices[i] for i in complete] if devices else None, objectives)
+            mask = pareto_mask(values, modes=[m for _, m in objectives], groups=groups)  # one front per device
             rows = complete[mask]
             first, mode = objectives[0]
             key = values[mask, 0]
@@ -383,7 +385,7 @@ def serve_dashboard(
     host: str = "127.0.0.1",
     port: int = 8050,
     allow_remote: bool = False,
-    out: TextIO = sys.stdout,
+    out: TextIO | None = None,  # None: sys.stdout when called (not when imported)
 ) -> None:
     """Serve the Pareto page for ``paths`` until interrupted (Ctrl-C)."""
     server = make_server(paths, host=host, port=port, allow_remote=allow_remote)

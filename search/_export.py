@@ -22,7 +22,8 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from search._query import load_experiment
+from search._query import load_experiment, study_dir
+from search._storage import is_uri
 from search._schema import FieldError, SpecLocation, from_dict
 from search._spec import DatasetSpec, ParamSpec, SearchSpec, to_plain
 from trainers._atomic import atomic_write
@@ -147,7 +148,8 @@ def export_trial(
     study's trials.parquet. ``selected_by``/``where``/``families`` only go into ``source:``."""
     from search._trainable import TrialTemplate, trial_config  # torch, timm: only when exporting
 
-    study = Path(study)
+    recorded = str(study) if is_uri(study) else str(Path(study).resolve())
+    study = study_dir(study)
     meta = load_experiment(study)
     spec = _study_spec(study, meta)
     row = dict(trial)
@@ -174,7 +176,7 @@ def export_trial(
     measured = ("family", "epochs_run", "stop_reason", "val_acc", "val_loss", "final_val_acc", "throughput",
                 "throughput_device", "params", "flops", "seed", "spec_hash", "git_commit")
     source = {
-        "study": str(study.resolve()),
+        "study": recorded,
         "experiment": meta.get("name"),
         "trial_id": trial_id,
         "trial_name": _native(row.get("trial_name")),

@@ -3,6 +3,11 @@
 Row a dominates row b when a is at least as good on every objective and strictly better on
 one. Exact duplicates do not dominate each other, so both stay on the front. Rows with a NaN
 objective are never on the front (nothing is known about them); +/-inf are ordinary values.
+
+Throughput is a property of the device that measured it: an H100's images/s and a laptop CPU's
+are not comparable. When an objective was measured on a device (``DEVICE_METRICS``) and the rows
+come from several devices (``DEVICE_COLUMN``), each device gets its own front: rows compete only
+with rows of the same device, unless the caller asks to mix them (``mix_devices=True``).
 """
 
 from __future__ import annotations
@@ -11,7 +16,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["pareto_mask", "pareto_front"]
+__all__ = ["pareto_mask", "pareto_front", "device_groups", "DEVICE_COLUMN", "DEVICE_METRICS"]
+
+DEVICE_COLUMN = "throughput_device"  # the trials table's column naming the measuring device
+DEVICE_METRICS = frozenset({"throughput", "throughput_before_conversion"})  # measured on that device
 
 
 def _as_maximised(values: np.ndarray, modes: Sequence[str]) -> np.ndarray:
@@ -25,8 +33,30 @@ def _as_maximised(values: np.ndarray, modes: Sequence[str]) -> np.ndarray:
     return values * signs
 
 
-def pareto_mask(values: np.ndarray, *, modes: Sequence[str]) -> np.ndarray:
-    """Boolean mask of the non-dominated rows of ``values`` (n, k), one mode per column."""
+def device_groups(devices: Sequence | None, objectives: Sequence[tuple[str, str]], *,
+                  mix_devices: bool = False) -> np.ndarray | None:
+    """The ``groups`` argument of :func:`pareto_mask` for rows measured on ``devices`` (one
+    name per row, None/NaN for unknown): None when the fronts need no split (no objective is
+    device-measured, one device only, or ``mix_devices``)."""
+    if mix_devices or devices is None or not any(c in DEVICE_METRICS for c, _ in objectives):
+        return None
+    names = np.asarray(["" if d is None or d != d else str(d) for d in devices], dtype=object)
+    return names if len(set(names.tolist())) > 1 else None
+
+
+def pareto_mask(values: np.ndarray, *, modes: Sequence[str], groups: Sequence | None = None) -> np.ndarray:
+    """Boolean mask of the non-dominated rows of ``values`` (n, k), one mode per column.
+
+    With ``groups`` (one label per row), rows compete only within their group: the union of
+    one front per group."""
+    if groups is not None:
+        labels = np.asarray(groups, dtype=object)
+        mask = np.zeros(len(labels), dtype=bool)
+        values = np.asarray(values, dtype=float)
+        for label in dict.fromkeys(labels.tolist()):
+            rows = np.flatnonzero(labels == label)
+            mask[rows] = pareto_mask(values[rows], modes=modes)
+        return mask
     points = _as_maximised(values, modes)
     n = points.shape[0]
     mask = np.zeros(n, dtype=bool)
@@ -114,17 +144,23 @@ def _front_nd(points: np.ndarray, block: int = 128) -> np.ndarray:
     return np.sort(rows[order[np.concatenate(kept)]])
 
 
-def pareto_front(table, *, objectives: Sequence[tuple[str, str]]):
+def pareto_front(table, *, objectives: Sequence[tuple[str, str]], mix_devices: bool = False):
     """The non-dominated rows of a pandas DataFrame, best first on the first objective.
 
     ``objectives`` is a list of ``(column, mode)`` pairs, e.g. ``[("val_acc", "max"),
-    ("throughput", "max")]``.
+    ("throughput", "max")]``. Rows whose throughput was measured on different devices
+    (``throughput_device``) get one front per device, sorted by device, unless ``mix_devices``.
     """
     columns = [c for c, _ in objectives]
     modes = [m for _, m in objectives]
     missing = [c for c in columns if c not in table.columns]
     if missing:
         raise KeyError(f"objective columns not in the table: {missing}")
-    mask = pareto_mask(table[columns].to_numpy(dtype=float), modes=modes)
+    devices = table[DEVICE_COLUMN].tolist() if DEVICE_COLUMN in table.columns else None
+    groups = device_groups(devices, objectives, mix_devices=mix_devices)
+    mask = pareto_mask(table[columns].to_numpy(dtype=float), modes=modes, groups=groups)
     front = table[mask]
-    return front.sort_values(columns[0], ascending=modes[0] == "min", kind="stable")
+    front = front.sort_values(columns[0], ascending=modes[0] == "min", kind="stable")
+    if groups is not None:
+        front = front.sort_values(DEVICE_COLUMN, kind="stable", na_position="last")
+    return front

@@ -25,17 +25,29 @@ import pyarrow as pa
 
 from search._filter import Condition, filter_trials
 from search._hypervolume import front_hypervolume
-from search._pareto import pareto_front
+from search._pareto import DEVICE_COLUMN, device_groups, pareto_front
 from search._select import select
+from search._storage import StudyLocation, is_uri
 from search._store import EPOCH_COLUMNS, TRIAL_COLUMNS, read_table
 from trainers.errors import ConfigError
 
 __all__ = [
-    "load_experiment", "load_trials", "front_of", "format_front", "format_trial", "fixed_settings", "load", "Experiment",
+    "study_dir", "load_experiment", "load_trials", "front_of", "front_devices", "format_front", "format_trial", "fixed_settings", "load", "Experiment",
 ]
 
 
+def study_dir(path: str | Path) -> Path:
+    """The study's local folder (ConfigError when it is not a study); a study at a URI
+    (s3://..., see search._storage) is downloaded into its staging folder first."""
+    return _experiment_dir(path)
+
+
 def _experiment_dir(path: str | Path) -> Path:
+    if is_uri(path):
+        location = StudyLocation(path)
+        if "trials.parquet" not in location.pull():
+            raise ConfigError(f"{path}: no trials.parquet there; pass the URI of a study (the storage URI joined with the study name)")
+        return location.local
     path = Path(path)
     if not (path / "trials.parquet").is_file():
         raise ConfigError(
@@ -72,10 +84,34 @@ def _complete_front(
     *,
     where: Sequence[str | Condition] = (),
     families: Sequence[str] = (),
+    device: str | None = None,
+    mix_devices: bool = False,
 ) -> pd.DataFrame:
     trials = filter_trials(trials, where=where, families=families)
+    if device is not None:
+        known = sorted(set(trials[DEVICE_COLUMN].dropna())) if DEVICE_COLUMN in trials else []
+        if device not in known:
+            raise ConfigError(f"device {device!r}: no trial was measured there; the study's devices: {known or 'none yet'}")
+        trials = trials[trials[DEVICE_COLUMN] == device]
     # Pruned and failed trials stopped early; their numbers do not compete with finished ones.
-    return pareto_front(trials[trials["state"] == "COMPLETE"], objectives=objectives)
+    return pareto_front(trials[trials["state"] == "COMPLETE"], objectives=objectives, mix_devices=mix_devices)
+
+
+def front_devices(front: pd.DataFrame, objectives: Sequence[tuple[str, str]]) -> list[str]:
+    """The devices whose fronts ``front`` holds side by side (empty: one front, nothing split)."""
+    if DEVICE_COLUMN not in front or device_groups(front[DEVICE_COLUMN].tolist(), objectives) is None:
+        return []
+    return list(dict.fromkeys(front[DEVICE_COLUMN].fillna("").tolist()))
+
+
+def _one_front(front: pd.DataFrame, objectives: Sequence[tuple[str, str]], what: str) -> pd.DataFrame:
+    devices = front_devices(front, objectives)
+    if devices:
+        raise ConfigError(
+            f"{what}: the trials' throughput was measured on {len(devices)} devices ({', '.join(map(repr, devices))}), "
+            "one front each; pick one with device=NAME (--device NAME), or mix_devices=True (--mix-devices) to compare them anyway"
+        )
+    return front
 
 
 def front_of(
@@ -83,11 +119,16 @@ def front_of(
     *,
     where: Sequence[str | Condition] = (),
     families: Sequence[str] = (),
+    device: str | None = None,
+    mix_devices: bool = False,
 ) -> tuple[pd.DataFrame, list[tuple[str, str]]]:
     """The Pareto front of the study's COMPLETE trials on its own objectives, after ``where``
-    and ``families`` have narrowed the trials (see :func:`search.filter_trials`)."""
+    and ``families`` have narrowed the trials (see :func:`search.filter_trials`); one front per
+    measuring device unless ``device`` picks one or ``mix_devices``."""
     objectives = _objectives(load_experiment(path), path)
-    return _complete_front(load_trials(path), objectives, where=where, families=families), objectives
+    front = _complete_front(load_trials(path), objectives, where=where, families=families, device=device,
+                            mix_devices=mix_devices)
+    return front, objectives
 
 
 @dataclass(frozen=True, eq=False)  # eq=False: DataFrames have no truth value to compare by
@@ -100,24 +141,42 @@ class Experiment:
     trials: pd.DataFrame  # trials.parquet: one row per finished trial, any state
     epochs: pd.DataFrame  # epochs.parquet: one row per trial and epoch (empty when absent)
 
-    def front(self, *, where: Sequence[str] = (), families: Sequence[str] = ()) -> pd.DataFrame:
+    def front(self, *, where: Sequence[str] = (), families: Sequence[str] = (), device: str | None = None,
+              mix_devices: bool = False) -> pd.DataFrame:
         """The Pareto front of the COMPLETE trials, best first on the first objective; ``where``
-        and ``families`` narrow the trials first (see :func:`search.filter_trials`)."""
-        return _complete_front(self.trials, self.objectives, where=where, families=families)
+        and ``families`` narrow the trials first (see :func:`search.filter_trials`). Trials whose
+        throughput was measured on different devices get one front per device (sorted by
+        device) unless ``device`` picks one or ``mix_devices`` compares them anyway."""
+        return _complete_front(self.trials, self.objectives, where=where, families=families, device=device,
+                               mix_devices=mix_devices)
 
-    def select(self, *, rule: str = "knee", where: Sequence[str] = (), families: Sequence[str] = ()) -> pd.Series:
-        """One trial of :meth:`front` (rules: see :func:`search.select`)."""
-        return select(self.front(where=where, families=families), objectives=self.objectives, rule=rule)
+    @property
+    def devices(self) -> list[str]:
+        """The devices that measured the trials' throughput, most trials first."""
+        if DEVICE_COLUMN not in self.trials:
+            return []
+        return self.trials[DEVICE_COLUMN].dropna().value_counts().index.tolist()
 
-    def hypervolume(self, *, reference: Sequence[float] | Mapping[str, float]) -> float:
-        """Hypervolume of the COMPLETE trials up to ``reference`` (see :func:`search.front_hypervolume`)."""
-        return front_hypervolume(self.front(), objectives=self.objectives, reference=reference)
+    def select(self, *, rule: str = "knee", where: Sequence[str] = (), families: Sequence[str] = (),
+               device: str | None = None, mix_devices: bool = False) -> pd.Series:
+        """One trial of :meth:`front` (rules: see :func:`search.select`); a front split by device
+        needs ``device`` (or ``mix_devices``)."""
+        front = self.front(where=where, families=families, device=device, mix_devices=mix_devices)
+        return select(_one_front(front, self.objectives, "select"), objectives=self.objectives, rule=rule)
+
+    def hypervolume(self, *, reference: Sequence[float] | Mapping[str, float], device: str | None = None,
+                    mix_devices: bool = False) -> float:
+        """Hypervolume of the COMPLETE trials up to ``reference`` (see :func:`search.front_hypervolume`);
+        a front split by device needs ``device`` (or ``mix_devices``)."""
+        front = _one_front(self.front(device=device, mix_devices=mix_devices), self.objectives, "hypervolume")
+        return front_hypervolume(front, objectives=self.objectives, reference=reference)
 
 
 def load(path: str | Path) -> Experiment:
     """Read the study folder ``path`` (e.g. ``results/convit_locality``) into an :class:`Experiment`."""
+    path = _experiment_dir(path)  # once: a URI is downloaded once
     meta = load_experiment(path)
-    epochs_file = Path(path) / "epochs.parquet"
+    epochs_file = path / "epochs.parquet"
     if epochs_file.is_file():
         epochs = read_table(epochs_file).to_pandas()
     else:  # typed and empty, so column access works before the first epoch is written

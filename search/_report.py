@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from search._dashboard import render_page, studies_payload
-from search._query import load
+from search._query import load, study_dir
 from search._store import TRIAL_COLUMNS
 from trainers._atomic import atomic_write
 
@@ -232,8 +232,8 @@ def _write_shared(path: Path, data: bytes) -> None:
 def write_report(study: str | os.PathLike, *, out: str | os.PathLike | None = None) -> Report:
     """Write ``out`` (default ``<study>/report.html``) and ``<out stem>-front.png`` beside it."""
     started = time.perf_counter()
-    study = Path(study)
-    exp = load(study)  # ConfigError, naming the fix, when the folder is not a study
+    study = study_dir(study)  # ConfigError, naming the fix, when it is not a study; a URI: its staging copy
+    exp = load(study)
     out_path = Path(out) if out is not None else study / "report.html"
     if out_path.suffix.lower() not in (".html", ".htm"):
         out_path = out_path.with_suffix(".html")

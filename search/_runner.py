@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from search._spec import ParamSpec, SearchSpec, to_plain
+from search._storage import STUDY_FILES, StudyLocation, study_location
 from search._store import TRIAL_VALUE_OF, ResultsStore, write_json_atomic
 from trainers.errors import ConfigError
 
@@ -116,10 +117,10 @@ def check_ray_address(address: str, *, timeout_s: float = 5.0) -> None:
         ) from None
 
 
-def _check_experiment_dir(path: Path) -> None:
-    if (path / "trials.parquet").exists() or (path / "experiment.json").exists():
+def _check_experiment_dir(location: StudyLocation) -> None:
+    if location.exists("trials.parquet") or location.exists("experiment.json"):
         raise ConfigError(
-            f"{path} already holds a study; pass --name NEW_NAME (or --storage DIR) for a new one, "
+            f"{location} already holds a study; pass --name NEW_NAME (or --storage DIR) for a new one, "
             "or delete that folder to start over"
         )
 
@@ -139,21 +140,25 @@ def _tune_environment() -> None:
     os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "1")
 
 
-def _prepare_data(spec: SearchSpec, cache_dir: str | os.PathLike | None, out: TextIO):
-    from trainers.data import DatasetRequest, prepare_dataset
+def _dataset_request(spec: SearchSpec):
+    from trainers.data import DatasetRequest
 
-    # The dataset is converted once, on the driver; trials only read the .beton files.
-    data = prepare_dataset(
-        DatasetRequest(
-            name=spec.dataset.name,
-            data_dir=spec.dataset.data_dir,
-            train_fraction=spec.dataset.train_fraction,
-            val_fraction=spec.dataset.val_fraction,
-            image_size=spec.dataset.image_size,
-            seed=spec.algorithm.seed,
-        ),
-        cache_dir=cache_dir or default_cache_dir(),
+    return DatasetRequest(
+        name=spec.dataset.name,
+        data_dir=spec.dataset.data_dir,
+        train_fraction=spec.dataset.train_fraction,
+        val_fraction=spec.dataset.val_fraction,
+        image_size=spec.dataset.image_size,
+        seed=spec.algorithm.seed,
     )
+
+
+def _prepare_data(spec: SearchSpec, cache_dir: str | os.PathLike | None, out: TextIO):
+    from trainers.data import prepare_dataset
+
+    # Converted here first: a missing or damaged dataset stops the run before Ray starts. Trials
+    # prepare it again on their own node, which on this one finds these files (see _trainable).
+    data = prepare_dataset(_dataset_request(spec), cache_dir=cache_dir or default_cache_dir())
     print(
         f"dataset {data.name}: {data.counts['train']} train / {data.counts['val']} val images "
         f"({data.image_size}x{data.image_size}x{data.channels}, {data.num_classes} classes)",
@@ -209,31 +214,44 @@ def _dashboard_notes(dashboard_host: str, url: str, out: TextIO) -> None:
         )
 
 
+# Not shipped to a cluster's nodes with the code (on top of what .gitignore leaves out).
+SHIP_EXCLUDES = [".git/", "results/", "tests/", "benchmarks/", "dashboards/", "*.beton", "*.parquet", "*.journal"]
+
+
 def _init_ray(address: str | None, dashboard_host: str, out: TextIO) -> None:
     import ray
 
     if ray.is_initialized():
         return
     init_args: dict[str, Any] = {
-        "runtime_env": {"env_vars": {"PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")]))}},
         "log_to_driver": False,  # trial output goes to the trial folders; errors go to the store
         "configure_logging": True,
         "logging_level": "WARNING",
     }
     if address:
         check_ray_address(address)
-        init_args["address"] = address
+        # Ray ships this project to every node (a zip of it, .gitignore'd files and results left
+        # out), so the nodes need only the Python packages, not a checkout at the same path.
+        init_args.update(address=address, runtime_env={"working_dir": str(PROJECT_ROOT), "excludes": SHIP_EXCLUDES})
     else:
-        init_args.update(include_dashboard=True, dashboard_host=dashboard_host)
+        # "local": a cluster of our own, even when `ray start` left one running on this machine
+        # (ray.init() would join that one, ignoring the dashboard settings); --address auto joins it.
+        pythonpath = os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")]))
+        init_args.update(address="local", include_dashboard=True, dashboard_host=dashboard_host,
+                         runtime_env={"env_vars": {"PYTHONPATH": pythonpath}})
     try:
         context = ray.init(**init_args)
     except (ConnectionError, RuntimeError, ValueError) as exc:
         if not address:
             raise
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        auth = ""
+        if os.environ.get("RAY_AUTH_MODE", "").lower() != "token":
+            auth = ("; if the cluster uses token authentication (`ray start --head` turns it on by default), "
+                    "run with RAY_AUTH_MODE=token and its token in ~/.ray/auth_token or RAY_AUTH_TOKEN")
         raise ConfigError(
             f"--address {address}: could not join that Ray cluster ({reason}); check the address "
-            "(ray status on the head node prints it) or leave --address out to start a local cluster"
+            f"(ray status on the head node prints it) or leave --address out to start a local cluster{auth}"
         ) from None
     url = getattr(context, "dashboard_url", None)
     if url:
@@ -241,10 +259,11 @@ def _init_ray(address: str | None, dashboard_host: str, out: TextIO) -> None:
         _dashboard_notes(dashboard_host if not address else "127.0.0.1", url, out)
 
 
-def _store_for(spec: SearchSpec, exp_dir: Path) -> ResultsStore:
+def _store_for(spec: SearchSpec, location: StudyLocation) -> ResultsStore:
     objectives = [(o.metric, o.mode) for o in spec.objectives]
-    return ResultsStore(exp_dir, space={k: p.to_json() for k, p in spec.all_params().items()}, objectives=objectives,
-                        reference=spec.reference_point)
+    return ResultsStore(location.local, space={k: p.to_json() for k, p in spec.all_params().items()},
+                        objectives=objectives, reference=spec.reference_point,
+                        location=location if location.uri else None)
 
 
 def _trainable_for(spec: SearchSpec, data, cache_dir: str | os.PathLike | None):
@@ -261,10 +280,12 @@ def _trainable_for(spec: SearchSpec, data, cache_dir: str | os.PathLike | None):
         patience=spec.budget.patience,
         seed=spec.algorithm.seed,
         constraints=spec.parsed_constraints,
-        throughput_cache_dir=str(Path(cache_dir or default_cache_dir()) / "throughput"),
+        # Each node converts the data (once, under a lock) and keeps its throughput measurements
+        # in --cache-dir when given (a path valid on every node), else in its own default cache.
+        dataset=_dataset_request(spec),
+        cache_dir=str(Path(cache_dir).expanduser().resolve()) if cache_dir else None,
     )
-    resources = {"cpu": spec.resources.cpus, "gpu": spec.resources.gpus}
-    return tune.with_resources(tune.with_parameters(run_tune_trial, template=template), resources)
+    return tune.with_resources(tune.with_parameters(run_tune_trial, template=template), spec.resources.ray_resources())
 
 
 OPTUNA_JOURNAL = "optuna.journal"
@@ -277,12 +298,13 @@ def run_study(
     cache_dir: str | os.PathLike | None = None,
     dashboard_host: str = "127.0.0.1",
     allow_remote_dashboard: bool = False,
-    out: TextIO = sys.stdout,
+    out: TextIO | None = None,  # None: sys.stdout when called (not when imported)
 ) -> Path:
     """Run ``spec`` to the end; returns the experiment folder holding the Parquet files.
 
     Ray's dashboard binds ``dashboard_host``; an address other than loopback needs
     ``allow_remote_dashboard`` (``--allow-remote-dashboard``)."""
+    out = out or sys.stdout
     from ray import tune
     from ray.tune.logger import JsonLoggerCallback
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
@@ -297,12 +319,16 @@ def run_study(
 
     check_dashboard_host(dashboard_host, allow_remote=allow_remote_dashboard, address=address)
     _tune_environment()
-    exp_dir = spec.experiment_dir
-    _check_experiment_dir(exp_dir)
+    location = study_location(spec.storage, spec.name)
+    _check_experiment_dir(location)
+    exp_dir = location.local  # with a URI: the staging folder, uploaded after every write
     data = _prepare_data(spec, cache_dir, out)
     _init_ray(address, dashboard_host, out)
 
     exp_dir.mkdir(parents=True, exist_ok=True)
+    if location.uri:  # a staging folder left by an earlier study at this URI, since deleted there
+        for name in STUDY_FILES:
+            (exp_dir / name).unlink(missing_ok=True)
     commit = git_commit()
     write_json_atomic(
         {
@@ -317,9 +343,10 @@ def run_study(
         },
         exp_dir / "experiment.json",
     )
+    location.push(["experiment.json"])
 
     objectives = [(o.metric, o.mode) for o in spec.objectives]
-    store = _store_for(spec, exp_dir)
+    store = _store_for(spec, location)
     store.flush()  # empty files with the full schema: readers can open them from the start
 
     # The Optuna study lives in a journal next to the results: it survives a killed driver,
@@ -381,7 +408,9 @@ def run_study(
         ),
         run_config=tune.RunConfig(
             name="ray",
-            storage_path=str(exp_dir),
+            # Checkpoints and Tune's own state: written from every node, so a URI or shared path
+            storage_path=location.tune_storage()[0],
+            storage_filesystem=location.tune_storage()[1],
             # Order matters: the bar is erased before the store prints a trial's line, and the
             # metrics read the store after it has the trial's row.
             callbacks=[ProgressBar(callback, stream=out), callback,
@@ -395,9 +424,12 @@ def run_study(
     print(
         f"study {spec.name}: {spec.budget.trials} trials x up to {spec.budget.max_epochs} epochs of "
         f"{' / '.join(m.name for m in spec.candidates)}, objectives {', '.join(f'{m} ({mode})' for m, mode in objectives)}; "
-        f"results in {exp_dir}",
+        f"results in {location}",
         file=out, flush=True,
     )
+    if location.uri:
+        print(f"staging the study's files in {exp_dir} (each uploaded after every write; "
+              f"`python -m search dashboard {exp_dir}` shows it live)", file=out, flush=True)
     tuner.fit()
     store.flush()
     return exp_dir
@@ -410,35 +442,39 @@ def resume_study(
     cache_dir: str | os.PathLike | None = None,
     dashboard_host: str = "127.0.0.1",
     allow_remote_dashboard: bool = False,
-    out: TextIO = sys.stdout,
+    out: TextIO | None = None,  # None: sys.stdout when called (not when imported)
 ) -> Path:
     """Finish a study whose driver stopped (killed, crashed, interrupted): finished trials stay,
     running ones continue from their last epoch checkpoint, the rest are sampled as before."""
+    out = out or sys.stdout
     from ray import tune
 
     from search._schema import SpecLocation, from_dict
 
     check_dashboard_host(dashboard_host, allow_remote=allow_remote_dashboard, address=address)
     _tune_environment()
-    exp_dir = Path(exp_dir).expanduser().resolve()
+    location = StudyLocation(exp_dir)
+    location.pull()  # with a URI: the study's files into this machine's staging folder
+    exp_dir = location.local
     meta_path = exp_dir / "experiment.json"
-    tune_dir = exp_dir / "ray"
+    tune_dir, filesystem = location.tune_dir(), location.tune_storage()[1]
     if not meta_path.is_file():
-        raise ConfigError(f"{exp_dir}: no experiment.json; pass the folder of a study started by `python -m search run`")
-    if not tune.Tuner.can_restore(str(tune_dir)):
-        raise ConfigError(f"{exp_dir}: Ray Tune saved no state there yet (the study stopped before its first trial); "
+        raise ConfigError(f"{location}: no experiment.json; pass the folder of a study started by `python -m search run`")
+    if not tune.Tuner.can_restore(tune_dir, storage_filesystem=filesystem):
+        raise ConfigError(f"{location}: Ray Tune saved no state there yet (the study stopped before its first trial); "
                           "delete the folder and run the spec again")
     plain = json.loads(meta_path.read_text())["spec"]
     plain.pop("source", None)
     spec = from_dict(SearchSpec, plain, SpecLocation(str(meta_path)))
     data = _prepare_data(spec, cache_dir, out)
     _init_ray(address, dashboard_host, out)
-    print(f"resuming study {spec.name} in {exp_dir}", file=out, flush=True)
+    print(f"resuming study {spec.name} in {location}", file=out, flush=True)
     # The searcher, the scheduler and the store callback come back from Tune's own snapshot; the
     # callback reloads the rows already in the Parquet files (StoreCallback.setup).
     tuner = tune.Tuner.restore(
-        str(tune_dir),
+        tune_dir,
         trainable=_trainable_for(spec, data, cache_dir),
+        storage_filesystem=filesystem,
         resume_unfinished=True,
         resume_errored=False,  # trials that raised stay FAILED; the ones the dying driver cut off are "unfinished"
         restart_errored=False,

@@ -181,14 +181,28 @@ class SchedulerSpec:
 
 @dataclasses.dataclass(frozen=True)
 class Resources:
+    """What one trial asks of a Ray node: Ray only starts it on a node with all of it free."""
+
     cpus: float = 1.0
-    gpus: float = 0.0
+    gpus: float = 0.0  # fractions share a GPU: 0.25 runs four trials on one
+    custom: dict[str, float] = dataclasses.field(default_factory=dict)  # e.g. {a100: 1}: `ray start --resources`
 
     def __post_init__(self) -> None:
         if self.cpus <= 0:
             raise FieldError("cpus", f"must be positive, got {self.cpus}")
         if self.gpus < 0:
             raise FieldError("gpus", f"must be >= 0, got {self.gpus}; 0.5 shares a GPU between two trials")
+        if self.gpus > 1 and self.gpus != int(self.gpus):
+            raise FieldError("gpus", f"above 1 must be a whole number, got {self.gpus} (Ray's rule)")
+        for name, amount in self.custom.items():
+            if name.upper() in ("CPU", "GPU", "CPUS", "GPUS", "MEMORY"):
+                raise FieldError("custom", f"{name!r} is a built-in resource; set resources.cpus / resources.gpus instead")
+            if amount <= 0:
+                raise FieldError("custom", f"{name}: must be positive, got {amount}")
+
+    def ray_resources(self) -> dict[str, float]:
+        """The request in ``tune.with_resources``' terms."""
+        return {"cpu": self.cpus, "gpu": self.gpus, **self.custom}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -19,14 +19,17 @@ import json
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from search._hypervolume import hypervolume
-from search._pareto import pareto_mask
+from search._pareto import DEVICE_COLUMN, device_groups, pareto_mask
 from trainers._atomic import atomic_write
+
+if TYPE_CHECKING:
+    from search._storage import StudyLocation
 
 __all__ = [
     "ResultsStore",
@@ -70,7 +73,10 @@ TRIAL_COLUMNS: dict[str, tuple[pa.DataType, str]] = {
     "seed": (pa.int64(), "training seed"),
     "spec_hash": (pa.string(), "hash of the search spec (without storage and trial count)"),
     "git_commit": (pa.string(), "commit of this project that ran the study"),
-    "node_ip": (pa.string(), "Ray node that ran the trial"),
+    "node_ip": (pa.string(), "IP address of the Ray node that ran the trial (its last attempt)"),
+    "hostname": (pa.string(), "host name of that node"),
+    "node_id": (pa.string(), "Ray node id of that node (unique even for nodes sharing an IP)"),
+    "failures": (pa.int64(), "attempts that failed (e.g. their node died) and were retried from the last checkpoint"),
     "started_at": (pa.timestamp("us", tz="UTC"), "trial start"),
     "ended_at": (pa.timestamp("us", tz="UTC"), "trial end"),
     "duration_s": (pa.float64(), "wall time of the trial"),
@@ -87,6 +93,7 @@ EPOCH_COLUMNS: dict[str, tuple[pa.DataType, str]] = {
     "epoch_time_s": (pa.float64(), "wall time of the epoch (train + validate)"),
     "train_images_per_s": (pa.float64(), "training images/s of the epoch"),
     "converted": (pa.bool_(), "T-CNN: the epoch trained the converted model (the first true row is the conversion epoch)"),
+    "node_id": (pa.string(), "Ray node that trained the epoch"),
     "reported_at": (pa.timestamp("us", tz="UTC"), "when the epoch was reported"),
 }
 
@@ -96,8 +103,10 @@ PROGRESS_COLUMNS: dict[str, tuple[pa.DataType, str]] = {
     "state": (pa.string(), "its state"),
     "epochs_spent": (pa.int64(), "epochs trained by all finished trials"),
     "elapsed_s": (pa.float64(), "seconds since the study started"),
-    "front_size": (pa.int64(), "COMPLETE trials on the Pareto front"),
-    "hypervolume": (pa.float64(), "hypervolume of the front (reference point: the spec's; null when a minimised objective has none)"),
+    "front_size": (pa.int64(), "COMPLETE trials on the Pareto front (one front per throughput device: all of them)"),
+    "hypervolume": (pa.float64(), "hypervolume of the front (reference point: the spec's; null when a minimised objective has none); "
+                    "with several throughput devices, of the front of the one with the most COMPLETE trials"),
+    "hypervolume_device": (pa.string(), "the device whose front the hypervolume measures"),
     "best_val_acc": (pa.float64(), "best val_acc of the COMPLETE trials"),
     "at": (pa.timestamp("us", tz="UTC"), "when the trial finished"),
 }
@@ -162,8 +171,10 @@ class ResultsStore:
         space: Mapping[str, Mapping[str, Any]],
         objectives: Sequence[tuple[str, str]],
         reference: Sequence[float] | None = None,
+        location: "StudyLocation | None" = None,
     ) -> None:
         self.directory = Path(directory)
+        self.location = location  # with a URI: every flush uploads the files there (search._storage)
         self.objectives = list(objectives)
         self.reference = None if reference is None else [float(v) for v in reference]
         # "model" (the searched choice between models) is already the trial column of that name.
@@ -181,6 +192,13 @@ class ResultsStore:
         self._trials: dict[Any, dict[str, Any]] = {}  # trial_id -> row
         self._epochs: dict[Any, dict[str, Any]] = {}  # (trial_id, epoch) -> row
         self._progress: dict[Any, dict[str, Any]] = {}  # trial_id -> row
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # Unpickled by a resumed Tune run, maybe on another machine: its own staging folder.
+        self.__dict__.update(state)
+        location = state.get("location")
+        if location is not None and location.uri is not None:
+            self.directory = location.local
 
     # -- rows ---------------------------------------------------------------------------
     # A resumed study can hear about a trial or an epoch a second time (the driver died after
@@ -224,9 +242,15 @@ class ResultsStore:
         """The study's standing after ``trial_id`` finished (call after its add_trial)."""
         front = self._front()
         complete = [t["val_acc"] for t in self._trials.values() if t["state"] == "COMPLETE" and t.get("val_acc") is not None]
+        # Fronts of different devices are not comparable: the hypervolume is the main device's.
+        counts: dict[Any, int] = {}
+        for t in self._trials.values():
+            if t["state"] == "COMPLETE":
+                counts[t.get(DEVICE_COLUMN)] = counts.get(t.get(DEVICE_COLUMN), 0) + 1
+        device = max(counts, key=counts.get) if counts else None
         volume = None
         if self.reference is not None:
-            points = [[t[c] for c, _ in self.objectives] for t in front]
+            points = [[t[c] for c, _ in self.objectives] for t in front if len(counts) < 2 or t.get(DEVICE_COLUMN) == device]
             volume = hypervolume(points, modes=[m for _, m in self.objectives], reference=self.reference) if points else 0.0
         row = {
             "finished": len(self._trials),
@@ -236,6 +260,7 @@ class ResultsStore:
             "elapsed_s": elapsed_s,
             "front_size": len(front),
             "hypervolume": volume,
+            "hypervolume_device": device,
             "best_val_acc": max(complete) if complete else None,
             "at": at,
         }
@@ -262,10 +287,13 @@ class ResultsStore:
         complete = [t for t in self._trials.values() if t["state"] == "COMPLETE"]
         if complete:
             values = [[t[c] if t[c] is not None else float("nan") for c, _ in self.objectives] for t in complete]
-            mask = pareto_mask(values, modes=[m for _, m in self.objectives])
+            groups = device_groups([t.get(DEVICE_COLUMN) for t in complete], self.objectives)
+            mask = pareto_mask(values, modes=[m for _, m in self.objectives], groups=groups)
             front = [t for t, keep in zip(complete, mask) if keep]
             first, mode = self.objectives[0]
             front.sort(key=lambda t: t[first], reverse=mode == "max")
+            if groups is not None:  # one front per device, as search.load().front()
+                front.sort(key=lambda t: (t.get(DEVICE_COLUMN) is None, t.get(DEVICE_COLUMN) or ""))
         else:
             front = []
         return front
@@ -275,3 +303,5 @@ class ResultsStore:
         write_atomic(self.trials_table(), self.directory / "trials.parquet")
         write_atomic(self.pareto_table(), self.directory / "pareto.parquet")
         write_atomic(pa.Table.from_pylist(list(self._progress.values()), schema=self.progress_schema), self.directory / "progress.parquet")
+        if self.location is not None:
+            self.location.push()  # the Parquet files and the Optuna journal beside them

@@ -13,7 +13,8 @@ from typing import Any
 import torch
 
 from trainers.config import TRAIN_KEYS, Constraint, ThroughputSettings, TrainSettings, TrialConfig
-from trainers.data import PreparedDataset
+from trainers.data import DatasetRequest, PreparedDataset, prepare_dataset
+from trainers.errors import ConfigError
 from trainers.train import train_trial
 
 __all__ = ["TrialTemplate", "trial_config", "run_tune_trial"]
@@ -34,6 +35,36 @@ class TrialTemplate:
     seed: int
     constraints: tuple[Constraint, ...] = ()
     throughput_cache_dir: str | None = None
+    # Set for trials that may run on another node: each node prepares ``dataset`` itself (once,
+    # under a lock) in ``cache_dir``, or in its own default cache when that is None, and checks
+    # that it got the driver's content (``data.content_hash``).
+    dataset: DatasetRequest | None = None
+    cache_dir: str | None = None
+
+
+_prepared_here: dict[tuple[DatasetRequest, str], PreparedDataset] = {}  # per process: reused actors skip the hash
+
+
+def on_this_node(template: TrialTemplate) -> TrialTemplate:
+    """``template`` with the dataset and the throughput cache of the node this trial runs on."""
+    if template.dataset is None:
+        return template
+    from search._runner import default_cache_dir
+
+    cache_dir = str(template.cache_dir or default_cache_dir())
+    key = (template.dataset, cache_dir)
+    data = _prepared_here.get(key)
+    if data is None or not all(os.path.isfile(p) for p in (data.train_path, data.val_path)):
+        data = prepare_dataset(template.dataset, cache_dir=cache_dir)
+        _prepared_here[key] = data
+    if data.content_hash != template.data.content_hash:
+        raise ConfigError(
+            f"dataset {data.name} on this node ({os.uname().nodename}, from {template.dataset.data_dir or 'the catalog path'}) "
+            f"differs from the driver's (content {data.content_hash[:12]} vs {template.data.content_hash[:12]}); "
+            "put the same files at the same path on every node"
+        )
+    throughput_dir = template.throughput_cache_dir or os.path.join(cache_dir, "throughput")
+    return dataclasses.replace(template, data=data, throughput_cache_dir=throughput_dir)
 
 
 def trial_config(template: TrialTemplate, sampled: dict[str, Any]) -> TrialConfig:
@@ -59,16 +90,20 @@ def trial_config(template: TrialTemplate, sampled: dict[str, Any]) -> TrialConfi
 
 def run_tune_trial(config: dict[str, Any], template: TrialTemplate) -> None:
     """Ray Tune function trainable: one ``tune.report`` (with a checkpoint) per epoch."""
+    import ray
     from ray import tune
 
-    cfg = trial_config(template, config)
+    cfg = trial_config(on_this_node(template), config)
     resume = None
     checkpoint = tune.get_checkpoint()
     if checkpoint is not None:
         with checkpoint.as_directory() as directory:
             resume = torch.load(os.path.join(directory, STATE_FILE), weights_only=True)
 
+    node_id = ray.get_runtime_context().get_node_id()
+
     def report(metrics: dict[str, Any], get_state) -> None:
+        metrics = {**metrics, "node_id": node_id}
         if get_state is None:  # rejected before training: nothing to checkpoint
             tune.report(metrics)
             return

@@ -47,7 +47,7 @@ def ray_cluster():
         started = not ray.is_initialized()
         if started:
             # Export every second (Ray's floor), not every 10 s: the test reads the endpoint.
-            ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, configure_logging=True,
+            ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False, configure_logging=True,
                      logging_level="WARNING", _system_config={"metrics_report_interval_ms": 1000})
         yield ray
         if started:

@@ -294,7 +294,7 @@ def ray_cluster():
         mp.delenv("RAY_ADDRESS", raising=False)  # always a fresh local cluster here
         started = not ray.is_initialized()
         if started:
-            ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+            ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
                      configure_logging=True, logging_level="WARNING")
         yield ray
         if started:

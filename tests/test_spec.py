@@ -87,6 +87,10 @@ MALFORMED = [
     ({"scheduler": {"name": "hyperband"}}, "scheduler.name: 'hyperband' is not allowed"),
     ({"algorithm": {"name": "cmaes"}}, "algorithm.name: 'cmaes' is not allowed"),
     ({"resources": {"cpus": 0}}, "resources.cpus: must be positive"),
+    ({"resources": {"gpus": 1.5}}, "resources.gpus: above 1 must be a whole number"),
+    ({"resources": {"custom": {"GPU": 1}}}, "resources.custom: 'GPU' is a built-in resource; set resources.cpus / resources.gpus"),
+    ({"resources": {"custom": {"a100": 0}}}, "resources.custom: a100: must be positive"),
+    ({"resources": {"custom": ["a100"]}}, "resources.custom: expected a mapping"),
     ({"name": "a/b"}, "name: 'a/b' is not usable as a folder name"),
     ({"train": {"lr": 0.01}}, "space.lr: is also set under train"),
     ({"models": [{"name": "ls_gmm_nano"}]}, "model: give either 'model:' (one model) or 'models:'"),
@@ -211,3 +215,9 @@ def test_every_space_samples_configs_that_build(path):
         study.tell(trial, 0.0)
     if spec.conditional:
         assert len(built) > 1
+
+
+def test_resources_reach_ray_as_asked(tmp_path):
+    path = tmp_path / "cluster.yaml"
+    path.write_text(yaml.safe_dump(_with({"resources": {"cpus": 4, "gpus": 0.25, "custom": {"a100": 1}}})))
+    assert load_spec(path).resources.ray_resources() == {"cpu": 4.0, "gpu": 0.25, "a100": 1.0}

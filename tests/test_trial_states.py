@@ -77,7 +77,7 @@ def test_every_ending_is_recorded_with_its_state(tmp_path):
     callback = StoreCallback(store, experiment="states", model="fake", spec_hash="x", git_commit=None, seed=0,
                              total_trials=len(KINDS), time_limit_s=None, max_epochs=1,
                              objective_keys=["best_val_acc", "throughput"], out=out)
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
     try:
         tuner = tune.Tuner(
             _fake_trainable(str(tmp_path)),

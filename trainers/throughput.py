@@ -11,19 +11,18 @@ threads, memory layout and torch version. Knobs that only change the initial val
 training (ConViT's locality strength, a gate's learning rate, T-CNN's conversion epoch) leave
 the fingerprint alone, so every trial of one architecture gets the same number, and the Pareto
 front compares architectures rather than the machine's noise between two measurements.
-Measurements on one node take a per-device lock, so two trials never time the same device at
-once (they would slow each other down).
+A measurement has its device to itself: it takes the device's lock exclusively, so neither
+another measurement nor a trial training on the same device (a shared GPU, the machine's CPU)
+runs while it times (see ``trainers._device_share``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import hashlib
 import json
 import os
 import platform
-import re
 import statistics
 import time
 from contextlib import nullcontext
@@ -35,6 +34,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from trainers._atomic import atomic_write
+from trainers._device_share import device_share
 
 __all__ = [
     "ThroughputResult",
@@ -188,7 +188,7 @@ def measure_model(
     cached = _read_cached(path)
     if cached is not None:
         return cached
-    with _device_lock(cache_dir, key_fields["device"]):
+    with device_share(device).exclusive():
         cached = _read_cached(path)  # another trial may have measured it while we waited
         if cached is not None:
             return cached
@@ -217,24 +217,3 @@ def _read_cached(path: Path | None) -> dict[str, Any] | None:
         return {**json.loads(path.read_text()), "throughput_cached": True}
     except (OSError, ValueError):
         return None  # unreadable: measure again and overwrite it
-
-
-class _device_lock:
-    """An exclusive flock per device name under the cache folder (none without a cache)."""
-
-    def __init__(self, cache_dir: str | os.PathLike | None, device: str) -> None:
-        self.path = None if cache_dir is None else Path(cache_dir) / f".lock-{re.sub(r'[^A-Za-z0-9]+', '-', device)}"
-        self.handle = None
-
-    def __enter__(self) -> "_device_lock":
-        if self.path is not None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.handle = open(self.path, "a")
-            fcntl.flock(self.handle, fcntl.LOCK_EX)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.handle is not None:
-            fcntl.flock(self.handle, fcntl.LOCK_UN)
-            self.handle.close()
-

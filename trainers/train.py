@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 import trainers.models  # noqa: F401  (registers this project's model families with timm)
+from trainers._device_share import device_share
 from trainers._malloc import retain_freed_memory
 from trainers.config import TrialConfig
 from trainers.data import make_loader
@@ -243,6 +244,7 @@ def train_trial(
                                 stop_reason=history[-1]["stop_reason"], measurement=measurement)
 
     train_loader.next_epoch = start_epoch  # a resumed trial sees the batches it would have seen
+    share = device_share(device)
     stop_reason = "max_epochs"
     for epoch in range(start_epoch, cfg.epochs):
         epoch_start = time.perf_counter()
@@ -253,36 +255,40 @@ def train_trial(
                 for param in previous.state:
                     optimizer.state[param] = previous.state[param]
         start_step = schedule_start()
-        model.train()
-        loss_sum = torch.zeros((), device=device)
-        nonfinite = torch.zeros((), dtype=torch.bool, device=device)
-        lr = settings.lr
-        for step, (images, labels) in enumerate(train_loader):  # (B, C, H, W), (B,)
-            global_step = epoch * steps_per_epoch + step
-            lr = lr_at(global_step - start_step, total_steps=total_steps - start_step, warmup_steps=warmup_steps,
-                       peak_lr=settings.lr, min_lr=settings.min_lr)
-            for group in optimizer.param_groups:
-                group["lr"] = lr * group.get("lr_scale", 1.0)
-            with autocast():
-                loss = criterion(model(images), labels)
-            nonfinite |= ~torch.isfinite(loss.detach())
-            # Checking every step would sync the GPU each step; every 50 is soon enough.
-            if (step % 50 == 49 or step == steps_per_epoch - 1) and bool(nonfinite):
-                raise NonFiniteLossError(
-                    f"training loss became {loss.item()} at epoch {epoch + 1}, step {step + 1}; "
-                    f"lower the learning rate (lr={settings.lr:g}) or set train.grad_clip"
-                )
-            optimizer.zero_grad(set_to_none=True)
-            scaler.scale(loss).backward()
-            if settings.grad_clip is not None:
-                scaler.unscale_(optimizer)
-                nn.utils.clip_grad_norm_(model.parameters(), settings.grad_clip)
-            scaler.step(optimizer)
-            scaler.update()
-            loss_sum += loss.detach().float()
-        train_time = time.perf_counter() - epoch_start
+        # Shared with other trials on this device; a throughput measurement waits for us to step
+        # aside (share.step()). Not held across the report: Tune may never resume this thread.
+        with share.training():
+            model.train()
+            loss_sum = torch.zeros((), device=device)
+            nonfinite = torch.zeros((), dtype=torch.bool, device=device)
+            lr = settings.lr
+            for step, (images, labels) in enumerate(train_loader):  # (B, C, H, W), (B,)
+                global_step = epoch * steps_per_epoch + step
+                lr = lr_at(global_step - start_step, total_steps=total_steps - start_step, warmup_steps=warmup_steps,
+                           peak_lr=settings.lr, min_lr=settings.min_lr)
+                for group in optimizer.param_groups:
+                    group["lr"] = lr * group.get("lr_scale", 1.0)
+                with autocast():
+                    loss = criterion(model(images), labels)
+                nonfinite |= ~torch.isfinite(loss.detach())
+                # Checking every step would sync the GPU each step; every 50 is soon enough.
+                if (step % 50 == 49 or step == steps_per_epoch - 1) and bool(nonfinite):
+                    raise NonFiniteLossError(
+                        f"training loss became {loss.item()} at epoch {epoch + 1}, step {step + 1}; "
+                        f"lower the learning rate (lr={settings.lr:g}) or set train.grad_clip"
+                    )
+                optimizer.zero_grad(set_to_none=True)
+                scaler.scale(loss).backward()
+                if settings.grad_clip is not None:
+                    scaler.unscale_(optimizer)
+                    nn.utils.clip_grad_norm_(model.parameters(), settings.grad_clip)
+                scaler.step(optimizer)
+                scaler.update()
+                loss_sum += loss.detach().float()
+                share.step()
+            train_time = time.perf_counter() - epoch_start
 
-        val_loss, val_acc = evaluate(model, val_loader, autocast=autocast)
+            val_loss, val_acc = evaluate(model, val_loader, autocast=autocast)
         best_val_loss = min(best_val_loss, val_loss)
         if val_acc > best_val_acc:
             best_val_acc, bad_epochs = val_acc, 0

@@ -31,15 +31,21 @@ moves between `LocalityConViT` and timm's `ConVit` unchanged (same keys, same sh
 * Where it runs (all exact, same numbers up to rounding; `benchmarks/gpsa_layer.py` times them):
   - the q, k and v projections are one matmul (the `qk` and `v` weights concatenated per call;
     the parameters and state-dict keys stay timm's);
-  - training on the CPU (float32/float64, no autocast): `gated_attention`, one autograd function
+  - on the CPU (training and inference): `gated_attention`, one autograd function
     for the attention core. Forward: S = Q K^T / sqrt(d) (one batched GEMM), softmax, the mixed
     A = (1 - s) softmax(S) + s P (one pass, P broadcast over the batch), A @ V. Backward by hand
     from the saved softmax and A: dV = A^T dO, dA = dO V^T, dS = (1 - s) / sqrt(d) * softmax'(dA),
     dQ = dS K, dK = dS^T Q; the gate's and P's gradients from sum_b dA (skipped when frozen).
     On a 2-core CPU this beats fused SDPA plus a separate P @ V: the maps are small (N <= 196)
-    and the GEMMs batched;
-  - otherwise (inference, CUDA, autocast): fused `scaled_dot_product_attention` for the content
-    term and one GEMM per head, P @ V, for the whole batch.
+    and the GEMMs batched. Without autograd the same core runs in place on one buffer;
+  - under CPU autocast (bf16/fp16; the trainer's `precision: bf16`) the q/k/v and output
+    projections run in bf16 as autocast decides, and the attention core computes in float32
+    (q, k, v cast up in the same pass as their layout copy, the output cast back in the pass that
+    lays it out for the projection): on the CPU the 49..196-sized batched GEMMs and the map-sized
+    softmax are no faster in bf16 (the softmax is slower), so this is both quicker and more exact
+    than timm's ConViT under the same autocast;
+  - otherwise (CUDA): fused `scaled_dot_product_attention` for the content term and one GEMM per
+    head, P @ V, for the whole batch.
 * Knobs the search needs: `gate_init` (initial gating parameter; paper 1.0) and `gate_lr_mult`
   (learning-rate multiplier for the gating parameters, applied through `param_groups()`).
 * With `local_up_to_layer == depth` (every layer GPSA) no self-attention layer is left to read the
@@ -106,9 +112,36 @@ def _square_grid(num_patches: int) -> GridSize:
     return side, side
 
 
+_FULL_PRECISION = (torch.float32, torch.float64)
+_CPU_CORE_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype the attention core computes in: float32/64 as given, float32 below that."""
+    return dtype if dtype in _FULL_PRECISION else torch.float32
+
+
+def _as_compute(qkv: torch.Tensor) -> torch.Tensor:
+    """qkv (3, B, H, N, d) contiguous in its compute dtype: the layout copy and the cast in one pass."""
+    dtype = _compute_dtype(qkv.dtype)
+    if qkv.dtype == dtype:
+        return qkv.contiguous()
+    return torch.empty(qkv.shape, dtype=dtype, device=qkv.device).copy_(qkv)
+
+
+def _as_output(out: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The core's (B, H, N, d) result in `dtype`: as computed when the dtypes agree, else cast in
+    one pass into a (B, N, H, d)-contiguous buffer (returned as its (B, H, N, d) view), so the
+    caller's transpose + reshape to (B, N, C) is free."""
+    if out.dtype == dtype:
+        return out
+    B, H, N, d = out.shape
+    return torch.empty(B, N, H, d, dtype=dtype, device=out.device).copy_(out.transpose(1, 2)).transpose(1, 2)
+
+
 def _gated_attention_forward(qkv: torch.Tensor, gate: torch.Tensor, pos: torch.Tensor,
                              scale: float) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(out (B, H, N, d), softmax(S) and A (B*H, N, N)) for `gated_attention`'s inputs."""
+    """(out (B, H, N, d), softmax(S) and A (B*H, N, N)) for `gated_attention`'s inputs (one dtype)."""
     _, B, H, N, d = qkv.shape
     q, k, v = qkv.view(3, B * H, N, d).unbind(0)  # (B*H, N, d) each
     scores = torch.baddbmm(qkv.new_empty(B * H, N, N), q, k.transpose(1, 2), beta=0., alpha=scale)  # S
@@ -121,21 +154,38 @@ def _gated_attention_forward(qkv: torch.Tensor, gate: torch.Tensor, pos: torch.T
 
 
 class _GatedAttention(torch.autograd.Function):
-    """The GPSA core with a hand-written backward (see `gated_attention`)."""
+    """The GPSA core with a hand-written backward (see `gated_attention`).
+
+    gate and pos come in the compute dtype (float32/64); qkv may be bfloat16/float16 (from an
+    autocast linear): it is cast up on the way in, the output cast back on the way out, and the
+    backward mirrors both (its qkv gradient in qkv's dtype). Autocast is off inside, so every op
+    runs in the compute dtype.
+    """
 
     @staticmethod
     def forward(ctx, qkv: torch.Tensor, gate: torch.Tensor, pos: torch.Tensor, scale: float) -> torch.Tensor:
-        out, soft, attn = _gated_attention_forward(qkv, gate, pos, scale)
-        ctx.save_for_backward(qkv, gate, pos, soft, attn)
+        with torch.autocast('cpu', enabled=False):
+            qkv_c = _as_compute(qkv)
+            out, soft, attn = _gated_attention_forward(qkv_c, gate, pos, scale)
+        ctx.save_for_backward(qkv_c, gate, pos, soft, attn)
         ctx.scale = scale
-        return out
+        ctx.in_dtype = qkv.dtype
+        return _as_output(out, qkv.dtype)
 
     @staticmethod
     def backward(ctx, d_out: torch.Tensor):
+        with torch.autocast('cpu', enabled=False):
+            return _GatedAttention._backward(ctx, d_out)
+
+    @staticmethod
+    def _backward(ctx, d_out: torch.Tensor):
         qkv, gate, pos, soft, attn = ctx.saved_tensors
         _, B, H, N, d = qkv.shape
         q, k, v = qkv.view(3, B * H, N, d).unbind(0)
-        d_out = d_out.reshape(B * H, N, d)
+        if d_out.dtype == qkv.dtype:
+            d_out = d_out.reshape(B * H, N, d)
+        else:  # cast up and lay out for the batched GEMMs in one pass
+            d_out = torch.empty(B, H, N, d, dtype=qkv.dtype, device=qkv.device).copy_(d_out).view(B * H, N, d)
         d_qkv = torch.empty_like(qkv)  # filled in place: no stacking copy afterwards
         dq, dk, dv = d_qkv.view(3, B * H, N, d).unbind(0)
         d_attn = torch.bmm(d_out, v.transpose(1, 2))  # dA (B*H, N, N)
@@ -153,19 +203,27 @@ class _GatedAttention(torch.autograd.Function):
         d_scores.view(B, H, N, N).mul_(((1. - gate) * ctx.scale).view(H, 1, 1))
         torch.bmm(d_scores, k, out=dq)
         torch.bmm(d_scores.transpose(1, 2), q, out=dk)
+        if ctx.in_dtype != d_qkv.dtype:  # back to qkv's dtype, laid out as the linear wrote it (B, N, 3, H, d)
+            d_low = torch.empty(B, N, 3, H, d, dtype=ctx.in_dtype, device=d_qkv.device)
+            d_qkv = d_low.copy_(d_qkv.permute(1, 3, 0, 2, 4)).permute(2, 0, 3, 1, 4)
         return d_qkv, d_gate, d_pos, None
 
 
 def gated_attention(qkv: torch.Tensor, gate: torch.Tensor, pos: torch.Tensor, scale: float) -> torch.Tensor:
     """((1 - s) softmax(Q K^T * scale) + s P) @ V per head, differentiable in all three inputs.
 
-    qkv: (3, B, H, N, d), contiguous (q, k, v stacked); gate: s (H,) in [0, 1]; pos: P (H, N, N),
-    shared by the batch. Returns (B, H, N, d). Forms the B x H x N x N maps (saved for the
-    backward), so it is meant for the CPU, where that beats the fused kernels at GPSA's sizes.
+    qkv: (3, B, H, N, d), any strides (q, k, v stacked); gate: s (H,) in [0, 1]; pos: P (H, N, N),
+    shared by the batch. Returns (B, H, N, d) in qkv's dtype. Forms the B x H x N x N maps (saved
+    for the backward), so it is meant for the CPU, where that beats the fused kernels at GPSA's
+    sizes. The core computes in float32 when qkv is bfloat16/float16 (e.g. under CPU autocast):
+    on the CPU the small batched GEMMs and the map-sized softmax are no faster in bfloat16 (the
+    softmax is slower), so only the casts at the edges are paid, and the attention is more exact.
     """
-    qkv = qkv.contiguous()
+    dtype = _compute_dtype(qkv.dtype)
+    gate, pos = gate.to(dtype), pos.to(dtype)
     if not torch.is_grad_enabled() or not any(t.requires_grad for t in (qkv, gate, pos)):
-        return _gated_attention_inference(qkv, gate, pos, scale)
+        with torch.autocast('cpu', enabled=False):
+            return _as_output(_gated_attention_inference(_as_compute(qkv), gate, pos, scale), qkv.dtype)
     return _GatedAttention.apply(qkv, gate, pos, scale)
 
 
@@ -294,10 +352,10 @@ class GPSA(nn.Module):
         return F.linear(x, weight, bias)
 
     def _use_gated_attention(self, x: torch.Tensor) -> bool:
-        """The explicit core (`gated_attention`): on the CPU in float32/64 without autocast, for
-        training and inference alike (see the module doc); elsewhere fused SDPA + P @ V."""
-        return (x.device.type == 'cpu' and x.dtype in (torch.float32, torch.float64)
-                and not torch.is_autocast_enabled('cpu'))
+        """The explicit core (`gated_attention`): on the CPU, for training and inference alike, in
+        float32/64 and in bfloat16/float16 (CPU autocast, or a model cast to that dtype); see the
+        module doc. Elsewhere (CUDA) fused SDPA + P @ V."""
+        return x.device.type == 'cpu' and x.dtype in _CPU_CORE_DTYPES
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, N, C = x.shape

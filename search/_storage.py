@@ -1,0 +1,145 @@
+"""Where a study lives: a folder, or a URI that every node of a cluster can reach.
+
+``storage`` (the spec's key, ``--storage``) is a path -- on one machine, or a shared mount such
+as NFS that every node sees at the same path -- or a URI that pyarrow's filesystems open:
+``s3://bucket/prefix``, ``gs://bucket/prefix``, ``hdfs://...``, ``file:///mnt/shared`` (the same
+filesystems Ray Tune uses for its ``storage_path``; S3 options go in the query string, e.g.
+``s3://bucket/studies?endpoint_override=http://10.0.0.2:9000&scheme=http``).
+
+With a URI:
+
+- Ray Tune writes trial checkpoints and its experiment state there itself, from every node;
+- the driver keeps the study's own files (``experiment.json``, the Parquet files, the Optuna
+  journal) in a *staging* folder on its machine and uploads each one after every write. An
+  upload never leaves a half-written object: object stores (S3, GCS, Azure) make an object
+  visible only once its upload completes; on other filesystems the file is written under a
+  temporary name and renamed;
+- ``python -m search resume URI`` (from any machine with access) and the readers (``pareto``,
+  ``search.load``, ...) download those files into the staging folder first.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import uuid
+from collections.abc import Iterable
+from pathlib import Path
+
+from trainers.errors import ConfigError
+
+__all__ = ["is_uri", "StudyLocation", "study_location", "STUDY_FILES"]
+
+# The study's own files, beside Tune's folder ("ray"): what is uploaded and downloaded.
+STUDY_FILES = ("experiment.json", "trials.parquet", "epochs.parquet", "pareto.parquet", "progress.parquet", "optuna.journal")
+_OBJECT_STORES = {"s3", "gcs", "abfs"}  # an upload is all or nothing; no rename needed (nor cheap)
+_URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def is_uri(location: str | os.PathLike) -> bool:
+    return bool(_URI.match(str(location)))
+
+
+def _staging_root() -> Path:
+    from search._runner import default_cache_dir
+
+    return default_cache_dir().parent / "studies"
+
+
+class StudyLocation:
+    """One study's place: ``local`` is the folder the driver reads and writes; with a URI it
+    is a staging copy, and ``push``/``pull`` move the study files to and from the URI."""
+
+    def __init__(self, location: str | os.PathLike) -> None:
+        self.uri = str(location) if is_uri(location) else None
+        if self.uri is None:
+            self.local = Path(location).expanduser().resolve()
+            self.fs, self.path = None, None
+            return
+        import pyarrow.fs
+
+        try:
+            self.fs, self.path = pyarrow.fs.FileSystem.from_uri(self.uri)
+        except (pyarrow.ArrowInvalid, pyarrow.ArrowNotImplementedError, OSError) as exc:
+            raise ConfigError(f"storage {self.uri}: pyarrow cannot open it ({str(exc).splitlines()[0]}); "
+                              "use a path, or an s3://, gs://, hdfs:// or file:// URI") from None
+        self.path = self.path.rstrip("/")
+        digest = hashlib.sha256(self.uri.encode()).hexdigest()[:16]
+        self.local = _staging_root() / f"{Path(self.path).name or 'study'}-{digest}"
+
+    def __repr__(self) -> str:
+        return f"StudyLocation({self.uri or str(self.local)!r})"
+
+    def __str__(self) -> str:
+        return self.uri or str(self.local)
+
+    # pyarrow filesystems pickle, but the staging folder is this machine's: rebuild it from the
+    # URI wherever the location is unpickled (Tune restores the store on another machine).
+    def __reduce__(self):
+        return (StudyLocation, (self.uri or str(self.local),))
+
+    # -- Tune -------------------------------------------------------------------------------
+    def tune_storage(self) -> tuple[str, object | None]:
+        """``(storage_path, storage_filesystem)`` for Tune's RunConfig and Tuner.restore."""
+        if self.uri is None:
+            return str(self.local), None
+        return self.path, self.fs
+
+    def tune_dir(self, name: str = "ray") -> str:
+        return f"{self.path}/{name}" if self.uri else str(self.local / name)
+
+    # -- files ------------------------------------------------------------------------------
+    def exists(self, name: str) -> bool:
+        if self.uri is None:
+            return (self.local / name).exists()
+        import pyarrow.fs
+
+        return self.fs.get_file_info(f"{self.path}/{name}").type != pyarrow.fs.FileType.NotFound
+
+    def push(self, names: Iterable[str] = STUDY_FILES) -> None:
+        """Upload the staged files ``names`` (those that exist) to the URI, each all or nothing."""
+        if self.uri is None:
+            return
+        self.fs.create_dir(self.path, recursive=True)
+        for name in names:
+            source = self.local / name
+            if not source.is_file():
+                continue
+            target = f"{self.path}/{name}"
+            direct = self.fs.type_name in _OBJECT_STORES
+            temporary = target if direct else f"{self.path}/.{name}.{uuid.uuid4().hex[:8]}.tmp"
+            with open(source, "rb") as src, self.fs.open_output_stream(temporary) as dst:
+                shutil.copyfileobj(src, dst, 1 << 20)
+            if not direct:
+                self.fs.move(temporary, target)
+
+    def pull(self, names: Iterable[str] = STUDY_FILES) -> list[str]:
+        """Download ``names`` (those the URI has) into the staging folder; the names fetched."""
+        if self.uri is None:
+            return [n for n in names if (self.local / n).is_file()]
+        import pyarrow.fs
+
+        self.local.mkdir(parents=True, exist_ok=True)
+        fetched = []
+        for name in names:
+            source = f"{self.path}/{name}"
+            if self.fs.get_file_info(source).type != pyarrow.fs.FileType.File:
+                continue
+            staged = self.local / f".{name}.{uuid.uuid4().hex[:8]}.tmp"
+            with self.fs.open_input_stream(source) as src, open(staged, "wb") as dst:
+                shutil.copyfileobj(src, dst, 1 << 20)
+            os.replace(staged, self.local / name)
+            fetched.append(name)
+        return fetched
+
+
+def study_location(storage: str | os.PathLike, name: str | None = None) -> StudyLocation:
+    """The study ``name`` under ``storage`` (a path or URI), or the study at ``storage`` itself."""
+    if name is None:
+        return StudyLocation(storage)
+    if is_uri(storage):
+        base, sep, query = str(storage).partition("?")  # s3://bucket/prefix?endpoint_override=...
+        return StudyLocation(f"{base.rstrip('/')}/{name}{sep}{query}")
+    return StudyLocation(Path(storage).expanduser() / name)

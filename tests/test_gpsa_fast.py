@@ -1,0 +1,184 @@
+"""GPSA's CPU core under reduced precision (bf16 / fp16 autocast, or bf16 tensors): against timm under
+the same autocast and against a float64 reference; the eval-mode positional cache under autocast."""
+import copy
+
+import pytest
+import torch
+from timm.models.convit import GPSA as TimmGPSA
+from timm.models.convit import ConVit as TimmConVit
+
+import trainers.models  # noqa: F401  (registers ls_convit_* with timm)
+from trainers.models.ls_convit import GPSA, LocalityConViT, gated_attention
+
+NANO = dict(img_size=28, patch_size=4, in_chans=1, num_classes=10)
+
+
+def _perturb(module: torch.nn.Module, scale: float, seed: int = 0) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.add_(scale * torch.randn(p.shape, generator=gen, dtype=p.dtype))
+
+
+def _pair(dim=96, heads=4, seed=0):
+    torch.manual_seed(seed)
+    ref = TimmGPSA(dim, num_heads=heads)
+    ref.local_init()
+    _perturb(ref, 0.05, seed)
+    ours = GPSA(dim, num_heads=heads)
+    ours.load_state_dict(ref.state_dict())
+    return ref, ours
+
+
+def _run(layer, x, w, dtype):
+    """output (float64) and gradients (x and parameters, float64) of (layer(x) * w).sum()."""
+    layer.zero_grad(set_to_none=True)
+    x = x.clone().requires_grad_()
+    ctx = torch.autocast('cpu', dtype=dtype) if dtype is not None else torch.autocast('cpu', enabled=False)
+    with ctx:
+        y = layer(x)
+    (y.double() * w).sum().backward()
+    return y, x.grad.double(), {n: p.grad.double() for n, p in layer.named_parameters()}
+
+
+def _rel(a, b):
+    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-12)).item()
+
+
+@pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16])
+def test_gpsa_under_autocast_matches_timm_under_autocast(dtype):
+    ref, ours = _pair()
+    exact = copy.deepcopy(ref).double()
+    x = torch.randn(8, 49, 96)
+    w = torch.randn(8, 49, 96, dtype=torch.float64)
+    assert ours._use_gated_attention(x)  # the CPU core under autocast, not the fused fallback
+    y_ref, gx_ref, gp_ref = _run(ref, x, w, dtype)
+    y_ours, gx_ours, gp_ours = _run(ours, x, w, dtype)
+    y_64, gx_64, gp_64 = _run(exact, x.double(), w, None)
+    assert y_ours.dtype == y_ref.dtype == dtype  # autocast's output dtype, as timm
+    # bf16 rounds to 2^-9 relative, fp16 to 2^-12: compare against timm and against float64
+    tol = 3e-2 if dtype == torch.bfloat16 else 4e-3
+    assert _rel(y_ours.double(), y_ref.double()) < tol
+    assert _rel(y_ours.double(), y_64) < tol
+    assert torch.isfinite(gx_ours).all()
+    assert _rel(gx_ours, gx_ref) < tol and _rel(gx_ours, gx_64) < tol
+    for name, g in gp_ours.items():
+        assert torch.isfinite(g).all(), name
+        assert g.dtype == torch.float64 and ours.get_parameter(name).grad.dtype == torch.float32, name
+        if name == 'pos_proj.bias':  # its true gradient is 0 (softmax ignores a per-head shift)
+            assert g.abs().max() < 1e-2 * gp_64['pos_proj.weight'].abs().max()
+            continue
+        assert _rel(g, gp_64[name]) < 2 * tol, name
+        assert _rel(g, gp_ref[name]) < 2 * tol, name
+    # not worse than timm's own reduced-precision error (with slack for rounding luck)
+    assert _rel(y_ours.double(), y_64) < 2 * _rel(y_ref.double(), y_64) + 1e-3
+    assert _rel(gx_ours, gx_64) < 2 * _rel(gx_ref, gx_64) + 1e-3
+
+
+def test_gpsa_under_autocast_inference_matches_training_path():
+    ref, ours = _pair(seed=1)
+    x = torch.randn(4, 49, 96)
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        y_grad = ours(x.requires_grad_())  # the autograd function
+        with torch.inference_mode():
+            y_inf = ours.eval()(x.detach())  # the no-grad core (and the cached P)
+            y_inf2 = ours(x.detach())
+    # the same float32 core (lerp vs addcmul: float32 rounding), then one bf16 rounding: at most an ulp apart
+    torch.testing.assert_close(y_inf, y_grad.detach(), rtol=2 ** -7, atol=1e-3)
+    torch.testing.assert_close(y_inf2, y_inf, rtol=0, atol=0)  # the cached P gives the same numbers
+
+
+def test_gated_attention_bfloat16_inputs_compute_in_float32():
+    gen = torch.Generator().manual_seed(0)
+    B, H, N, d = 3, 4, 16, 8
+    qkv = torch.randn(B, N, 3, H, d, generator=gen).bfloat16().permute(2, 0, 3, 1, 4)  # as the linear writes it
+    gate = torch.sigmoid(torch.randn(H, generator=gen))
+    pos = torch.softmax(torch.randn(H, N, N, generator=gen), -1)
+    w = torch.randn(B, H, N, d, generator=gen)
+    # reference: the same formula in float32 on the bf16-rounded inputs, autograd through it
+    q32 = qkv.float().detach().requires_grad_()
+    g32, p32 = gate.clone().requires_grad_(), pos.clone().requires_grad_()
+    q, k, v = q32
+    attn = (1 - g32.view(-1, 1, 1)) * torch.softmax(q @ k.transpose(-2, -1) * 0.3, -1) + g32.view(-1, 1, 1) * p32
+    y_ref = attn @ v
+    (y_ref * w).sum().backward()
+
+    x = qkv.detach().requires_grad_()
+    g, p = gate.clone().requires_grad_(), pos.clone().requires_grad_()
+    y = gated_attention(x, g, p, 0.3)
+    assert y.dtype == torch.bfloat16 and y.shape == (B, H, N, d)
+    torch.testing.assert_close(y.float(), y_ref.bfloat16().float(), rtol=0, atol=0.02)  # only the final rounding
+    (y.float() * w).sum().backward()
+    assert x.grad.dtype == torch.bfloat16 and g.grad.dtype == p.grad.dtype == torch.float32
+    # the gradient that reaches the core is the bf16-rounded w: compare against that
+    torch.testing.assert_close(x.grad.float(), q32.grad, rtol=2e-2, atol=2e-2 * q32.grad.abs().max().item())
+    torch.testing.assert_close(g.grad, g32.grad, rtol=2e-2, atol=2e-2 * g32.grad.abs().max().item())
+    torch.testing.assert_close(p.grad, p32.grad, rtol=2e-2, atol=2e-2 * p32.grad.abs().max().item())
+    with torch.no_grad():  # the inference core: the same numbers
+        torch.testing.assert_close(gated_attention(qkv, gate, pos, 0.3), y.detach(), rtol=0, atol=0)
+
+
+def test_gpsa_in_bfloat16_weights():
+    ref, ours = _pair(seed=2)
+    ours = ours.bfloat16()
+    x = torch.randn(4, 49, 96)
+    with torch.no_grad():
+        y = ours(x.bfloat16())
+        y_ref = ref(x)
+    assert y.dtype == torch.bfloat16
+    assert _rel(y.double(), y_ref.double()) < 5e-2
+    xb = x.bfloat16().requires_grad_()
+    ours(xb).float().sum().backward()
+    assert torch.isfinite(xb.grad.float()).all() and all(torch.isfinite(p.grad.float()).all() for p in ours.parameters())
+
+
+@pytest.mark.parametrize('local', [1, 2])
+def test_model_under_bf16_autocast_matches_timm(local):
+    cfg = dict(**NANO, depth=3, num_heads=4, local_up_to_layer=local, locality_strength=1.5)
+    torch.manual_seed(0)
+    ref = TimmConVit(embed_dim=8, **cfg)
+    ours = LocalityConViT(embed_dim=32, **cfg)
+    _perturb(ref, 0.1)
+    ours.load_state_dict(ref.state_dict())
+    x = torch.randn(4, 1, 28, 28)
+    outs = []
+    for model in (ref, ours):
+        xx = x.clone().requires_grad_()
+        with torch.autocast('cpu', dtype=torch.bfloat16):
+            y = model(xx)
+        y.float().square().sum().backward()
+        outs.append((y.float(), xx.grad, {n: p.grad for n, p in model.named_parameters()}))
+    (y_ref, g_ref, p_ref), (y_ours, g_ours, p_ours) = outs
+    assert _rel(y_ours, y_ref) < 3e-2
+    assert torch.isfinite(g_ours).all() and _rel(g_ours, g_ref) < 5e-2
+    for name, g in p_ours.items():
+        assert torch.isfinite(g).all(), name
+        if not name.endswith('pos_proj.bias'):  # true gradient 0
+            assert _rel(g, p_ref[name]) < 1e-1, name
+    with torch.inference_mode(), torch.autocast('cpu', dtype=torch.bfloat16):
+        assert _rel(ours.eval()(x).float(), ref.eval()(x).float()) < 3e-2
+
+
+def test_cached_positional_attention_under_autocast_follows_weight_updates():
+    torch.manual_seed(0)
+    model = LocalityConViT(**NANO, embed_dim=32, depth=2, num_heads=4, local_up_to_layer=1)
+    x = torch.randn(2, 1, 28, 28)
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+
+    def infer(m):
+        with torch.inference_mode(), torch.autocast('cpu', dtype=torch.bfloat16):
+            return m.eval()(x)
+
+    before = infer(model)
+    torch.testing.assert_close(infer(model), before, rtol=0, atol=0)  # served from the cache
+    model.train()
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        loss = model(x).float().square().sum()
+    loss.backward()
+    assert model.blocks[0].attn.pos_proj.weight.grad.abs().max() > 0
+    opt.step()  # changes pos_proj in place: the cache must not serve the old P
+    after = infer(model)
+    fresh = copy.deepcopy(model)  # no cache at all
+    fresh.blocks[0].attn._pos_cache = None
+    torch.testing.assert_close(after, infer(fresh), rtol=0, atol=0)
+    assert not torch.equal(after, before)

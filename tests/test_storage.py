@@ -1,0 +1,146 @@
+"""Studies stored at a URI through pyarrow's filesystems (search._storage): the driver stages
+its files locally and uploads each whole; Tune writes checkpoints there itself; readers and
+``resume`` download them again, on any machine."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+import search
+from search._storage import STUDY_FILES, StudyLocation, is_uri, study_location
+from trainers.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parent.parent
+
+SPEC = """
+name: at_uri
+dataset: {name: synthetic, val_fraction: 0.2}
+model: {name: ls_convit_nano}
+space:
+  lr: {type: loguniform, low: 1.0e-3, high: 5.0e-3}
+objectives:
+  - {metric: val_acc, mode: max}
+  - {metric: throughput, mode: max}
+budget: {trials: 2, max_epochs: 2}
+algorithm: {name: random, seed: 0}
+scheduler: {name: none}
+resources: {cpus: 1}
+train: {batch_size: 64, num_workers: 1, warmup_epochs: 0.2}
+throughput: {batch_size: 64, warmup: 1, repeats: 3}
+"""
+
+
+def test_uris_and_paths(tmp_path, monkeypatch):
+    monkeypatch.setenv("LOCALITY_SEARCH_CACHE", str(tmp_path / "cache" / "datasets"))
+    assert is_uri("s3://bucket/x") and is_uri("file:///tmp/x") and not is_uri("results") and not is_uri("/abs/path")
+    local = study_location(tmp_path / "results", "s1")
+    assert local.uri is None and local.local == (tmp_path / "results" / "s1").resolve()
+    assert local.tune_storage() == (str(local.local), None) and local.tune_dir() == str(local.local / "ray")
+    remote = study_location(f"file://{tmp_path}/remote", "s1")
+    assert remote.uri == f"file://{tmp_path}/remote/s1" and remote.path == f"{tmp_path}/remote/s1"
+    assert remote.local.parent == tmp_path / "cache" / "studies" and remote.local.name.startswith("s1-")
+    query = study_location("s3://bucket/studies?endpoint_override=http://127.0.0.1:9&scheme=http", "s2")
+    assert query.uri == "s3://bucket/studies/s2?endpoint_override=http://127.0.0.1:9&scheme=http"
+    assert query.path == "bucket/studies/s2"
+    with pytest.raises(ConfigError, match="pyarrow cannot open it"):
+        StudyLocation("nosuchscheme://x/y")
+
+
+def test_push_pull_round_trip(tmp_path, monkeypatch):
+    monkeypatch.setenv("LOCALITY_SEARCH_CACHE", str(tmp_path / "cache" / "datasets"))
+    location = StudyLocation(f"file://{tmp_path}/remote/study")
+    location.local.mkdir(parents=True)
+    (location.local / "experiment.json").write_text('{"name": "study"}')
+    (location.local / "optuna.journal").write_bytes(b"x" * 3_000_000)  # bigger than one copy chunk
+    location.push()
+    remote = tmp_path / "remote" / "study"
+    assert sorted(p.name for p in remote.iterdir()) == ["experiment.json", "optuna.journal"]  # no temporary left
+    assert location.exists("experiment.json") and not location.exists("trials.parquet")
+    # Another machine: the staging folder is rebuilt from the URI and filled by pull().
+    shutil.rmtree(location.local)
+    elsewhere = pickle.loads(pickle.dumps(location))
+    assert elsewhere.local == location.local and elsewhere.uri == location.uri
+    assert elsewhere.pull() == ["experiment.json", "optuna.journal"]
+    assert (elsewhere.local / "optuna.journal").read_bytes() == b"x" * 3_000_000
+    assert not [p for p in elsewhere.local.iterdir() if p.name.startswith(".")]
+
+
+def _run(*args: str, env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "search", *args], capture_output=True, text=True, cwd=ROOT,
+                          env=env, timeout=600)
+
+
+@pytest.fixture()
+def s3(monkeypatch):
+    """A real S3-protocol server (moto's) on loopback, with credentials in the environment."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                       "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}.items():
+        monkeypatch.setenv(key, value)
+    yield f"endpoint_override={host}:{port}&scheme=http&region=us-east-1"
+    server.stop()
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("scheme", ["file", "s3"])
+def test_search_at_a_uri_then_read_and_resume_elsewhere(tmp_path, monkeypatch, request, scheme):
+    monkeypatch.setenv("LOCALITY_SEARCH_CACHE", str(tmp_path / "cache" / "datasets"))
+    spec = tmp_path / "at_uri.yaml"
+    spec.write_text(SPEC)
+    if scheme == "file":
+        storage = f"file://{tmp_path}/bucket/studies"
+    else:
+        import pyarrow.fs
+
+        query = request.getfixturevalue("s3")
+        storage = f"s3://bucket/studies?{query}"
+        pyarrow.fs.FileSystem.from_uri(storage + "&allow_bucket_creation=true")[0].create_dir("bucket")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    location = study_location(storage, "at_uri")
+    uri = location.uri
+    out = _run("run", str(spec), "--storage", storage, env=env)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert f"results in {uri}" in out.stdout
+
+    import pyarrow.fs
+
+    fs, base = location.fs, location.path
+    names = {Path(i.path).name for i in fs.get_file_info(pyarrow.fs.FileSelector(base))}
+    assert names >= set(STUDY_FILES) | {"ray"}
+    assert not [n for n in names if n.endswith(".tmp")]
+    # Tune's checkpoints went there too, one folder per trial
+    ray_files = [i.path for i in fs.get_file_info(pyarrow.fs.FileSelector(f"{base}/ray", recursive=True))]
+    assert len({p.split("/ray/")[1].split("/")[0] for p in ray_files if "/checkpoint_" in p}) == 2
+    with fs.open_input_file(f"{base}/trials.parquet") as handle:
+        trials = pq.read_table(handle).to_pylist()  # read straight from the store
+    assert [t["state"] for t in trials] == ["COMPLETE", "COMPLETE"]
+
+    # Read back from the URI (the staging folder removed, as on another machine).
+    staging = StudyLocation(uri).local
+    shutil.rmtree(staging)
+    exp = search.load(uri)
+    assert sorted(exp.trials["trial_id"]) == sorted(t["trial_id"] for t in trials)
+    pareto = _run("pareto", uri, "--format", "json", env=env)
+    assert pareto.returncode == 0, pareto.stderr
+    assert trials[0]["trial_id"] in pareto.stdout or trials[1]["trial_id"] in pareto.stdout
+    shutil.rmtree(staging)
+    again = _run("resume", uri, env=env)  # nothing left to run: it restores from the URI and stops
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert f"resuming study at_uri in {uri}" in again.stdout
+    with fs.open_input_file(f"{base}/trials.parquet") as handle:
+        assert len(pq.read_table(handle)) == 2
+
+    taken = _run("run", str(spec), "--storage", storage, env=env)
+    assert taken.returncode == 2 and "already holds a study" in taken.stderr and "Traceback" not in taken.stderr
