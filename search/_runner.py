@@ -288,7 +288,6 @@ def _trainable_for(spec: SearchSpec, data, cache_dir: str | os.PathLike | None):
     return tune.with_resources(tune.with_parameters(run_tune_trial, template=template), spec.resources.ray_resources())
 
 
-OPTUNA_JOURNAL = "optuna.journal"
 
 
 def run_study(
@@ -351,16 +350,13 @@ def run_study(
 
     # The Optuna study lives in a journal next to the results: it survives a killed driver,
     # and optuna-dashboard opens it (optuna-dashboard <dir>/optuna.journal).
-    from optuna.storages import JournalStorage
-    from optuna.storages.journal import JournalFileBackend
-
     searcher = HonestOptunaSearch(
         space=OptunaSpace(spec.space, {m.name: m.space for m in spec.candidates}),
         metric=[TRIAL_VALUE_OF[m] for m, _ in objectives],
         mode=[mode for _, mode in objectives],
         sampler=make_sampler(spec),
         study_name=spec.name,
-        storage=JournalStorage(JournalFileBackend(str(exp_dir / OPTUNA_JOURNAL))),
+        journal=location,
     )
     if spec.scheduler.name == "asha":
         scheduler = ASHAScheduler(

@@ -25,6 +25,8 @@ from typing import Any
 
 from ray.tune.search.optuna import OptunaSearch
 
+from search._storage import JOURNAL_FILE
+
 __all__ = ["HonestOptunaSearch", "constraint_violation", "optuna_state_for", "trial_state", "nonfinite_objectives"]
 
 logger = logging.getLogger(__name__)
@@ -76,7 +78,35 @@ def optuna_state_for(result: dict[str, Any] | None, *, error: bool, metrics: lis
 
 class HonestOptunaSearch(OptunaSearch):
     """``OptunaSearch`` that reports trial ends by :func:`optuna_state_for`, and that cleans up
-    after a killed driver when Tune restores it."""
+    after a killed driver when Tune restores it.
+
+    With ``journal`` (the study's :class:`search._storage.StudyLocation`), the Optuna study lives
+    in ``optuna.journal`` of that study's local folder, reopened there at a restore: a study
+    stored at a URI may be resumed on another machine, whose staging folder differs from the one
+    in Tune's snapshot."""
+
+    def __init__(self, *args: Any, journal: Any = None, **kwargs: Any) -> None:
+        self._journal = journal
+        if journal is not None:
+            from optuna.storages import JournalStorage
+            from optuna.storages.journal import JournalFileBackend
+
+            kwargs["storage"] = JournalStorage(JournalFileBackend(str(journal.local / JOURNAL_FILE)))
+        super().__init__(*args, **kwargs)
+
+    def _reopen_journal(self) -> None:
+        """Point the study (and the trials handed out) at this machine's journal file."""
+        if getattr(self, "_journal", None) is None or self._ot_study is None:
+            return
+        import optuna
+        from optuna.storages import JournalStorage
+        from optuna.storages.journal import JournalFileBackend
+
+        storage = JournalStorage(JournalFileBackend(str(self._journal.local / JOURNAL_FILE)))
+        study = optuna.load_study(study_name=self._ot_study.study_name, storage=storage, sampler=self._ot_study.sampler)
+        self._storage, self._ot_study = storage, study
+        for trial in self._ot_trials.values():
+            trial.study, trial.storage = study, storage
 
     def restore(self, checkpoint_path: str) -> None:
         """Tune's snapshot of this searcher, plus the Optuna study as its journal has it now. A
@@ -85,6 +115,7 @@ class HonestOptunaSearch(OptunaSearch):
         from optuna.trial import TrialState
 
         super().restore(checkpoint_path)
+        self._reopen_journal()
         known = {t._trial_id for t in self._ot_trials.values()}
         for frozen in self._ot_study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             if frozen._trial_id not in known:

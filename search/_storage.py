@@ -30,10 +30,11 @@ from pathlib import Path
 
 from trainers.errors import ConfigError
 
-__all__ = ["is_uri", "StudyLocation", "study_location", "STUDY_FILES"]
+__all__ = ["is_uri", "StudyLocation", "study_location", "STUDY_FILES", "JOURNAL_FILE"]
 
+JOURNAL_FILE = "optuna.journal"  # the Optuna study (search._searcher.HonestOptunaSearch)
 # The study's own files, beside Tune's folder ("ray"): what is uploaded and downloaded.
-STUDY_FILES = ("experiment.json", "trials.parquet", "epochs.parquet", "pareto.parquet", "progress.parquet", "optuna.journal")
+STUDY_FILES = ("experiment.json", "trials.parquet", "epochs.parquet", "pareto.parquet", "progress.parquet", JOURNAL_FILE)
 _OBJECT_STORES = {"s3", "gcs", "abfs"}  # an upload is all or nothing; no rename needed (nor cheap)
 _URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 

@@ -136,9 +136,20 @@ def test_search_at_a_uri_then_read_and_resume_elsewhere(tmp_path, monkeypatch, r
     assert pareto.returncode == 0, pareto.stderr
     assert trials[0]["trial_id"] in pareto.stdout or trials[1]["trial_id"] in pareto.stdout
     shutil.rmtree(staging)
-    again = _run("resume", uri, env=env)  # nothing left to run: it restores from the URI and stops
+    # Another machine: its own staging folder (another cache), so every local path Tune's
+    # snapshot holds from the first driver is wrong there.
+    elsewhere = {**env, "LOCALITY_SEARCH_CACHE": str(tmp_path / "other-machine" / "datasets")}
+    again = _run("resume", uri, env=elsewhere)  # nothing left to run: it restores from the URI and stops
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert f"resuming study at_uri in {uri}" in again.stdout
+    assert "finished after Tune's last snapshot" not in again.stdout  # Tune's snapshot had both trials
+    import optuna
+
+    other = StudyLocation(uri)  # this process's staging: pulled fresh from the URI
+    other.pull()
+    journal = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(other.local / "optuna.journal")))
+    states = [t.state.name for t in optuna.load_study(study_name="at_uri", storage=journal).trials]
+    assert states == ["COMPLETE", "COMPLETE"]
     with fs.open_input_file(f"{base}/trials.parquet") as handle:
         assert len(pq.read_table(handle)) == 2
 
