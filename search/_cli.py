@@ -60,7 +60,7 @@ def _build_parser() -> argparse.ArgumentParser:
     _add_dashboard_host(run)
 
     resume = commands.add_parser("resume", help="finish a study whose driver stopped (killed, crashed, interrupted)")
-    resume.add_argument("study", help="the study folder, e.g. results/convit_locality")
+    resume.add_argument("study", help="the study folder or URI, e.g. results/convit_locality or s3://bucket/studies/convit_locality")
     resume.add_argument("--address", default=os.environ.get("RAY_ADDRESS"),
                         help="join this Ray cluster (default: $RAY_ADDRESS, else start a local one)")
     resume.add_argument("--cache-dir", help="where converted .beton files are kept (as for run)")
@@ -69,7 +69,7 @@ def _build_parser() -> argparse.ArgumentParser:
     pareto = commands.add_parser(
         "pareto", help="print the Pareto front of a study, or one trial of it (--select), or export it (--export)"
     )
-    pareto.add_argument("study", help="a study folder, e.g. results/convit_locality")
+    pareto.add_argument("study", help="a study folder or URI, e.g. results/convit_locality or s3://bucket/studies/convit_locality")
     pareto.add_argument("--format", choices=("table", "json", "csv"), default="table")
     pareto.add_argument("--device", metavar="NAME",
                         help="only trials whose throughput was measured on this device (throughput_device)")
@@ -113,7 +113,7 @@ def _build_parser() -> argparse.ArgumentParser:
                            "it sees every trial, config and path of the studies")
 
     report = commands.add_parser("report", help="write one self-contained HTML report (and a PNG of the front) of a study")
-    report.add_argument("study", help="a study folder, e.g. results/convit_locality")
+    report.add_argument("study", help="a study folder or URI, e.g. results/convit_locality")
     report.add_argument("--out", metavar="PATH.html",
                         help="where to write it (default: STUDY/report.html); the PNG goes beside it as <name>-front.png")
     return parser
