@@ -78,13 +78,18 @@ def _convit_pair(img_size: int, patch_size: int) -> tuple[torch.nn.Module, torch
 def _group(name: str) -> tuple[dict[str, Callable[[], torch.nn.Module]], str, tuple[int, int, int], dict]:
     """name -> builders, the baseline's name, the input shape, extra facts."""
     extra: dict = {}
-    if name == "convit":
+    def cached_pair(img_size: int, patch: int) -> Callable[[], tuple]:
+        """timm's ConViT and ours with the same weights, built once (both builders share it)."""
         def pair():
             if "pair" not in extra:
-                ref, ours, diff = _convit_pair(224, 16)
+                ref, ours, diff = _convit_pair(img_size, patch)
                 extra["pair"] = (ref, ours)
                 extra["max_abs_logit_diff"] = diff
             return extra["pair"]
+        return pair
+
+    if name == "convit":
+        pair = cached_pair(224, 16)
         builders = {
             "timm convit_tiny": lambda: pair()[0],
             "ls_convit_tiny": lambda: pair()[1],
@@ -101,12 +106,7 @@ def _group(name: str) -> tuple[dict[str, Callable[[], torch.nn.Module]], str, tu
         builders[f"timm convit_{name}"] = lambda: timm.create_model(f"convit_{name}")
         return builders, deit, (3, 224, 224), extra
     if name == "px32":
-        def pair():
-            if "pair" not in extra:
-                ref, ours, diff = _convit_pair(32, 4)
-                extra["pair"] = (ref, ours)
-                extra["max_abs_logit_diff"] = diff
-            return extra["pair"]
+        pair = cached_pair(32, 4)
         builders = {
             "deit_tiny (32 px, patch 4)": lambda: timm.create_model(
                 "deit_tiny_patch16_224", img_size=32, patch_size=4),
