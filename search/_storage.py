@@ -92,12 +92,21 @@ class StudyLocation:
         return f"{self.path}/{name}" if self.uri else str(self.local / name)
 
     # -- files ------------------------------------------------------------------------------
+    def unreachable(self, exc: OSError) -> ConfigError:
+        """The one-line error for a storage URI that cannot be read or written."""
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return ConfigError(f"storage {self.uri}: cannot reach it ({reason}); check the URI, the credentials "
+                           "(e.g. AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, GOOGLE_APPLICATION_CREDENTIALS) and the network")
+
     def exists(self, name: str) -> bool:
         if self.uri is None:
             return (self.local / name).exists()
         import pyarrow.fs
 
-        return self.fs.get_file_info(f"{self.path}/{name}").type != pyarrow.fs.FileType.NotFound
+        try:
+            return self.fs.get_file_info(f"{self.path}/{name}").type != pyarrow.fs.FileType.NotFound
+        except OSError as exc:
+            raise self.unreachable(exc) from None
 
     def push(self, names: Iterable[str] = STUDY_FILES) -> None:
         """Upload the staged files ``names`` (those that exist) to the URI, each all or nothing."""
@@ -126,11 +135,15 @@ class StudyLocation:
         fetched = []
         for name in names:
             source = f"{self.path}/{name}"
-            if self.fs.get_file_info(source).type != pyarrow.fs.FileType.File:
-                continue
             staged = self.local / f".{name}.{uuid.uuid4().hex[:8]}.tmp"
-            with self.fs.open_input_stream(source) as src, open(staged, "wb") as dst:
-                shutil.copyfileobj(src, dst, 1 << 20)
+            try:
+                if self.fs.get_file_info(source).type != pyarrow.fs.FileType.File:
+                    continue
+                with self.fs.open_input_stream(source) as src, open(staged, "wb") as dst:
+                    shutil.copyfileobj(src, dst, 1 << 20)
+            except OSError as exc:
+                staged.unlink(missing_ok=True)
+                raise self.unreachable(exc) from None
             os.replace(staged, self.local / name)
             fetched.append(name)
         return fetched

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -304,4 +305,8 @@ class ResultsStore:
         write_atomic(self.pareto_table(), self.directory / "pareto.parquet")
         write_atomic(pa.Table.from_pylist(list(self._progress.values()), schema=self.progress_schema), self.directory / "progress.parquet")
         if self.location is not None:
-            self.location.push()  # the Parquet files and the Optuna journal beside them
+            try:
+                self.location.push()  # the Parquet files and the Optuna journal beside them
+            except OSError as exc:  # e.g. the network: the staged files are whole; the next flush retries
+                print(f"warning: {self.location.unreachable(exc)}; the files are kept in {self.directory} and "
+                      "uploaded at the next write", file=sys.stderr, flush=True)

@@ -155,3 +155,25 @@ def test_search_at_a_uri_then_read_and_resume_elsewhere(tmp_path, monkeypatch, r
 
     taken = _run("run", str(spec), "--storage", storage, env=env)
     assert taken.returncode == 2 and "already holds a study" in taken.stderr and "Traceback" not in taken.stderr
+
+
+def test_unreachable_storage_is_a_one_line_error_and_loses_nothing(tmp_path, monkeypatch, capsys):
+    from search import ResultsStore
+    from search._cli import main
+
+    for key, value in {"AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y", "AWS_EC2_METADATA_DISABLED": "true",
+                       "LOCALITY_SEARCH_CACHE": str(tmp_path / "cache" / "datasets")}.items():
+        monkeypatch.setenv(key, value)
+    dead = "s3://bucket/studies?endpoint_override=127.0.0.1:9&scheme=http"  # nothing listens on port 9
+    assert main(["run", str(ROOT / "spaces" / "synthetic_smoke.yaml"), "--storage", dead]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "cannot reach it" in err and "credentials" in err
+    assert main(["pareto", "s3://bucket/studies/s?endpoint_override=127.0.0.1:9&scheme=http"]) == 2
+    assert "cannot reach it" in capsys.readouterr().err
+    # Mid-run, an upload that fails keeps the staged files whole and says so; the next flush retries.
+    location = study_location(dead, "s")
+    store = ResultsStore(location.local, space={}, objectives=[("val_acc", "max")], location=location)
+    store.add_trial({"trial_id": "t0", "state": "COMPLETE", "val_acc": 0.5}, {})
+    store.flush()
+    assert "uploaded at the next write" in capsys.readouterr().err
+    assert pq.read_table(location.local / "trials.parquet").to_pylist()[0]["trial_id"] == "t0"
