@@ -192,7 +192,7 @@ def test_positional_attention_is_reused_without_grad_until_the_parameters_change
     torch.testing.assert_close(third, layer._positional_attention((7, 7)), rtol=0, atol=0)
     assert layer.positional_attention((5, 5)).shape == (4, 25, 25)  # another grid: recomputed
     p = layer.positional_attention((7, 7))  # with grad: never cached, part of the graph
-    assert p.requires_grad and layer._pos_cache is None
+    assert p.requires_grad and 'pos' not in layer._frozen_cache
 
 
 def test_positional_attention_drops_only_negligible_entries():

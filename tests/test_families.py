@@ -35,3 +35,16 @@ def test_nano_forward_backward(name):
     groups = model.param_groups(weight_decay=0.05)
     grouped = [id(p) for g in groups for p in g["params"]]
     assert sorted(grouped) == sorted(id(p) for p in model.parameters())
+
+
+@pytest.mark.parametrize("name", [n for n in NANOS if not n.startswith("ls_tcnn")])
+def test_transformer_blocks_get_contiguous_tokens(name):
+    """PatchEmbed's tokens are a transposed view; carried through the residual adds, that layout
+    makes every LayerNorm and linear copy its input (see trainers/models/_common._patch_tokens)."""
+    model = timm.create_model(name, num_classes=7).eval()
+    seen = []
+    for block in model.blocks:
+        block.register_forward_pre_hook(lambda module, args: seen.append(args[0].is_contiguous()))
+    with torch.no_grad():
+        model(torch.randn(2, 1, 28, 28))
+    assert seen and all(seen), seen

@@ -179,6 +179,6 @@ def test_cached_positional_attention_under_autocast_follows_weight_updates():
     opt.step()  # changes pos_proj in place: the cache must not serve the old P
     after = infer(model)
     fresh = copy.deepcopy(model)  # no cache at all
-    fresh.blocks[0].attn._pos_cache = None
+    fresh.blocks[0].attn._frozen_cache.clear()
     torch.testing.assert_close(after, infer(fresh), rtol=0, atol=0)
     assert not torch.equal(after, before)

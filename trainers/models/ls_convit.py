@@ -29,8 +29,8 @@ moves between `LocalityConViT` and timm's `ConVit` unchanged (same keys, same sh
   GPSA layer in training mode falls back to the explicit formula (same result as timm). The
   model does not expose attention dropout, so model forwards always take the fast path.
 * Where it runs (all exact, same numbers up to rounding; `benchmarks/gpsa_layer.py` times them):
-  - the q, k and v projections are one matmul (the `qk` and `v` weights concatenated per call;
-    the parameters and state-dict keys stay timm's);
+  - the q, k and v projections are one matmul (the `qk` and `v` weights concatenated per call in
+    training, once for inference like P; the parameters and state-dict keys stay timm's);
   - on the CPU (training and inference): `gated_attention`, one autograd function
     for the attention core. Forward: S = Q K^T / sqrt(d) (one batched GEMM), softmax, the mixed
     A = (1 - s) softmax(S) + s P (one pass, P broadcast over the batch), A @ V. Backward by hand
@@ -55,7 +55,7 @@ moves between `LocalityConViT` and timm's `ConVit` unchanged (same keys, same sh
   the attention projection output and in the MLP (timm's `drop_rate` is the classifier dropout).
 """
 import math
-from typing import Any, Dict, List, Optional, Set, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -67,6 +67,7 @@ from timm.models._features_fx import register_notrace_module
 
 from trainers.models._common import (
     GridSize, _build_without_weights, _cfg, _check_int, _check_real, _fashion_mnist_cfg, _gated_param_groups, _pair,
+    _patch_tokens,
 )
 
 __all__ = ['GPSA', 'MHSA', 'Block', 'LocalityConViT', 'gated_attention']
@@ -278,7 +279,8 @@ class GPSA(nn.Module):
         # r_ij for the last grid seen, (N, N, 3); non-persistent: rebuilt, never saved.
         self._rel_grid: Optional[GridSize] = None
         self.register_buffer('rel_indices', torch.zeros(0, 0, 3), persistent=False)
-        self._pos_cache: Optional[Tuple[tuple, torch.Tensor]] = None  # P for inference, see positional_attention
+        # name -> (key, tensor): what inference reuses until the parameters change (see _frozen)
+        self._frozen_cache: Dict[str, Tuple[tuple, torch.Tensor]] = {}
         if self.grid_size is not None:
             self._set_rel_indices(self.grid_size)
         # standalone, initialise as LocalityConViT does (the model re-applies the same scheme)
@@ -306,24 +308,31 @@ class GPSA(nn.Module):
             self._set_rel_indices(self._rel_grid)
 
     # --- attention maps ----------------------------------------------------------------------
-    def positional_attention(self, grid: GridSize) -> torch.Tensor:
-        """P = softmax(v_pos . r_ij) over keys j, (H, N, N); independent of the input.
+    def _frozen(self, name: str, params: Tuple[torch.Tensor, ...], extra: tuple,
+                compute: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """compute(), which depends only on `params` and `extra`; without autograd (inference) it is
+        kept and reused until a parameter changes (an optimizer step, load_state_dict, a move or a
+        cast: its storage, version counter, dtype or device) or `extra` does. With autograd it is
+        recomputed (part of the graph) and the kept copy dropped."""
+        if torch.is_grad_enabled():
+            self._frozen_cache.pop(name, None)
+            return compute()
+        key = (extra, torch.is_inference_mode_enabled(),
+               *((p.data_ptr(), p._version, p.dtype, p.device) for p in params))
+        kept = self._frozen_cache.get(name)
+        if kept is not None and kept[0] == key:
+            return kept[1]
+        value = compute()
+        self._frozen_cache[name] = (key, value)
+        return value
 
-        Without autograd (inference) P is kept and reused until pos_proj's parameters change (an
-        optimizer step, load_state_dict, a move: their storage or version counter) or the grid does.
-        """
+    def positional_attention(self, grid: GridSize) -> torch.Tensor:
+        """P = softmax(v_pos . r_ij) over keys j, (H, N, N); independent of the input, so kept
+        for inference (see `_frozen`)."""
         if self._rel_grid != grid or self.rel_indices.device != self.qk.weight.device:
             self._set_rel_indices(grid)
-        weight, bias = self.pos_proj.weight, self.pos_proj.bias
-        key = None
-        if not torch.is_grad_enabled():
-            key = (grid, weight.data_ptr(), weight._version, bias.data_ptr(), bias._version, weight.dtype,
-                   weight.device, torch.is_inference_mode_enabled())
-            if self._pos_cache is not None and self._pos_cache[0] == key:
-                return self._pos_cache[1]
-        P = self._positional_attention(grid)
-        self._pos_cache = None if key is None else (key, P)
-        return P
+        return self._frozen('pos', (self.pos_proj.weight, self.pos_proj.bias), grid,
+                            lambda: self._positional_attention(grid))
 
     def _positional_attention(self, grid: GridSize) -> torch.Tensor:
         N = grid[0] * grid[1]
@@ -347,8 +356,12 @@ class GPSA(nn.Module):
     # --- forward -----------------------------------------------------------------------------
     def _qkv(self, x: torch.Tensor) -> torch.Tensor:
         """q, k and v in one matmul: (B, N, 3 * C), columns [q | k | v] as timm's qk then v."""
-        weight = torch.cat((self.qk.weight, self.v.weight))
-        bias = None if self.qk.bias is None else torch.cat((self.qk.bias, self.v.bias))
+        weights = (self.qk.weight, self.v.weight)
+        weight = self._frozen('qkv_weight', weights, (), lambda: torch.cat(weights))
+        bias = None
+        if self.qk.bias is not None:
+            biases = (self.qk.bias, self.v.bias)
+            bias = self._frozen('qkv_bias', biases, (), lambda: torch.cat(biases))
         return F.linear(x, weight, bias)
 
     def _use_gated_attention(self, x: torch.Tensor) -> bool:
@@ -613,7 +626,7 @@ class LocalityConViT(nn.Module):
                      if num_classes > 0 else nn.Identity())
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.patch_embed(x)  # (B, N, C)
+        x = _patch_tokens(self.patch_embed, x)  # (B, N, C)
         if self.pos_embed is not None:
             x = x + self.pos_embed
         x = self.pos_drop(x)

@@ -59,7 +59,7 @@ from timm.models import generate_default_cfgs, register_model
 from timm.models._features_fx import register_notrace_module
 
 from trainers.models._common import (
-    GridSize, _build_without_weights, _cfg, _check_int, _check_real, _fashion_mnist_cfg, _pair,
+    GridSize, _build_without_weights, _cfg, _check_int, _check_real, _fashion_mnist_cfg, _pair, _patch_tokens,
 )
 
 __all__ = ['gmm_mask', 'grid_sq_distances', 'GMMAttention', 'Block', 'LocalityGMMViT']
@@ -417,7 +417,7 @@ class LocalityGMMViT(nn.Module):
                      if num_classes > 0 else nn.Identity())
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.patch_embed(x)  # (B, N, C)
+        x = _patch_tokens(self.patch_embed, x)  # (B, N, C)
         if self.pos_embed is not None:
             x = x + self.pos_embed
         x = self.pos_drop(x)
