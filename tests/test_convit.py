@@ -347,6 +347,9 @@ def test_model_matches_timm_convit(heads, per_head, depth, local, qkv_bias):
     g_ref, = torch.autograd.grad(y_ref.square().sum(), x)
     g_ours, = torch.autograd.grad(y_ours.square().sum(), x)
     torch.testing.assert_close(g_ours, g_ref, rtol=0, atol=1e-8)
+    with torch.inference_mode():  # the inference core (q, k, v laid out heads first), twice: cached weights
+        for _ in range(2):
+            torch.testing.assert_close(ours(x.detach()), y_ref.detach(), rtol=0, atol=1e-8)
 
 
 def test_init_matches_timm_structure():

@@ -37,7 +37,9 @@ moves between `LocalityConViT` and timm's `ConVit` unchanged (same keys, same sh
     from the saved softmax and A: dV = A^T dO, dA = dO V^T, dS = (1 - s) / sqrt(d) * softmax'(dA),
     dQ = dS K, dK = dS^T Q; the gate's and P's gradients from sum_b dA (skipped when frozen).
     On a 2-core CPU this beats fused SDPA plus a separate P @ V: the maps are small (N <= 196)
-    and the GEMMs batched. Without autograd the same core runs in place on one buffer;
+    and the GEMMs batched. Without autograd the same core runs in place on one buffer, and (fp32/64,
+    no autocast) q, k and v come out of one batched matmul already head-major, so the layout copy
+    between the projection and the core is gone;
   - under CPU autocast (bf16/fp16; the trainer's `precision: bf16`) the q/k/v and output
     projections run in bf16 as autocast decides, and the attention core computes in float32
     (q, k, v cast up in the same pass as their layout copy, the output cast back in the pass that
@@ -224,18 +226,22 @@ def gated_attention(qkv: torch.Tensor, gate: torch.Tensor, pos: torch.Tensor, sc
     gate, pos = gate.to(dtype), pos.to(dtype)
     if not torch.is_grad_enabled() or not any(t.requires_grad for t in (qkv, gate, pos)):
         with torch.autocast('cpu', enabled=False):
-            return _as_output(_gated_attention_inference(_as_compute(qkv), gate, pos, scale), qkv.dtype)
+            out = _gated_attention_inference(_as_compute(qkv.transpose(1, 2)), gate, pos, scale)  # (H, B, N, d)
+            return _as_output(out.transpose(0, 1), qkv.dtype)
     return _GatedAttention.apply(qkv, gate, pos, scale)
 
 
 def _gated_attention_inference(qkv: torch.Tensor, gate: torch.Tensor, pos: torch.Tensor, scale: float) -> torch.Tensor:
-    """`gated_attention` with nothing kept for a backward: one B*H x N x N buffer, updated in place."""
-    _, B, H, N, d = qkv.shape
-    q, k, v = qkv.view(3, B * H, N, d).unbind(0)
-    attn = torch.baddbmm(qkv.new_empty(B * H, N, N), q, k.transpose(1, 2), beta=0., alpha=scale)  # S
+    """`gated_attention` with nothing kept for a backward: one H*B x N x N buffer, updated in place.
+
+    qkv: (3, H, B, N, d) contiguous, heads first (see `GPSA._qkv_heads_first`); returns (H, B, N, d).
+    """
+    _, H, B, N, d = qkv.shape
+    q, k, v = qkv.view(3, H * B, N, d).unbind(0)
+    attn = torch.baddbmm(qkv.new_empty(H * B, N, N), q, k.transpose(1, 2), beta=0., alpha=scale)  # S
     torch._softmax(attn, -1, False, out=attn)  # softmax(S), row by row in place
-    attn.view(B, H, N, N).lerp_(pos, gate.view(H, 1, 1))  # (1 - s) softmax(S) + s P
-    return torch.bmm(attn, v).view(B, H, N, d)
+    attn.view(H, B, N, N).lerp_(pos.unsqueeze(1), gate.view(H, 1, 1, 1))  # (1 - s) softmax(S) + s P
+    return torch.bmm(attn, v).view(H, B, N, d)
 
 
 @register_notrace_module  # reason: the rel_indices cache is Python control flow
@@ -364,6 +370,24 @@ class GPSA(nn.Module):
             bias = self._frozen('qkv_bias', biases, (), lambda: torch.cat(biases))
         return F.linear(x, weight, bias)
 
+    def _qkv_heads_first(self, x: torch.Tensor) -> torch.Tensor:
+        """`_qkv` for inference, laid out (3, H, B, N, d) contiguous: one batched matmul of the
+        tokens with each head's q, k and v weights (3H x C x d, kept like P), which costs what the
+        (B*N x C) @ (C x 3C) matmul does and saves the copy from (B, N, 3, H, d) to head-major."""
+        B, N, C = x.shape
+        H, d = self.num_heads, self.head_dim
+        weights = (self.qk.weight, self.v.weight)
+        per_head = self._frozen('qkv_heads', weights, (),
+                                lambda: torch.cat(weights).view(3 * H, d, C).transpose(1, 2).contiguous())
+        tokens = x.reshape(1, B * N, C).expand(3 * H, B * N, C)  # the same tokens for every head
+        if self.qk.bias is None:
+            qkv = torch.bmm(tokens, per_head)
+        else:
+            biases = (self.qk.bias, self.v.bias)
+            bias = self._frozen('qkv_heads_bias', biases, (), lambda: torch.cat(biases).view(3 * H, 1, d))
+            qkv = torch.baddbmm(bias, tokens, per_head)
+        return qkv.view(3, H, B, N, d)
+
     def _use_gated_attention(self, x: torch.Tensor) -> bool:
         """The explicit core (`gated_attention`): on the CPU, for training and inference alike, in
         float32/64 and in bfloat16/float16 (CPU autocast, or a model cast to that dtype); see the
@@ -381,6 +405,12 @@ class GPSA(nn.Module):
             return self.proj_drop(self.proj(out.reshape(B, N, C)))
 
         gate = torch.sigmoid(self.gating_param)  # (H,)
+        if self._use_gated_attention(x) and not torch.is_grad_enabled() and x.dtype in _FULL_PRECISION \
+                and not torch.is_autocast_enabled('cpu'):
+            # CPU inference: q, k, v come out of their matmul already laid out for the core
+            pos_attn = self.positional_attention(self._grid_for(N)).to(x.dtype)  # P (H, N, N)
+            out = _gated_attention_inference(self._qkv_heads_first(x), gate, pos_attn, self.scale)  # (H, B, N, d)
+            return self.proj_drop(self.proj(out.permute(1, 2, 0, 3).reshape(B, N, C)))
         if self._use_gated_attention(x):
             qkv = self._qkv(x).view(B, N, 3, H, d).permute(2, 0, 3, 1, 4)  # (3, B, H, N, d) view
             pos_attn = self.positional_attention(self._grid_for(N))  # P (H, N, N)
