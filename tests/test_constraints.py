@@ -21,7 +21,7 @@ from search._searcher import optuna_state_for
 from search._store import PROGRESS_COLUMNS, ResultsStore
 from trainers.config import Constraint, SettingError, ThroughputSettings, TrainSettings, TrialConfig
 from trainers.data import DatasetRequest, prepare_dataset
-from trainers.throughput import architecture_fingerprint, measure_model
+from trainers.throughput import architecture_fingerprint, implementation_fingerprint, measure_model
 from trainers.train import train_trial
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -87,6 +87,26 @@ def test_measure_model_caches_per_architecture(tmp_path):
     assert len(list(tmp_path.glob("*.json"))) == 3
     uncached = measure_model(timm.create_model("ls_convit_nano"), **{**kwargs, "cache_dir": None})
     assert not uncached["throughput_cached"]
+
+
+def test_measure_model_measures_again_when_the_model_code_changes(tmp_path, monkeypatch):
+    """A cached number belongs to the code that was timed: edit the model's source, get a new measurement."""
+    source = tmp_path / "edited_model.py"
+    source.write_text("import torch\n\nclass Edited(torch.nn.Linear):\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import edited_model
+
+    kwargs = dict(input_shape=(1, 4, 4), batch_size=8, warmup=1, repeats=2, cache_dir=tmp_path / "cache")
+    model = torch.nn.Sequential(torch.nn.Flatten(), edited_model.Edited(16, 3))
+    first = measure_model(model, **kwargs)
+    assert measure_model(model, **kwargs)["throughput_cached"]
+    before = implementation_fingerprint(model)
+    source.write_text(source.read_text() + "# a faster forward\n")
+    assert implementation_fingerprint(model) != before
+    again = measure_model(model, **kwargs)
+    assert not first["throughput_cached"] and not again["throughput_cached"]
+    assert implementation_fingerprint(timm.create_model("ls_convit_nano")) == implementation_fingerprint(
+        timm.create_model("ls_convit_nano", locality_strength=2.0))
 
 
 @pytest.fixture(scope="module")

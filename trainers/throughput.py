@@ -6,8 +6,9 @@ fixed batch, warm-up iterations, synchronised timing, the median of several repe
 
 The cache (:func:`measure_model` with a ``cache_dir``) is keyed by the architecture's
 fingerprint -- ``repr(model)`` (every module and its sizes) plus every parameter's and buffer's
-name, shape and dtype -- and by the input shape, device name, precision, batch size, CPU
-threads, memory layout and torch version. Knobs that only change the initial values or the
+name, shape and dtype -- by the source of the code that runs it (:func:`implementation_fingerprint`:
+a faster implementation gets measured anew), and by the input shape, device name, precision,
+batch size, CPU threads, memory layout and torch version. Knobs that only change the initial values or the
 training (ConViT's locality strength, a gate's learning rate, T-CNN's conversion epoch) leave
 the fingerprint alone, so every trial of one architecture gets the same number, and the Pareto
 front compares architectures rather than the machine's noise between two measurements.
@@ -24,8 +25,9 @@ import json
 import os
 import platform
 import statistics
+import sys
 import time
-from contextlib import nullcontext
+from contextlib import nullcontext, suppress
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +43,7 @@ __all__ = [
     "measure_throughput",
     "measure_model",
     "architecture_fingerprint",
+    "implementation_fingerprint",
     "count_flops",
     "count_params",
     "device_name",
@@ -159,6 +162,26 @@ def architecture_fingerprint(model: nn.Module) -> str:
     return digest.hexdigest()[:24]
 
 
+def implementation_fingerprint(model: nn.Module) -> str:
+    """The source that runs the model's forward: the files of every module defining one of its
+    modules' classes (and their bases), plus this project's model files (shared helpers such as
+    `_common`). torch itself is keyed by its version. A speed-up in that code then gets a new
+    measurement instead of a number timed with the old code."""
+    files = {Path(__file__).resolve().parent / "models" / name
+             for name in os.listdir(Path(__file__).resolve().parent / "models") if name.endswith(".py")}
+    for module in model.modules():
+        for cls in type(module).__mro__:
+            source = getattr(sys.modules.get(cls.__module__), "__file__", None)
+            if source and not cls.__module__.startswith("torch"):
+                files.add(Path(source).resolve())
+    digest = hashlib.sha256()
+    for path in sorted(files):
+        digest.update(str(path.name).encode())
+        with suppress(OSError):  # a module without a readable source: its name only
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:24]
+
+
 def measure_model(
     model: nn.Module,
     *,
@@ -175,6 +198,7 @@ def measure_model(
     device = next(model.parameters()).device
     key_fields = {
         "architecture": architecture_fingerprint(model),
+        "code": implementation_fingerprint(model),
         "input_shape": list(input_shape),
         "device": device_name(device),
         "precision": resolve_precision(precision, device),
