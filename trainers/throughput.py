@@ -167,8 +167,7 @@ def implementation_fingerprint(model: nn.Module) -> str:
     modules' classes (and their bases), plus this project's model files (shared helpers such as
     `_common`). torch itself is keyed by its version. A speed-up in that code then gets a new
     measurement instead of a number timed with the old code."""
-    files = {Path(__file__).resolve().parent / "models" / name
-             for name in os.listdir(Path(__file__).resolve().parent / "models") if name.endswith(".py")}
+    files = set((Path(__file__).resolve().parent / "models").glob("*.py"))
     for module in model.modules():
         for cls in type(module).__mro__:
             source = getattr(sys.modules.get(cls.__module__), "__file__", None)

@@ -405,17 +405,16 @@ class GPSA(nn.Module):
             return self.proj_drop(self.proj(out.reshape(B, N, C)))
 
         gate = torch.sigmoid(self.gating_param)  # (H,)
-        if self._use_gated_attention(x) and not torch.is_grad_enabled() and x.dtype in _FULL_PRECISION \
-                and not torch.is_autocast_enabled('cpu'):
-            # CPU inference: q, k, v come out of their matmul already laid out for the core
-            pos_attn = self.positional_attention(self._grid_for(N)).to(x.dtype)  # P (H, N, N)
-            out = _gated_attention_inference(self._qkv_heads_first(x), gate, pos_attn, self.scale)  # (H, B, N, d)
-            return self.proj_drop(self.proj(out.permute(1, 2, 0, 3).reshape(B, N, C)))
         if self._use_gated_attention(x):
-            qkv = self._qkv(x).view(B, N, 3, H, d).permute(2, 0, 3, 1, 4)  # (3, B, H, N, d) view
             pos_attn = self.positional_attention(self._grid_for(N))  # P (H, N, N)
-            out = gated_attention(qkv, gate, pos_attn, self.scale)  # (B, H, N, d)
-            return self.proj_drop(self.proj(out.transpose(1, 2).reshape(B, N, C)))
+            if not torch.is_grad_enabled() and x.dtype in _FULL_PRECISION and not torch.is_autocast_enabled('cpu'):
+                # inference: q, k, v come out of their matmul already laid out for the core
+                out = _gated_attention_inference(self._qkv_heads_first(x), gate, pos_attn.to(x.dtype), self.scale)
+                out = out.permute(1, 2, 0, 3)  # (H, B, N, d) -> (B, N, H, d)
+            else:
+                qkv = self._qkv(x).view(B, N, 3, H, d).permute(2, 0, 3, 1, 4)  # (3, B, H, N, d) view
+                out = gated_attention(qkv, gate, pos_attn, self.scale).transpose(1, 2)  # (B, N, H, d)
+            return self.proj_drop(self.proj(out.reshape(B, N, C)))
 
         q, k, v = self._qkv(x).view(B, N, 3, H, d).unbind(2)  # (B, N, H, d) each
         q, k = q.transpose(1, 2), k.transpose(1, 2)  # (B, H, N, d)
