@@ -34,7 +34,7 @@ def _layers(dim: int, heads: int, tokens: int) -> dict[str, tuple[torch.nn.Modul
     layers: dict[str, tuple[torch.nn.Module, int]] = {"plain": (MHSA(dim, num_heads=heads), 0)}
     for k in (1, 3, 5):
         layers[f"gmm_K{k}"] = (GMMAttention(dim, num_heads=heads, num_kernels=k, grid_size=grid), 0)
-    for r in (1, 2, 4):
+    for r in (1, 2, 4, 6):
         layers[f"refiner_r{r}"] = (RefinedAttention(dim, num_heads=heads, grid_size=grid, ratio=r, kernel_size=3), 1)
     layers["gpsa"] = (GPSA(dim, num_heads=heads, grid_size=grid), 0)
     return layers

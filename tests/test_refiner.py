@@ -25,6 +25,19 @@ def _randomise(refiner: Refiner, seed: int = 0) -> Refiner:
     return refiner
 
 
+def _reference_refine(refiner: Refiner, a: torch.Tensor) -> torch.Tensor:
+    """The refiner as one dense H -> H conv over the key grid per query row, composed here from E, C, R
+    (differentiable); the class-token key column mixed by R @ E, not convolved."""
+    B, H, N, _ = a.shape
+    (gh, gw), k = refiner.grid_size, refiner.kernel_size
+    E, C, R = refiner.expand, refiner.kernel, refiner.reduce
+    w_dense = torch.einsum('oe,eab,ei->oiab', R, C, E)  # (H, H, k, k)
+    patches = a[..., 1:].permute(0, 2, 1, 3).reshape(B * N, H, gh, gw)  # (B*N, H, h, w)
+    conv = F.conv2d(patches, w_dense, padding=k // 2).reshape(B, N, H, gh * gw).permute(0, 2, 1, 3)
+    cls = torch.einsum('oi,bin->bon', R @ E, a[..., 0]).unsqueeze(-1)
+    return torch.cat((cls, conv), dim=-1)
+
+
 # --- exactness ----------------------------------------------------------------------------------
 
 def test_identity_refiner_gives_plain_softmax_attention():
@@ -49,6 +62,21 @@ def test_identity_refiner_gives_plain_softmax_attention():
     assert (attn(x) - ref).abs().max() > 1e-3
 
 
+@pytest.mark.parametrize('path', ['matmul', 'conv', 'dense'])
+def test_refined_attention_matches_the_explicit_formula(path):
+    """The layer (heads-first internally) equals softmax maps -> reference refiner -> @ V -> proj."""
+    torch.manual_seed(0)
+    dim, H, grid = 24, 4, (3, 5)
+    attn = RefinedAttention(dim, H, grid, qkv_bias=True, ratio=2, kernel_size=3).double()
+    _randomise(attn.refiner, seed=5).force_path = path
+    x = torch.randn(3, 1 + 15, dim, dtype=torch.float64)
+    B, N, C = x.shape
+    q, k, v = (x @ attn.qkv.weight.T + attn.qkv.bias).reshape(B, N, 3, H, C // H).permute(2, 0, 3, 1, 4)
+    a = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(C // H), dim=-1)  # (B, H, N, N)
+    expected = attn.proj((_reference_refine(attn.refiner, a) @ v).transpose(1, 2).reshape(B, N, C))
+    torch.testing.assert_close(attn(x), expected, atol=1e-10, rtol=1e-10)
+
+
 @pytest.mark.parametrize('ratio', [1, 2, 3])
 def test_identity_method_is_exact_for_any_ratio(ratio):
     ref = Refiner(3, ratio, 5, (4, 4)).double().identity_()
@@ -58,32 +86,40 @@ def test_identity_method_is_exact_for_any_ratio(ratio):
     assert 0 < (init(a) - a).abs().max() < 0.3
 
 
-@pytest.mark.parametrize('path', ['matmul', 'conv'])
-@pytest.mark.parametrize('H, ratio, k, grid', [(4, 2, 3, (5, 4)), (3, 3, 5, (4, 4)), (2, 1, 1, (3, 3))])
+@pytest.mark.parametrize('path', ['matmul', 'conv', 'dense', 'mix'])
+@pytest.mark.parametrize('H, ratio, k, grid', [(4, 2, 3, (5, 4)), (3, 3, 5, (4, 4)), (2, 1, 1, (3, 3)), (2, 3, 1, (2, 3))])
 def test_expand_conv_reduce_equals_one_dense_conv(H, ratio, k, grid, path):
+    if path == 'mix' and k != 1:
+        pytest.skip("'mix' is the k = 1 path")
     refiner = _randomise(Refiner(H, ratio, k, grid).double(), seed=H + k)
     refiner.force_path = path
     gh, gw = grid
     B, N = 2, 1 + gh * gw
-    a = _random_maps(B, H, N, seed=1)
+    a = _random_maps(B, H, N, seed=1).requires_grad_()
     E, C, R = refiner.expand, refiner.kernel, refiner.reduce
-    w_dense = torch.einsum('oe,eab,ei->oiab', R, C, E)  # (H, H, k, k), composed in the test
-    # patch-key block: one dense H -> H conv per query row, over the key grid
-    patches = a[..., 1:].permute(0, 2, 1, 3).reshape(B * N, H, gh, gw)  # (B*N, H, h, w)
-    conv = F.conv2d(patches, w_dense, padding=k // 2).reshape(B, N, H, gh * gw).permute(0, 2, 1, 3)
-    # class-token key column: mixed by R @ E, not convolved
-    cls = torch.einsum('oi,bin->bon', R @ E, a[..., 0]).unsqueeze(-1)
-    expected = torch.cat((cls, conv), dim=-1)
-    torch.testing.assert_close(refiner(a), expected, atol=1e-10, rtol=1e-10)
-    torch.testing.assert_close(refiner.dense_kernel(), w_dense)
+    expected = _reference_refine(refiner, a)
+    got = refiner(a)
+    torch.testing.assert_close(got, expected, atol=1e-10, rtol=1e-10)
+    torch.testing.assert_close(refiner.dense_kernel(), torch.einsum('oe,eab,ei->oiab', R, C, E))
+    # and the same gradients, for the maps and for every refiner weight
+    upstream = torch.randn(expected.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    inputs = (a, E, C, R)
+    for g_got, g_expected in zip(torch.autograd.grad(got, inputs, upstream),
+                                 torch.autograd.grad(expected, inputs, upstream)):
+        torch.testing.assert_close(g_got, g_expected, atol=1e-10, rtol=1e-10)
 
 
-def test_default_path_choice_by_grid_size():
-    assert Refiner(2, 1, 3, (7, 7)).use_matmul(49)
-    assert not Refiner(2, 1, 3, (14, 14)).use_matmul(196)
+def test_default_path_choice():
+    assert Refiner(4, 1, 3, (7, 7)).choose_path(49) == 'matmul'  # small grid, small r: banded matrices
+    assert Refiner(4, 2, 3, (7, 7)).choose_path(49) == 'dense'  # r large enough: the composed operator
+    assert Refiner(4, 2, 3, (7, 7)).choose_path(49, backward=False) == 'matmul'  # forward alone: later
+    assert Refiner(4, 3, 3, (7, 7)).choose_path(49, backward=False) == 'dense'
+    assert Refiner(3, 1, 3, (14, 14)).choose_path(196) == 'conv'  # large grid: depthwise conv2d
+    assert Refiner(3, 6, 3, (14, 14)).choose_path(196) == 'conv'
+    assert Refiner(4, 6, 1, (7, 7)).choose_path(49) == 'mix'  # 1 x 1 kernels: one H x H mixing
 
 
-@pytest.mark.parametrize('path', ['matmul', 'conv'])
+@pytest.mark.parametrize('path', ['matmul', 'conv', 'dense'])
 def test_refined_map_times_v_is_distributed_local_attention(path):
     """sum_j A*[i, j] v_j == sum_offsets w[o] * sum_j A[i, j + o] v_j, written with explicit loops."""
     gh, gw, k, d = 4, 3, 3, 5

@@ -20,12 +20,16 @@ with H heads, A = softmax(Q K^T / sqrt(d)) of shape (B, H, N, N), N = 1 + h * w 
     3. reduce   Ar[o] = sum_e R[o, e] * Ac[e]            R: (H, rH)   (paper: "linear reduction")
     4. out      = Ar @ V   (then the usual head concat + output projection)
 
-Implementation: for small grids (h*w <= 16 k^2, e.g. the 7 x 7 Fashion-MNIST grid) the conv is applied
-as one banded (h*w, h*w) matrix per expanded head (a GEMM; about 6x faster than a grouped conv2d on
-CPU); for larger grids (14 x 14 at 224 px) as a depthwise `conv2d` with zero padding. Same result.
-No biases anywhere in the refiner and no renormalisation: the refined rows need not sum to 1 (as in
-the paper). The full B x H x N x N map is materialised (cost grows with r), so a refined block cannot
-use fused attention; plain blocks (index >= refiner_blocks) do use `scaled_dot_product_attention`.
+Implementation: the maps are kept heads first, (H, B*N, N), so the mixings over heads are single
+GEMMs with no layout copies (`Refiner.refine_rows`). The refiner is linear in A, so it is computed
+whichever of four equal ways is cheapest (`Refiner.choose_path`): for small grids (h*w <= 16 k^2,
+e.g. the 7 x 7 Fashion-MNIST grid) the conv as one banded (N, N) matrix per expanded head (a GEMM;
+several times faster than a grouped conv2d on CPU) or, once r is large enough, the composed H -> H
+operator as one (H*N, H*N) GEMM, whose cost does not grow with r; for larger grids (14 x 14 at
+224 px) a depthwise `conv2d` with zero padding; for k = 1 a single H x H mixing. No biases anywhere
+in the refiner and no renormalisation: the refined rows need not sum to 1 (as in the paper). The
+full B x H x N x N map is materialised, so a refined block cannot use fused attention; plain blocks
+(index >= refiner_blocks) do use `scaled_dot_product_attention`.
 
 What the convolution runs over (the decision this file makes)
 -------------------------------------------------------------
@@ -138,36 +142,70 @@ class Refiner(nn.Module):
         return torch.einsum('oe,eab,ei->oiab', self.reduce, self.kernel, self.expand)
 
     def forward(self, attn: torch.Tensor) -> torch.Tensor:
+        """(B, H, N, N) -> (B, H, N, N); see `refine_rows` (the layout the model uses)."""
         B, H, N, _ = attn.shape
+        rows = attn.transpose(0, 1).reshape(H, B * N, N)  # (H, B*N, N)
+        return self.refine_rows(rows).view(H, B, N, N).transpose(0, 1)
+
+    def refine_rows(self, maps: torch.Tensor) -> torch.Tensor:
+        """Refine heads-first maps (H, M, N) -> (H, M, N): row m of head h is one query's attention
+        over the N keys (M = batch * queries). One of four equal computations (`choose_path`)."""
+        H, M, N = maps.shape
         P = self.num_prefix_tokens
         gh, gw = self.grid_size
         if N != P + gh * gw:
             raise ValueError(f'Refiner expects {P} prefix + {gh}x{gw} patch tokens = {P + gh * gw}, got {N}; '
                              'build the model with the img_size/patch_size of the input')
+        backward = torch.is_grad_enabled() and (maps.requires_grad or self.kernel.requires_grad)
+        path = self.choose_path(gh * gw, backward=backward)
+        if path == 'dense':  # one GEMM over (head, key) pairs: (M, H*N) @ (H*N, H*N)
+            rows = maps.permute(1, 0, 2).reshape(M, H * N)  # (M, H*N): [m, (i, key)]
+            out = rows @ self.dense_operator()  # (M, H*N): [m, (o, key)]
+            return out.view(M, H, N).permute(1, 0, 2).contiguous()
+        if path == 'mix':  # k = 1: the kernel is one scale per expanded head, so all of it is an H x H mixing
+            patch_mix = self.reduce @ (self.kernel.view(-1, 1) * self.expand)  # (H, H): R diag(C) E
+            out = (patch_mix @ maps.reshape(H, M * N)).view(H, M, N)
+            prefix = (self.reduce @ self.expand) @ maps[..., :P].reshape(H, M * P)  # prefix keys: mixed only
+            out[..., :P] = prefix.view(H, M, P)
+            return out
         eh, k = self.expanded_heads, self.kernel_size
-        x = torch.einsum('ei,binm->benm', self.expand, attn)  # (B, rH, N, N)
-        prefix, patches = x[..., :P], x[..., P:]  # (B, rH, N, P), (B, rH, N, h*w)
-        if self.use_matmul(gh * gw):
-            # the k x k conv over the key grid as one (h*w, h*w) banded matrix per expanded head
-            patches = patches @ self.key_operator().transpose(-2, -1)  # (B, rH, N, h*w)
-        else:
-            # every (expanded head, query) row is one h x w image; depthwise conv over rH * N channels
-            weight = self.kernel.repeat_interleave(N, dim=0).unsqueeze(1)  # (rH * N, 1, k, k)
-            patches = F.conv2d(patches.reshape(B, eh * N, gh, gw), weight, padding=k // 2, groups=eh * N)
-            patches = patches.reshape(B, eh, N, gh * gw)
-        x = torch.cat((prefix, patches), dim=-1)  # (B, rH, N, N)
-        return torch.einsum('oe,benm->bonm', self.reduce, x)  # (B, H, N, N)
+        x = (self.expand @ maps.reshape(H, M * N)).view(eh, M, N)  # (rH, M, N)
+        if path == 'matmul':  # the k x k conv over the key grid as one banded (N, N) matrix per expanded head
+            x = torch.bmm(x, self.key_operator(with_prefix=True).transpose(1, 2))  # (rH, M, N)
+        else:  # 'conv': every (expanded head, row) is one h x w image; depthwise conv over rH * M channels
+            weight = self.kernel.repeat_interleave(M, dim=0).unsqueeze(1)  # (rH * M, 1, k, k)
+            patches = F.conv2d(x[..., P:].reshape(1, eh * M, gh, gw), weight, padding=k // 2, groups=eh * M)
+            x = torch.cat((x[..., :P], patches.view(eh, M, gh * gw)), dim=-1)  # (rH, M, N)
+        return (self.reduce @ x.view(eh, M * N)).view(H, M, N)
 
-    def use_matmul(self, num_patches: int) -> bool:
-        """Banded matmul (cost ~ h*w per entry, but one GEMM) for small grids, depthwise conv2d (cost ~ k*k,
-        slow kernels) for large ones. Both give the same result (tested); `force_path` overrides."""
+    def choose_path(self, num_patches: int, *, backward: bool = True) -> str:
+        """How `refine_rows` computes (all give the same maps, tested; `force_path` overrides):
+
+        'mix'     k = 1: one H x H mixing (the 1 x 1 kernels are scales); cost independent of r.
+        'matmul'  expand, the k x k conv as a banded (N, N) matrix per expanded head (one batched GEMM;
+                  on the CPU several times faster than a grouped conv2d for small grids), reduce.
+        'conv'    expand, depthwise conv2d over the key grid, reduce (large grids, where the banded
+                  matrices are mostly zeros).
+        'dense'   the composed H -> H operator (H*N x H*N, see `dense_operator`) in one GEMM; its cost
+                  does not grow with r, so it wins once r is large enough on small grids.
+        Measured on the CPU, one layer (benchmarks/attention_blocks.py): at 7 x 7, H = 4, 'dense' is the
+        fastest from r = 2 on for forward + backward (`backward`), from r = 3 on for the forward alone,
+        'matmul' below; at 14 x 14 (H = 3 and 6, r = 1..6) 'conv' is the fastest throughout ('dense'
+        costs (H*N)^2 per row there).
+        """
         if self.force_path is not None:
-            return self.force_path == 'matmul'
-        return num_patches <= 16 * self.kernel_size ** 2
+            return self.force_path
+        if self.kernel_size == 1:
+            return 'mix'
+        if num_patches <= 16 * self.kernel_size ** 2:
+            dense = 2 * self.ratio >= self.num_heads if backward else 2 * self.ratio > self.num_heads
+            return 'dense' if dense else 'matmul'
+        return 'conv'
 
-    def key_operator(self) -> torch.Tensor:
+    def key_operator(self, with_prefix: bool = False) -> torch.Tensor:
         """The zero-padded k x k cross-correlation over the h x w key grid as matrices (rH, h*w, h*w):
-        M[e, j, j'] = C[e][dy + c, dx + c] with (dy, dx) = pos(j') - pos(j) when |dy|, |dx| <= c, else 0."""
+        M[e, j, j'] = C[e][dy + c, dx + c] with (dy, dx) = pos(j') - pos(j) when |dy|, |dx| <= c, else 0.
+        with_prefix: (rH, N, N), the prefix keys passed through unchanged (identity block)."""
         gh, gw = self.grid_size
         k, c = self.kernel_size, self.kernel_size // 2
         dev = self.kernel.device
@@ -176,7 +214,19 @@ class Refiner(nn.Module):
         dy, dx = ys[None, :] - ys[:, None], xs[None, :] - xs[:, None]  # (h*w, h*w): [j, j']
         inside = (dy.abs() <= c) & (dx.abs() <= c)
         tap = (dy + c).clamp(0, k - 1) * k + (dx + c).clamp(0, k - 1)  # (h*w, h*w) flat tap index
-        return self.kernel.reshape(self.expanded_heads, k * k)[:, tap] * inside  # (rH, h*w, h*w)
+        op = self.kernel.reshape(self.expanded_heads, k * k)[:, tap] * inside  # (rH, h*w, h*w)
+        if not with_prefix:
+            return op
+        P = self.num_prefix_tokens
+        prefix = torch.eye(P, dtype=op.dtype, device=dev).expand(self.expanded_heads, P, P)
+        return torch.cat((F.pad(prefix, (0, gh * gw)), F.pad(op, (P, 0))), dim=1)  # (rH, N, N): [[I, 0], [0, op]]
+
+    def dense_operator(self) -> torch.Tensor:
+        """The whole refiner as one (H*N, H*N) matrix W: refined[m, (o, j)] = sum_(i, j') maps[m, (i, j')] W[(i, j'), (o, j)],
+        W[(i, j'), (o, j)] = sum_e R[o, e] E[e, i] K[e, j, j'] with K = `key_operator(with_prefix=True)`."""
+        H, N = self.num_heads, self.num_prefix_tokens + self.grid_size[0] * self.grid_size[1]
+        mixed = torch.einsum('oe,ejm,ei->imoj', self.reduce, self.key_operator(with_prefix=True), self.expand)
+        return mixed.reshape(H * N, H * N)
 
 
 class RefinedAttention(nn.Module):
@@ -202,10 +252,13 @@ class RefinedAttention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, N, C = x.shape
-        q, k, v = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
-        attn = ((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=-1)  # (B, H, N, N)
-        attn = self.refiner(attn)  # (B, H, N, N), rows need not sum to 1
-        x = (attn @ v).transpose(1, 2).reshape(B, N, C)  # (B, N, C)
+        H, d = self.num_heads, self.head_dim
+        # heads first, (3, H*B, N, d): the maps then come out as (H, B*N, N), the refiner's layout
+        q, k, v = self.qkv(x).view(B, N, 3, H, d).permute(2, 3, 0, 1, 4).reshape(3, H * B, N, d).unbind(0)
+        scores = torch.baddbmm(q.new_empty(H * B, N, N), q, k.transpose(1, 2), beta=0., alpha=self.scale)
+        attn = self.refiner.refine_rows(scores.softmax(dim=-1).view(H, B * N, N))  # rows need not sum to 1
+        x = torch.bmm(attn.view(H * B, N, N), v)  # (H*B, N, d)
+        x = x.view(H, B, N, d).permute(1, 2, 0, 3).reshape(B, N, C)  # (B, N, C)
         return self.proj_drop(self.proj(x))
 
 
