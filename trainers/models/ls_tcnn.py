@@ -25,7 +25,8 @@ The reparametrisation (paper Sec. 2, Eq. 4-7), for a k x k conv with weight W (C
 * Explicit zero padding: the feature map gets a ring of k//2 zero tokens before attention. The
   queries are the H x W real pixels; the keys are all (H + 2p) x (W + 2p) tokens. The padding
   tokens' values are 0 (W_val has no bias), so with alpha and lambda large the layer computes
-  exactly the zero-padded convolution, border pixels included. At alpha = 1, lambda = 1 (the
+  exactly the zero-padded convolution, border pixels included. (`ReparamGPSA.forward` computes
+  this without materialising the ring's keys and values, which are all zero.) At alpha = 1, lambda = 1 (the
   paper's init) it does not: each head spreads its attention over neighbouring pixels and 27%
   of it goes to content; tests/test_tcnn.py measures how far the logits move.
 
@@ -155,27 +156,40 @@ class ReparamGPSA(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, C, H, W = x.shape
         p, nh, d = self.pad, self.num_heads, self.head_dim
-        padded = F.pad(x, (p, p, p, p))  # the ring of zero tokens: (B, C, H+2p, W+2p)
-        keys_in = padded.flatten(2).transpose(1, 2)  # (B, Nk, C)
-        queries_in = x.flatten(2).transpose(1, 2)  # (B, Nq, C)
-        w_q, w_k = self.qk.weight.chunk(2, dim=0)
-        q = F.linear(queries_in, w_q).reshape(B, H * W, nh, d).transpose(1, 2)  # (B, N_h, Nq, d)
-        k = F.linear(keys_in, w_k).reshape(B, -1, nh, d).transpose(1, 2)  # (B, N_h, Nk, d)
-        v = self.v(keys_in)  # (B, Nk, C): one value map for every head
-        # Explicit softmax, then one attention @ value product for both terms: the maps are tiny
-        # (N_h x Nq x Nk) while C is large, so mixing before the product halves the work.
-        content = torch.softmax((q * self.scale) @ k.transpose(-2, -1), dim=-1)  # (B, N_h, Nq, Nk)
-        positional = self.positional_attention(H, W).to(q.dtype)  # (N_h, Nq, Nk)
-        gate = torch.sigmoid(self.gating_param).to(q.dtype).view(1, nh, 1, 1)
-        attn = torch.lerp(content, positional.unsqueeze(0), gate)  # (1 - g) content + g positional
-        mixed = attn.reshape(B, nh * H * W, -1) @ v  # (B, N_h*Nq, C)
+        Nq = H * W
+        # (B, Nq, C): the real pixels, queries and keys; one contiguous copy, as the two projections
+        # on the transposed view would each run as a slow strided GEMM
+        tokens = x.flatten(2).transpose(1, 2).contiguous()
+        # The ring of zero tokens (the conv's padding) has zero keys and values (no biases): each ring
+        # key scores 0 for every query and adds nothing to A @ V. So keys and values are computed for
+        # the real pixels only, and the ring's share of the content softmax enters as one extra column
+        # scoring log(#ring) (exp of it = the ring's sum of exp(0)). Same result, about half the work.
+        ring = (H + 2 * p) * (W + 2 * p) - Nq
+        q, k = F.linear(tokens, self.qk.weight).view(B, Nq, 2, nh, d).permute(2, 0, 3, 1, 4).unbind(0)  # (B, N_h, Nq, d)
+        v = self.v(tokens)  # (B, Nq, C): one value map for every head
+        scores = torch.cat((q @ k.transpose(-2, -1) * self.scale,
+                            q.new_full((B, nh, Nq, 1), math.log(ring))), dim=-1)  # (B, N_h, Nq, Nq + 1)
+        content = torch.softmax(scores, dim=-1)[..., :Nq]  # (B, N_h, Nq, Nq): real keys
+        positional = self.positional_attention(H, W)[..., self._real_keys(H, W)].to(q.dtype)  # (N_h, Nq, Nq)
+        gate = torch.sigmoid(self.gating_param).to(q.dtype).view(1, 1, nh, 1)
+        # A laid out (B, Nq, N_h, keys), so A @ V comes out as (B, Nq, N_h * C), the layout the
+        # output projection needs (the maps are tiny next to N_h x C, so this is where layout pays)
+        attn = torch.lerp(content.transpose(1, 2), positional.transpose(0, 1).unsqueeze(0), gate)
+        attn = attn.contiguous(memory_format=torch.contiguous_format)  # (B, Nq, N_h, Nq)
+        mixed = (attn.view(B, Nq * nh, Nq) @ v).view(B, Nq, nh * C)  # sum over keys, per head
         # sum_h (A^h V) W_out^h as one matmul: (B, Nq, N_h*C) @ (N_h*C, C_out)
-        mixed = mixed.reshape(B, nh, H * W, C).transpose(1, 2).reshape(B, H * W, nh * C)
         w_out = self.weight.permute(2, 3, 1, 0).reshape(nh * C, self.out_chans)
         out = mixed @ w_out  # (B, Nq, C_out)
         if self.bias is not None:
             out = out + self.bias
         return out.transpose(1, 2).reshape(B, self.out_chans, H, W)
+
+    def _real_keys(self, height: int, width: int) -> torch.Tensor:
+        """Indices of the real pixels among the padded grid's (H + 2p) x (W + 2p) keys, row-major."""
+        p, device = self.pad, self.centers.device
+        rows = torch.arange(height, device=device) + p
+        cols = torch.arange(width, device=device) + p
+        return (rows[:, None] * (width + 2 * p) + cols[None, :]).reshape(-1)
 
     def extra_repr(self) -> str:
         return (f'{self.in_chans}, {self.out_chans}, kernel_size={self.kernel_size}, '
