@@ -26,23 +26,24 @@ import pyarrow as pa
 
 from search._export import ExportedTrial, load_export
 from search._schema import SpecLocation
-from search._store import write_atomic
+from search._store import TRIAL_COLUMNS, write_atomic
 from trainers._atomic import atomic_write
 from trainers.errors import ConfigError
 
 __all__ = ["retrain", "RetrainResult", "RESULT_COLUMNS", "default_out_dir"]
 
-# column -> (arrow type, meaning). The README's result.parquet table is this list.
+# column -> (arrow type, meaning); columns shared with the trial store take its definitions.
+# The README's result.parquet table is this list.
 RESULT_COLUMNS: dict[str, tuple[pa.DataType, str]] = {
     "model": (pa.string(), "timm model name"),
     "family": (pa.string(), "model family (convit, ...)"),
-    "params": (pa.int64(), "trainable + frozen parameters"),
-    "flops": (pa.int64(), "forward FLOPs per image (multiply-add = 2)"),
+    "params": TRIAL_COLUMNS["params"],
+    "flops": TRIAL_COLUMNS["flops"],
     "throughput": (pa.float64(), "inference images/s (measured before training, as in the search)"),
-    "throughput_device": (pa.string(), "device that measured throughput"),
-    "throughput_batch": (pa.int64(), "batch size of the throughput measurement"),
-    "throughput_precision": (pa.string(), "fp32, bf16 or fp16"),
-    "throughput_threads": (pa.int64(), "torch CPU threads during the measurement"),
+    "throughput_device": TRIAL_COLUMNS["throughput_device"],
+    "throughput_batch": TRIAL_COLUMNS["throughput_batch"],
+    "throughput_precision": TRIAL_COLUMNS["throughput_precision"],
+    "throughput_threads": TRIAL_COLUMNS["throughput_threads"],
     "val_acc": (pa.float64(), "best validation accuracy over the epochs run"),
     "val_loss": (pa.float64(), "lowest validation loss over the epochs run"),
     "final_val_acc": (pa.float64(), "validation accuracy after the last epoch (the weights saved and tested)"),
