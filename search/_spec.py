@@ -387,11 +387,22 @@ def check_model_args(spec: SearchSpec, where: SpecLocation | None = None) -> Non
     where = where or SpecLocation(spec.source or "<spec>")
     for i, model in enumerate(spec.candidates):
         prefix = "model" if spec.models is None else f"models[{i}]"
-        keys = [k for k in list(spec.space) + list(model.space) if k not in TRAIN_KEYS]
-        _check_one_model(model, keys, where, prefix)
+        knobs = {k: (p, f"{prefix}.space.{k}") for k, p in model.space.items() if k not in TRAIN_KEYS}
+        knobs.update({k: (p, f"space.{k}") for k, p in spec.space.items() if k not in TRAIN_KEYS})
+        _check_one_model(model, knobs, where, prefix)
 
 
-def _check_one_model(model_spec: ModelSpec, keys: list[str], where: SpecLocation, prefix: str) -> None:
+def _probe_values(param: ParamSpec) -> tuple[Any, ...]:
+    """The values of a knob worth building the model with: every choice, or both ends of a range."""
+    if param.type == "choice":
+        return tuple(param.values or ())
+    if param.type == "int":
+        return (int(param.low), int(param.high))
+    return (float(param.low), float(param.high))
+
+
+def _check_one_model(model_spec: ModelSpec, knobs: dict[str, tuple[ParamSpec, str]], where: SpecLocation,
+                     prefix: str) -> None:
     import timm
     import torch
 
@@ -409,10 +420,27 @@ def _check_one_model(model_spec: ModelSpec, keys: list[str], where: SpecLocation
         raise where.child(f"{prefix}.args").error(f"{exc}".splitlines()[0] + "; fix the fixed model arguments") from None
     params = inspect.signature(type(model).__init__).parameters
     takes_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-    for key in keys:
+    for key, (_, path) in knobs.items():
         if key not in params and not takes_kwargs:
             choices = [p for p in params if p != "self" and params[p].kind is not inspect.Parameter.VAR_KEYWORD]
-            raise where.child(f"space.{key}" if prefix == "model" else f"{prefix}.space.{key}").error(
+            raise where.child(path).error(
                 f"is neither a training setting ({', '.join(TRAIN_KEYS)}) nor an argument of "
                 f"{model_spec.name} ({', '.join(choices)}); rename it"
             )
+    # Each choice (each end of a range) on its own, the other knobs at their defaults: a value the
+    # model rejects would otherwise fail every trial that draws it. A rejection that names another
+    # searched knob (refiner_blocks=8 exceeds depth=4) may hold only at that knob's default, so it
+    # is left to the trials, which record it as data.
+    for key, (param, path) in knobs.items():
+        for value in _probe_values(param):
+            try:
+                with torch.device("meta"):
+                    timm.create_model(model_spec.name, **{**model_spec.args, key: value})
+            except (TypeError, ValueError) as exc:
+                message = f"{exc}".splitlines()[0]
+                if any(other in message for other in knobs if other != key):
+                    continue
+                raise where.child(path).error(
+                    f"{model_spec.name} does not accept {value!r}: {message}; remove it from the "
+                    + ("choices" if param.type == "choice" else "range")
+                ) from None

@@ -100,6 +100,17 @@ MALFORMED = [
      "models[1].space.depth: is also defined at models[0].space.depth with another range"),
     ({"model": _DELETE, "models": [{"name": "ls_convit_nano"}, {"name": "ls_gmm_nano", "args": {"lr": 1}}]},
      "models[1].args.lr: is also searched"),
+    # a value the model rejects whatever the other knobs are: caught before any trial runs
+    ({"model.name": "ls_refiner_nano", "space.locality_strength": _DELETE,
+      "space.refiner_kernel": {"type": "choice", "values": [1, 4]}},
+     "space.refiner_kernel: ls_refiner_nano does not accept 4: refiner_kernel=4 must be odd"),
+    ({"model.name": "ls_refiner_nano", "space.locality_strength": _DELETE,
+      "space.refiner_blocks": {"type": "int", "low": 0, "high": 3}},
+     "space.refiner_blocks: ls_refiner_nano does not accept 3: refiner_blocks=3 exceeds depth=2"),
+    ({"model": _DELETE, "space.locality_strength": _DELETE, "models": [
+        {"name": "ls_convit_nano"},
+        {"name": "ls_gmm_nano", "space": {"num_kernels": {"type": "int", "low": 0, "high": 2}}}]},
+     "models[1].space.num_kernels: ls_gmm_nano does not accept 0"),
 ]
 
 
@@ -116,6 +127,16 @@ def test_malformed_spec_names_the_key(tmp_path, capsys, change, message):
     assert main(["check", str(path)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err and "Traceback" not in err
+
+
+def test_a_value_that_depends_on_another_searched_knob_is_left_to_the_trials(tmp_path):
+    # refiner_blocks=4 exceeds the default depth (2) but not depth=4, which the space also reaches
+    path = tmp_path / "coupled.yaml"
+    path.write_text(yaml.safe_dump(_with({
+        "model.name": "ls_refiner_nano", "space.locality_strength": _DELETE,
+        "space.depth": {"type": "int", "low": 2, "high": 4},
+        "space.refiner_blocks": {"type": "int", "low": 0, "high": 4}})))
+    assert load_spec(path).model_keys() == ["depth", "refiner_blocks"]
 
 
 def test_missing_file_and_bad_yaml(tmp_path, capsys):
