@@ -133,7 +133,7 @@ def retrain(
         raise ConfigError(f"--epochs {epochs}: must be at least 1")
     out = Path(out) if out is not None else default_out_dir(config_path)
     _check_out_dir(out, force=force)
-    _check_one_model(ModelSpec(name=config.model.name, args=dict(config.model.args)), [], SpecLocation(str(config_path)), "model")
+    _check_one_model(ModelSpec(name=config.model.name, args=dict(config.model.args)), {}, SpecLocation(str(config_path)), "model")
 
     import torch
 
