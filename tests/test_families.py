@@ -48,3 +48,53 @@ def test_transformer_blocks_get_contiguous_tokens(name):
     with torch.no_grad():
         model(torch.randn(2, 1, 28, 28))
     assert seen and all(seen), seen
+
+
+def _mhsa_pair(dim: int = 48, heads: int = 4):
+    from timm.models.vision_transformer import Attention as TimmAttention
+    from trainers.models._common import MHSA
+
+    torch.manual_seed(0)
+    ref = TimmAttention(dim, num_heads=heads)
+    ours = MHSA(dim, num_heads=heads)
+    ours.load_state_dict(ref.state_dict())
+    return ref, ours
+
+
+def test_mhsa_matches_timm_attention_forward_and_gradients():
+    ref, ours = _mhsa_pair()
+    x = torch.randn(3, 17, 48, requires_grad=True)
+    y_ref, y_ours = ref(x), ours(x)
+    torch.testing.assert_close(y_ours, y_ref, rtol=1e-5, atol=1e-6)
+    (g_ref,) = torch.autograd.grad(y_ref.square().sum(), x)
+    (g_ours,) = torch.autograd.grad(y_ours.square().sum(), x)
+    torch.testing.assert_close(g_ours, g_ref, rtol=1e-5, atol=1e-6)
+
+
+def _bf16_core(layer, x, core_dtype):
+    """The MHSA forward under CPU bf16 autocast, its attention core computed in `core_dtype`."""
+    B, N, C = x.shape
+    H, d = layer.num_heads, layer.head_dim
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        q, k, v = layer.qkv(x).reshape(B, N, 3, H, d).permute(2, 0, 3, 1, 4).unbind(0)
+        with torch.autocast("cpu", enabled=False):
+            core = torch.nn.functional.scaled_dot_product_attention(
+                q.to(core_dtype), k.to(core_dtype), v.to(core_dtype)).to(torch.bfloat16)
+        return layer.proj(core.transpose(1, 2).reshape(B, N, C))
+
+
+def test_mhsa_trains_in_bf16_with_a_float32_core_and_infers_with_the_bf16_kernel():
+    # CPU training under bf16 autocast: the core runs in float32 (torch's bf16 CPU kernel is
+    # several times slower with a backward); inference keeps the bf16 kernel (faster there).
+    _, layer = _mhsa_pair()
+    x = torch.randn(4, 50, 48, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = layer(x)
+    assert y.dtype == torch.bfloat16
+    assert torch.equal(y, _bf16_core(layer, x, torch.float32))
+    assert not torch.equal(y, _bf16_core(layer, x, torch.bfloat16))  # the two cores do differ
+    (g,) = torch.autograd.grad(y.float().square().sum(), x)
+    (g_fp32,) = torch.autograd.grad(layer(x).square().sum(), x)
+    torch.testing.assert_close(g, g_fp32, rtol=0.05, atol=0.05 * g_fp32.abs().max().item())
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.equal(layer(x.detach()), _bf16_core(layer, x.detach(), torch.bfloat16))

@@ -68,8 +68,8 @@ from timm.models import generate_default_cfgs, register_model
 from timm.models._features_fx import register_notrace_module
 
 from trainers.models._common import (
-    GridSize, _build_without_weights, _cfg, _check_int, _check_real, _fashion_mnist_cfg, _gated_param_groups, _pair,
-    _patch_tokens,
+    MHSA, GridSize, _build_without_weights, _cfg, _check_int, _check_real, _fashion_mnist_cfg, _gated_param_groups,
+    _pair, _patch_tokens,
 )
 
 __all__ = ['GPSA', 'MHSA', 'Block', 'LocalityConViT', 'gated_attention']
@@ -442,26 +442,6 @@ class GPSA(nn.Module):
                 self.pos_proj.weight[position, 0] = 2 * (h2 - center)  # dx centre
         self.pos_proj.weight.mul_(self.locality_strength)
         self.gating_param.fill_(self.gate_init)
-
-
-class MHSA(nn.Module):
-    """Plain multi-head self-attention on scaled_dot_product_attention (parameter names as timm)."""
-
-    def __init__(self, dim: int, num_heads: int = 8, qkv_bias: bool = False, attn_drop: float = 0.,
-                 proj_drop: float = 0.):
-        super().__init__()
-        self.num_heads = num_heads
-        self.head_dim = dim // num_heads
-        self.attn_drop_p = float(attn_drop)
-        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
-        self.proj = nn.Linear(dim, dim)
-        self.proj_drop = nn.Dropout(proj_drop)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, N, C = x.shape
-        q, k, v = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
-        x = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop_p if self.training else 0.)
-        return self.proj_drop(self.proj(x.transpose(1, 2).reshape(B, N, C)))
 
 
 class Block(nn.Module):

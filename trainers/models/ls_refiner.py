@@ -29,7 +29,7 @@ operator as one (H*N, H*N) GEMM, whose cost does not grow with r; for larger gri
 224 px) a depthwise `conv2d` with zero padding; for k = 1 a single H x H mixing. No biases anywhere
 in the refiner and no renormalisation: the refined rows need not sum to 1 (as in the paper). The
 full B x H x N x N map is materialised, so a refined block cannot use fused attention; plain blocks
-(index >= refiner_blocks) do use `scaled_dot_product_attention`.
+(index >= refiner_blocks) are the shared `MHSA` (`_common.py`), on `scaled_dot_product_attention`.
 
 What the convolution runs over (the decision this file makes)
 -------------------------------------------------------------
@@ -82,10 +82,10 @@ from timm.layers import DropPath, LayerNorm, Mlp, PatchEmbed, calculate_drop_pat
 from timm.models import generate_default_cfgs, register_model
 
 from trainers.models._common import (
-    GridSize, _build_without_weights, _cfg, _check_int, _check_real, _fashion_mnist_cfg, _pair,
+    MHSA, GridSize, _build_without_weights, _cfg, _check_int, _check_real, _fashion_mnist_cfg, _pair,
 )
 
-__all__ = ['Refiner', 'RefinedAttention', 'Attention', 'Block', 'LocalityRefinerViT']
+__all__ = ['Refiner', 'RefinedAttention', 'MHSA', 'Block', 'LocalityRefinerViT']
 
 
 class Refiner(nn.Module):
@@ -262,24 +262,6 @@ class RefinedAttention(nn.Module):
         return self.proj_drop(self.proj(x))
 
 
-class Attention(nn.Module):
-    """Plain multi-head self-attention on scaled_dot_product_attention (parameter names as timm)."""
-
-    def __init__(self, dim: int, num_heads: int, qkv_bias: bool = False, proj_drop: float = 0.):
-        super().__init__()
-        self.num_heads = num_heads
-        self.head_dim = dim // num_heads
-        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
-        self.proj = nn.Linear(dim, dim)
-        self.proj_drop = nn.Dropout(proj_drop)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, N, C = x.shape
-        q, k, v = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
-        x = F.scaled_dot_product_attention(q, k, v)
-        return self.proj_drop(self.proj(x.transpose(1, 2).reshape(B, N, C)))
-
-
 class Block(nn.Module):
 
     def __init__(
@@ -302,7 +284,7 @@ class Block(nn.Module):
             self.attn = RefinedAttention(dim, num_heads, grid_size, qkv_bias=qkv_bias, proj_drop=proj_drop,
                                          ratio=refiner_ratio, kernel_size=refiner_kernel)
         else:
-            self.attn = Attention(dim, num_heads, qkv_bias=qkv_bias, proj_drop=proj_drop)
+            self.attn = MHSA(dim, num_heads, qkv_bias=qkv_bias, proj_drop=proj_drop)
         self.drop_path = DropPath(drop_path) if drop_path > 0. else nn.Identity()
         self.norm2 = LayerNorm(dim)
         self.mlp = Mlp(in_features=dim, hidden_features=int(dim * mlp_ratio), act_layer=nn.GELU, drop=proj_drop)
