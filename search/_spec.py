@@ -12,7 +12,7 @@ import inspect
 import json
 import math
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 import yaml
 
@@ -352,6 +352,7 @@ def load_spec(path: str | Path, *, check_model: bool = True) -> SearchSpec:
     spec: SearchSpec = from_dict(SearchSpec, data, where)
     spec = dataclasses.replace(spec, source=str(path))
     _check_space_keys(spec, where, set(data.get("train") or {}))
+    _check_train_knobs(spec, where)
     if check_model:
         check_model_args(spec, where)
     return spec
@@ -382,6 +383,17 @@ def _check_space_keys(spec: SearchSpec, where: SpecLocation, fixed_train_keys: s
                 )
 
 
+def _check_train_knobs(spec: SearchSpec, where: SpecLocation) -> None:
+    """Each choice (each end of a range) of a searched training setting is a valid setting, with
+    the fixed ones as given (see `_probe_each_value`)."""
+    knobs = {k: (p, f"space.{k}") for k, p in spec.space.items() if k in TRAIN_KEYS}
+    for i, model in enumerate(spec.candidates):
+        prefix = "model" if spec.models is None else f"models[{i}]"
+        knobs.update({k: (p, f"{prefix}.space.{k}") for k, p in model.space.items() if k in TRAIN_KEYS})
+    _probe_each_value(knobs, where, lambda key, value: dataclasses.replace(spec.train, **{key: value}),
+                      lambda key, value, message: f"{value!r} is not a valid train.{key}: {message}")
+
+
 def check_model_args(spec: SearchSpec, where: SpecLocation | None = None) -> None:
     """Every model exists in timm's registry and each of its knobs is a constructor argument."""
     where = where or SpecLocation(spec.source or "<spec>")
@@ -399,6 +411,27 @@ def _probe_values(param: ParamSpec) -> tuple[Any, ...]:
     if param.type == "int":
         return (int(param.low), int(param.high))
     return (float(param.low), float(param.high))
+
+
+def _probe_each_value(knobs: dict[str, tuple[ParamSpec, str]], where: SpecLocation,
+                      attempt: Callable[[str, Any], Any], rejection: Callable[[str, Any, str], str]) -> None:
+    """attempt(key, value) for every choice (both ends of every range) of each knob, the other
+    knobs at their defaults: a value rejected there (TypeError, ValueError) would fail every trial
+    that draws it, so it stops the spec with one line, rejection(key, value, message). A rejection
+    that names another searched knob (refiner_blocks=8 exceeds depth=4) may hold only at that
+    knob's default, so it is left to the trials, which record it as data."""
+    for key, (param, path) in knobs.items():
+        for value in _probe_values(param):
+            try:
+                attempt(key, value)
+            except (TypeError, ValueError) as exc:  # SettingError is a ValueError
+                message = f"{exc}".splitlines()[0]
+                if any(other in message for other in knobs if other != key):
+                    continue
+                raise where.child(path).error(
+                    f"{rejection(key, value, message)}; remove it from the "
+                    + ("choices" if param.type == "choice" else "range")
+                ) from None
 
 
 def _check_one_model(model_spec: ModelSpec, knobs: dict[str, tuple[ParamSpec, str]], where: SpecLocation,
@@ -427,20 +460,9 @@ def _check_one_model(model_spec: ModelSpec, knobs: dict[str, tuple[ParamSpec, st
                 f"is neither a training setting ({', '.join(TRAIN_KEYS)}) nor an argument of "
                 f"{model_spec.name} ({', '.join(choices)}); rename it"
             )
-    # Each choice (each end of a range) on its own, the other knobs at their defaults: a value the
-    # model rejects would otherwise fail every trial that draws it. A rejection that names another
-    # searched knob (refiner_blocks=8 exceeds depth=4) may hold only at that knob's default, so it
-    # is left to the trials, which record it as data.
-    for key, (param, path) in knobs.items():
-        for value in _probe_values(param):
-            try:
-                with torch.device("meta"):
-                    timm.create_model(model_spec.name, **{**model_spec.args, key: value})
-            except (TypeError, ValueError) as exc:
-                message = f"{exc}".splitlines()[0]
-                if any(other in message for other in knobs if other != key):
-                    continue
-                raise where.child(path).error(
-                    f"{model_spec.name} does not accept {value!r}: {message}; remove it from the "
-                    + ("choices" if param.type == "choice" else "range")
-                ) from None
+    def build(key: str, value: Any) -> None:
+        with torch.device("meta"):
+            timm.create_model(model_spec.name, **{**model_spec.args, key: value})
+
+    _probe_each_value(knobs, where, build,
+                      lambda key, value, message: f"{model_spec.name} does not accept {value!r}: {message}")

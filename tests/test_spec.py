@@ -93,6 +93,11 @@ MALFORMED = [
     ({"resources": {"custom": ["a100"]}}, "resources.custom: expected a mapping"),
     ({"name": "a/b"}, "name: 'a/b' is not usable as a folder name"),
     ({"train": {"lr": 0.01}}, "space.lr: is also set under train"),
+    ({"train": {"precision": "fp8"}}, "train.precision: 'fp8' is not allowed; use one of 'auto', 'fp32', 'bf16', 'fp16'"),
+    ({"space.precision": {"type": "choice", "values": ["fp32", "bf17"]}},
+     "space.precision: 'bf17' is not a valid train.precision: must be one of auto, fp32, bf16, fp16"),
+    ({"space.batch_size": {"type": "int", "low": 0, "high": 64}},
+     "space.batch_size: 0 is not a valid train.batch_size: must be at least 1, got 0; remove it from the range"),
     ({"models": [{"name": "ls_gmm_nano"}]}, "model: give either 'model:' (one model) or 'models:'"),
     ({"model": _DELETE, "models": [
         {"name": "ls_convit_nano", "space": {"depth": {"type": "int", "low": 1, "high": 2}}},

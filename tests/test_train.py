@@ -8,9 +8,9 @@ import math
 import pytest
 import torch
 
-from trainers.config import ThroughputSettings, TrainSettings, TrialConfig
+from trainers.config import SettingError, ThroughputSettings, TrainSettings, TrialConfig
 from trainers.data import DatasetRequest, prepare_dataset
-from trainers.train import NonFiniteLossError, lr_at, train_trial
+from trainers.train import NonFiniteLossError, lr_at, train_trial, training_dtype
 
 FAST_THROUGHPUT = ThroughputSettings(batch_size=16, warmup=1, repeats=2)
 
@@ -84,3 +84,46 @@ def test_checkpoint_resume_matches_an_uninterrupted_run(synthetic):
     assert resumed.history[1]["throughput"] == full.history[1]["throughput"]  # measured once, kept
     assert resumed.history[1]["val_acc"] == pytest.approx(full.history[1]["val_acc"], abs=1e-6)
     assert resumed.history[1]["train_loss"] == pytest.approx(full.history[1]["train_loss"], rel=1e-4)
+
+
+def test_training_dtype_per_precision():
+    cpu = torch.device("cpu")
+    assert training_dtype("auto", cpu) is None and training_dtype("fp32", cpu) is None  # fp32 on the CPU
+    assert training_dtype("bf16", cpu) is torch.bfloat16 and training_dtype("fp16", cpu) is torch.float16
+    with pytest.raises(SettingError, match="must be one of auto, fp32, bf16, fp16, got 'fp8'") as info:
+        TrainSettings(precision="fp8")
+    assert info.value.key == "precision"
+
+
+@pytest.mark.parametrize("precision,dtype", [("fp32", torch.float32), ("bf16", torch.bfloat16)])
+def test_cpu_trial_trains_and_validates_in_the_requested_precision(synthetic, monkeypatch, precision, dtype):
+    import trainers.train as train_module
+
+    seen = {"train": set(), "validate": set()}
+    validating = []
+    build, evaluate = train_module.build_model, train_module.evaluate
+
+    def record(module, inputs, out):  # the classifier's output dtype: what autocast made of the forward
+        if module.training:
+            seen["train"].add(out.dtype)
+        elif validating:  # not the FLOP count or the throughput measurement
+            seen["validate"].add(out.dtype)
+
+    def recording_build(cfg):
+        model = build(cfg)
+        model.get_classifier().register_forward_hook(record)
+        return model
+
+    def recording_evaluate(*args, **kwargs):
+        validating.append(True)
+        try:
+            return evaluate(*args, **kwargs)
+        finally:
+            validating.pop()
+
+    monkeypatch.setattr(train_module, "build_model", recording_build)
+    monkeypatch.setattr(train_module, "evaluate", recording_evaluate)
+    outcome = train_trial(_config(synthetic, precision=precision))
+    assert seen == {"train": {dtype}, "validate": {dtype}}
+    assert all(math.isfinite(m["train_loss"]) and math.isfinite(m["val_loss"]) for m in outcome.history)
+    assert outcome.history[-1]["train_loss"] < outcome.history[0]["train_loss"]

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Literal
 if TYPE_CHECKING:  # only a type here; importing the data package pulls in FFCV and numba
     from trainers.data import PreparedDataset
 
-__all__ = ["SettingError", "TrainSettings", "ThroughputSettings", "TrialConfig", "TRAIN_KEYS", "Constraint", "CONSTRAINT_METRICS"]
+__all__ = ["SettingError", "TrainSettings", "ThroughputSettings", "TrialConfig", "TRAIN_KEYS", "PRECISIONS", "Constraint", "CONSTRAINT_METRICS"]
 
 
 class SettingError(ValueError):
@@ -19,6 +19,9 @@ class SettingError(ValueError):
     def __init__(self, key: str, message: str) -> None:
         super().__init__(message)
         self.key = key
+
+
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,6 +38,9 @@ class TrainSettings:
     num_workers: int = 2  # FFCV loader threads
     pad_crop: int = 2  # random pad-and-crop augmentation, pixels
     flip: bool | None = None  # horizontal flips; None: what the dataset catalog says
+    # autocast dtype of training and validation. auto: AMP on CUDA (bf16 where the GPU has it,
+    # else fp16 with loss scaling), fp32 on the CPU; bf16 on a CPU pays off where it has AMX
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -55,6 +61,8 @@ class TrainSettings:
             raise SettingError("num_workers", f"must be at least 1, got {self.num_workers}")
         if self.pad_crop < 0:
             raise SettingError("pad_crop", f"must be >= 0, got {self.pad_crop}")
+        if self.precision not in PRECISIONS:
+            raise SettingError("precision", f"must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
 
 
 TRAIN_KEYS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(TrainSettings))

@@ -30,11 +30,11 @@ from torch import nn
 import trainers.models  # noqa: F401  (registers this project's model families with timm)
 from trainers._device_share import device_share
 from trainers._malloc import retain_freed_memory
-from trainers.config import TrialConfig
+from trainers.config import SettingError, TrialConfig
 from trainers.data import make_loader
 from trainers.throughput import measure_model
 
-__all__ = ["train_trial", "TrialOutcome", "NonFiniteLossError", "lr_at", "build_model", "evaluate", "pick_device"]
+__all__ = ["train_trial", "TrialOutcome", "NonFiniteLossError", "lr_at", "build_model", "evaluate", "pick_device", "training_dtype"]
 
 EpochCallback = Callable[[dict[str, Any], Callable[[], dict[str, Any]]], None]
 
@@ -99,6 +99,20 @@ def default_param_groups(model: nn.Module, weight_decay: float) -> list[dict[str
     return [g for g in groups if g["params"]]
 
 
+def training_dtype(precision: str, device: torch.device) -> torch.dtype | None:
+    """The autocast dtype of ``train.precision`` on ``device``; None: float32, no autocast.
+
+    auto: AMP on CUDA (bf16 where the GPU supports it, else fp16), float32 on the CPU (bf16 is
+    opt-in there: fast with AMX, slow without it)."""
+    if precision == "auto":
+        if device.type != "cuda":
+            return None
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    if precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise SettingError("precision", f"bf16: {torch.cuda.get_device_name(device)} does not support it; use fp16 or auto")
+    return {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+
+
 @torch.inference_mode()
 def evaluate(model: nn.Module, loader, *, autocast) -> tuple[float, float]:
     """(mean cross-entropy, accuracy) over every image of ``loader``."""
@@ -134,10 +148,12 @@ def train_trial(
     retain_freed_memory()  # no page faults for each step's activations (see trainers/_malloc.py)
     torch.manual_seed(cfg.seed)
     on_cuda = device.type == "cuda"
-    amp_dtype = (torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16) if on_cuda else None
+    amp_dtype = training_dtype(settings.precision, device)
 
     def autocast():
-        return torch.autocast("cuda", dtype=amp_dtype) if on_cuda else torch.autocast("cpu", enabled=False)
+        if amp_dtype is None:
+            return torch.autocast(device.type, enabled=False)
+        return torch.autocast(device.type, dtype=amp_dtype)
 
     # -- model, measured before any training --------------------------------------------
     model = build_model(cfg)
@@ -221,7 +237,7 @@ def train_trial(
         return convert_at * steps_per_epoch if fresh else 0
 
     optimizer = make_optimizer()
-    scaler = torch.amp.GradScaler("cuda", enabled=amp_dtype == torch.float16)
+    scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)
     criterion = nn.CrossEntropyLoss(label_smoothing=settings.label_smoothing)
 
     start_epoch, best_val_acc, best_val_loss, bad_epochs, history = 0, -1.0, math.inf, 0, []
