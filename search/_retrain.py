@@ -137,7 +137,7 @@ def retrain(
 
     import torch
 
-    from trainers.train import build_model, evaluate, pick_device, train_trial
+    from trainers.train import autocast_for, build_model, evaluate, pick_device, train_trial
 
     started = dt.datetime.now(dt.timezone.utc)
     clock = time.perf_counter()
@@ -178,10 +178,7 @@ def retrain(
     # -- the one test: the saved weights, the val loader's normalisation and batch size -----------
     device = pick_device(cfg.device)
     on_cuda = device.type == "cuda"
-    amp_dtype = (torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16) if on_cuda else None
-
-    def autocast():
-        return torch.autocast("cuda", dtype=amp_dtype) if on_cuda else torch.autocast("cpu", enabled=False)
+    autocast = autocast_for(cfg.train.precision, device)  # tested in the precision it trained in
 
     model = build_model(cfg)
     if final["reparametrised"]:

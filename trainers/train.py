@@ -21,7 +21,7 @@ import copy
 import dataclasses
 import math
 import time
-from typing import Any, Callable
+from typing import Any, Callable, ContextManager
 
 import timm
 import torch
@@ -34,7 +34,7 @@ from trainers.config import SettingError, TrialConfig
 from trainers.data import make_loader
 from trainers.throughput import measure_model
 
-__all__ = ["train_trial", "TrialOutcome", "NonFiniteLossError", "lr_at", "build_model", "evaluate", "pick_device", "training_dtype"]
+__all__ = ["train_trial", "TrialOutcome", "NonFiniteLossError", "lr_at", "build_model", "evaluate", "pick_device", "training_dtype", "autocast_for"]
 
 EpochCallback = Callable[[dict[str, Any], Callable[[], dict[str, Any]]], None]
 
@@ -113,6 +113,19 @@ def training_dtype(precision: str, device: torch.device) -> torch.dtype | None:
     return {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
 
 
+def autocast_for(precision: str, device: torch.device) -> Callable[[], ContextManager]:
+    """A factory of the autocast context ``train.precision`` asks for on ``device`` (float32:
+    autocast off, so an outer autocast does not leak in)."""
+    dtype = training_dtype(precision, device)
+
+    def autocast() -> ContextManager:
+        if dtype is None:
+            return torch.autocast(device.type, enabled=False)
+        return torch.autocast(device.type, dtype=dtype)
+
+    return autocast
+
+
 @torch.inference_mode()
 def evaluate(model: nn.Module, loader, *, autocast) -> tuple[float, float]:
     """(mean cross-entropy, accuracy) over every image of ``loader``."""
@@ -149,11 +162,7 @@ def train_trial(
     torch.manual_seed(cfg.seed)
     on_cuda = device.type == "cuda"
     amp_dtype = training_dtype(settings.precision, device)
-
-    def autocast():
-        if amp_dtype is None:
-            return torch.autocast(device.type, enabled=False)
-        return torch.autocast(device.type, dtype=amp_dtype)
+    autocast = autocast_for(settings.precision, device)
 
     # -- model, measured before any training --------------------------------------------
     model = build_model(cfg)
