@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+import typing
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:  # only a type here; importing the data package pulls in FFCV and numba
@@ -21,7 +22,8 @@ class SettingError(ValueError):
         self.key = key
 
 
-PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+Precision = Literal["auto", "fp32", "bf16", "fp16"]
+PRECISIONS: tuple[str, ...] = typing.get_args(Precision)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,7 +42,7 @@ class TrainSettings:
     flip: bool | None = None  # horizontal flips; None: what the dataset catalog says
     # autocast dtype of training and validation. auto: AMP on CUDA (bf16 where the GPU has it,
     # else fp16 with loss scaling), fp32 on the CPU; bf16 on a CPU pays off where it has AMX
-    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
+    precision: Precision = "auto"
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -73,7 +75,7 @@ class ThroughputSettings:
     batch_size: int = 256
     warmup: int = 3
     repeats: int = 10
-    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # auto: fp32 on CPU, fp16 on CUDA
+    precision: Precision = "auto"  # auto: fp32 on CPU, fp16 on CUDA
 
     def __post_init__(self) -> None:
         for key in ("batch_size", "repeats"):
