@@ -407,6 +407,24 @@ def test_eval_loader_round_trips_every_image(synthetic):
 
 
 @pytest.mark.ffcv
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_loader_epoch_started_under_inference_mode(synthetic):
+    """Validation starts its epoch under inference_mode; FFCV's thread then copies each batch
+    into the buffers that epoch allocated (ToDevice), which must be normal tensors."""
+    kw = dict(batch_size=64, train=False, mean=synthetic.mean, std=synthetic.std)
+    expected, expected_labels = _read_all(make_loader(synthetic.val_path, **kw))
+    cuda = make_loader(synthetic.val_path, device="cuda", **kw)
+    for _ in range(2):  # the second epoch reuses the loader
+        with torch.inference_mode():
+            images, labels = _read_all(cuda)
+        assert images.device.type == "cuda"
+        torch.testing.assert_close(images.cpu(), expected)
+        assert torch.equal(labels.cpu(), expected_labels)
+    images, _ = _read_all(cuda)  # and outside inference_mode again, as the next training epoch
+    torch.testing.assert_close(images.cpu(), expected)
+
+
+@pytest.mark.ffcv
 def test_train_loader_order_and_augmentation_are_seeded(synthetic):
     kw = dict(batch_size=256, train=True, mean=synthetic.mean, std=synthetic.std, flip=True, pad_crop=2)
     loader = make_loader(synthetic.train_path, seed=5, **kw)

@@ -317,3 +317,20 @@ def test_model_is_a_timm_resnet():
     assert isinstance(model, TransformedResNet) and isinstance(model, timm.models.ResNet)
     assert model(torch.randn(2, 1, 28, 28)).shape == (2, 10)
     assert model(torch.randn(2, 1, 32, 32)).shape == (2, 10)  # any input size
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_converted_network_trains_under_cuda_autocast():
+    """CUDA autocast runs softmax in float32 (CPU autocast does not): the content/positional mix
+    must not meet two dtypes."""
+    torch.manual_seed(0)
+    model = timm.create_model("ls_tcnn_resnet10_micro_s")
+    model.reparametrise()
+    model = model.cuda()
+    x = torch.randn(4, 1, 28, 28, device="cuda")
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        out = model(x)
+    out.float().sum().backward()
+    with torch.no_grad():
+        ref = model(x)
+    assert torch.isfinite(out).all() and _rel_error(out.float(), ref) < 0.05

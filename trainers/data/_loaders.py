@@ -199,7 +199,10 @@ class _Loader(Loader):
         if self.code is None or self.recompile:
             self.generate_code()
         self._stop_last()
-        self._last = _SeededEpochIterator(self, selected_order, augment_seed(self.seed, epoch))
+        # The iterator allocates the pipeline's buffers, which its thread fills in place (ToDevice's
+        # copy_): they must be normal tensors even when the epoch starts under inference_mode.
+        with torch.inference_mode(False):
+            self._last = _SeededEpochIterator(self, selected_order, augment_seed(self.seed, epoch))
         return self._last
 
 

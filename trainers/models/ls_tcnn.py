@@ -170,8 +170,9 @@ class ReparamGPSA(nn.Module):
         scores = torch.cat((q @ k.transpose(-2, -1) * self.scale,
                             q.new_full((B, nh, Nq, 1), math.log(ring))), dim=-1)  # (B, N_h, Nq, Nq + 1)
         content = torch.softmax(scores, dim=-1)[..., :Nq]  # (B, N_h, Nq, Nq): real keys
-        positional = self.positional_attention(H, W)[..., self._real_keys(H, W)].to(q.dtype)  # (N_h, Nq, Nq)
-        gate = torch.sigmoid(self.gating_param).to(q.dtype).view(1, 1, nh, 1)
+        # the mix in the content's dtype: CUDA autocast runs softmax in float32 (CPU autocast does not)
+        positional = self.positional_attention(H, W)[..., self._real_keys(H, W)].to(content.dtype)  # (N_h, Nq, Nq)
+        gate = torch.sigmoid(self.gating_param).to(content.dtype).view(1, 1, nh, 1)
         # A laid out (B, Nq, N_h, keys), so A @ V comes out as (B, Nq, N_h * C), the layout the
         # output projection needs (the maps are tiny next to N_h x C, so this is where layout pays)
         attn = torch.lerp(content.transpose(1, 2), positional.transpose(0, 1).unsqueeze(0), gate)
