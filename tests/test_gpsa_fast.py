@@ -182,3 +182,67 @@ def test_cached_positional_attention_under_autocast_follows_weight_updates():
     fresh.blocks[0].attn._frozen_cache.clear()
     torch.testing.assert_close(after, infer(fresh), rtol=0, atol=0)
     assert not torch.equal(after, before)
+
+
+def test_compiled_inference_traces_the_cached_maps_into_one_graph():
+    """Under torch.compile, inference computes P and the fused qkv weights inside the graph (no
+    storage-keyed cache: that would break the graph and recompile) and still follows an update."""
+    torch.manual_seed(0)
+    model = LocalityConViT(**NANO, embed_dim=32, depth=2, num_heads=4, local_up_to_layer=1).eval()
+    x = torch.randn(2, 1, 28, 28)
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")  # fullgraph: a graph break fails
+    with torch.inference_mode():
+        before = compiled(x)
+    assert not model.blocks[0].attn._frozen_cache  # the compiled path kept nothing on the side
+    with torch.inference_mode():
+        torch.testing.assert_close(before, model(x))
+    with torch.no_grad():
+        model.blocks[0].attn.pos_proj.weight.mul_(3.0)  # in place, as an optimizer step
+    fresh = copy.deepcopy(model)
+    fresh.blocks[0].attn._frozen_cache.clear()
+    with torch.inference_mode():
+        after = compiled(x)
+        torch.testing.assert_close(after, fresh(x))
+    assert not torch.equal(after, before)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize('dtype', [None, torch.bfloat16])
+def test_cuda_path_matches_timm_and_follows_weight_updates(dtype):
+    """The GPU path (fused SDPA + s * P @ V, the mixing terms kept for inference) against timm's
+    GPSA: outputs and gradients when training, outputs in inference before and after a step."""
+    ref, ours = (layer.cuda() for layer in _pair())
+    tol = 1e-4 if dtype is None else 3e-2
+
+    def ctx():
+        return torch.autocast('cuda', dtype=dtype) if dtype is not None else torch.autocast('cuda', enabled=False)
+
+    x = torch.randn(8, 49, 96, device='cuda')
+    w = torch.randn(8, 49, 96, device='cuda', dtype=torch.float64)
+    grads = []
+    for layer in (ref, ours):
+        layer.zero_grad(set_to_none=True)
+        xi = x.clone().requires_grad_()
+        with ctx():
+            y = layer(xi)
+        (y.double() * w).sum().backward()
+        grads.append((y.double(), xi.grad.double(), {n: p.grad.double() for n, p in layer.named_parameters()}))
+    (y_ref, gx_ref, gp_ref), (y_ours, gx_ours, gp_ours) = grads
+    assert _rel(y_ours, y_ref) < tol and _rel(gx_ours, gx_ref) < tol
+    for name in gp_ref:
+        if name == 'pos_proj.bias':  # its true gradient is 0 (softmax ignores a per-head shift): noise in both
+            assert gp_ours[name].abs().max() < 1e-2 * gp_ref['pos_proj.weight'].abs().max()
+            continue
+        assert _rel(gp_ours[name], gp_ref[name]) < tol, name
+
+    def infer(layer):
+        with torch.inference_mode(), ctx():
+            return layer.eval()(x).double()
+
+    assert _rel(infer(ours), infer(ref)) < tol
+    assert torch.equal(infer(ours), infer(ours))  # served from the kept mixing terms
+    with torch.no_grad():
+        for layer in (ref, ours):  # in place, as an optimizer step: the kept terms must not be served
+            layer.gating_param.add_(1.5)
+            layer.pos_proj.weight.mul_(0.5)
+    assert _rel(infer(ours), infer(ref)) < tol

@@ -286,7 +286,7 @@ class GPSA(nn.Module):
         self._rel_grid: Optional[GridSize] = None
         self.register_buffer('rel_indices', torch.zeros(0, 0, 3), persistent=False)
         # name -> (key, tensor): what inference reuses until the parameters change (see _frozen)
-        self._frozen_cache: Dict[str, Tuple[tuple, torch.Tensor]] = {}
+        self._frozen_cache: Dict[str, Tuple[tuple, Any]] = {}
         if self.grid_size is not None:
             self._set_rel_indices(self.grid_size)
         # standalone, initialise as LocalityConViT does (the model re-applies the same scheme)
@@ -314,12 +314,14 @@ class GPSA(nn.Module):
             self._set_rel_indices(self._rel_grid)
 
     # --- attention maps ----------------------------------------------------------------------
-    def _frozen(self, name: str, params: Tuple[torch.Tensor, ...], extra: tuple,
-                compute: Callable[[], torch.Tensor]) -> torch.Tensor:
+    def _frozen(self, name: str, params: Tuple[torch.Tensor, ...], extra: tuple, compute: Callable[[], Any]) -> Any:
         """compute(), which depends only on `params` and `extra`; without autograd (inference) it is
         kept and reused until a parameter changes (an optimizer step, load_state_dict, a move or a
         cast: its storage, version counter, dtype or device) or `extra` does. With autograd it is
-        recomputed (part of the graph) and the kept copy dropped."""
+        recomputed (part of the graph) and the kept copy dropped. Under torch.compile it is traced
+        into the graph (a Python-side cache keyed on storage would only cause recompiles)."""
+        if torch.compiler.is_compiling():
+            return compute()
         if torch.is_grad_enabled():
             self._frozen_cache.pop(name, None)
             return compute()
@@ -404,8 +406,8 @@ class GPSA(nn.Module):
             out = (attn @ v.transpose(1, 2)).transpose(1, 2)  # (B, N, H, d)
             return self.proj_drop(self.proj(out.reshape(B, N, C)))
 
-        gate = torch.sigmoid(self.gating_param)  # (H,)
         if self._use_gated_attention(x):
+            gate = torch.sigmoid(self.gating_param)  # (H,)
             pos_attn = self.positional_attention(self._grid_for(N))  # P (H, N, N)
             if not torch.is_grad_enabled() and x.dtype in _FULL_PRECISION and not torch.is_autocast_enabled('cpu'):
                 # inference: q, k, v come out of their matmul already laid out for the core
@@ -420,12 +422,29 @@ class GPSA(nn.Module):
         q, k = q.transpose(1, 2), k.transpose(1, 2)  # (B, H, N, d)
         # content term, fused: (B, H, N, d), scaled by (1 - s) afterwards
         content = F.scaled_dot_product_attention(q, k, v.transpose(1, 2))
+        pos_attn, content_weight = self._mixing_terms(self._grid_for(N), v.dtype)  # s * P (H, N, N), 1 - s (H, 1)
         # positional term: one GEMM per head for the whole batch, (H, N, N) @ (H, N, B*d)
-        pos_attn = gate.view(H, 1, 1) * self.positional_attention(self._grid_for(N))  # s * P
         pos_out = torch.bmm(pos_attn, v.permute(2, 1, 0, 3).reshape(H, N, B * d))  # (H, N, B*d)
         pos_out = pos_out.view(H, N, B, d).permute(2, 1, 0, 3)  # (B, N, H, d)
-        out = torch.addcmul(pos_out, content.transpose(1, 2), (1. - gate).view(H, 1))  # (B, N, H, d)
+        if torch.is_grad_enabled():  # (an out= op has no backward)
+            out = torch.addcmul(pos_out, content.transpose(1, 2), content_weight)  # (B, N, H, d), v's dtype
+        else:  # written (B, N, H, d)-contiguous, so the reshape below is a view, not a copy (left to
+            # itself, addcmul lays its output out as pos_out, head-major)
+            out = torch.addcmul(pos_out, content.transpose(1, 2), content_weight,
+                                out=torch.empty((B, N, H, d), dtype=pos_out.dtype, device=x.device))
         return self.proj_drop(self.proj(out.reshape(B, N, C)))
+
+    def _mixing_terms(self, grid: GridSize, dtype: torch.dtype) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(s * P (H, N, N), 1 - s (H, 1)) in `dtype` (the values' dtype: bf16 under autocast, so the
+        mix stays in it), s = sigmoid(gate); input-independent, so kept for inference (see `_frozen`):
+        a GPU then launches two kernels fewer per layer and batch."""
+        def compute() -> Tuple[torch.Tensor, torch.Tensor]:
+            gate = torch.sigmoid(self.gating_param)  # (H,)
+            pos_attn = gate.view(-1, 1, 1) * self.positional_attention(grid)
+            return pos_attn.to(dtype), (1. - gate).view(-1, 1).to(dtype)
+
+        return self._frozen('mixing', (self.pos_proj.weight, self.pos_proj.bias, self.gating_param), (grid, dtype),
+                            compute)
 
     @torch.no_grad()
     def local_init(self) -> None:
