@@ -2,6 +2,7 @@
 
     python -m benchmarks.attention_blocks            # batch 256, 49 and 64 tokens, dim 96, 4 heads, CPU
     python -m benchmarks.attention_blocks --batch 64 --repeats 10
+    python -m benchmarks.attention_blocks --device cuda --precisions fp32 bf16   # bf16: autocast, as AMP trains
 
 Layers (all dim 96, 4 heads, the width of the *_micro models):
   plain      fused scaled_dot_product_attention (ls_convit.MHSA, what DeiT blocks run)
@@ -15,6 +16,7 @@ median of each and its ratio to plain are printed and written to benchmarks/resu
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import statistics
 import time
@@ -40,17 +42,28 @@ def _layers(dim: int, heads: int, tokens: int) -> dict[str, tuple[torch.nn.Modul
     return layers
 
 
-def run(*, batch: int, tokens: int, dim: int, heads: int, repeats: int, warmup: int) -> dict:
+def run(*, batch: int, tokens: int, dim: int, heads: int, repeats: int, warmup: int, device: str = "cpu",
+        bf16: bool = False) -> dict:
+    dev = torch.device(device)
     torch.manual_seed(0)
-    layers = _layers(dim, heads, tokens)
-    inputs = {name: torch.randn(batch, tokens + extra, dim, requires_grad=True) for name, (_, extra) in layers.items()}
+    layers = {name: (layer.to(dev), extra) for name, (layer, extra) in _layers(dim, heads, tokens).items()}
+    inputs = {name: torch.randn(batch, tokens + extra, dim, device=dev, requires_grad=True)
+              for name, (_, extra) in layers.items()}
+
+    def sync() -> None:
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
 
     def step(name: str) -> float:
         layer, x = layers[name][0], inputs[name]
         layer.zero_grad(set_to_none=True)
         x.grad = None
+        sync()
         start = time.perf_counter()
-        layer(x).sum().backward()
+        with torch.autocast(dev.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext():
+            y = layer(x)
+        y.float().sum().backward()
+        sync()
         return time.perf_counter() - start
 
     for _ in range(warmup):
@@ -63,7 +76,8 @@ def run(*, batch: int, tokens: int, dim: int, heads: int, repeats: int, warmup: 
     median = {name: statistics.median(ts) for name, ts in times.items()}
     return {
         "config": dict(batch=batch, tokens=tokens, dim=dim, heads=heads, repeats=repeats, warmup=warmup,
-                       device="cpu", what="one attention layer, forward + backward"),
+                       device=str(dev), what="one attention layer, forward + backward",
+                       autocast="bfloat16" if bf16 else None),
         "median_s": median,
         "ratio_to_plain": {name: m / median["plain"] for name, m in median.items()},
     }
@@ -77,21 +91,30 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--precisions", nargs="+", default=["fp32"], choices=["fp32", "bf16"],
+                        help="bf16: under torch.autocast(bfloat16), fp32 weights and input (default: fp32)")
     parser.add_argument("--glibc-default-malloc", action="store_true",
                         help="leave glibc's trim/mmap thresholds alone (default: keep freed memory, as the trainer does)")
     args = parser.parse_args(argv)
     setup_process(retain_memory=not args.glibc_default_malloc)
-    results = {}
-    for tokens in args.tokens:
-        if math.isqrt(tokens) ** 2 != tokens:
-            parser.error(f"--tokens {tokens}: not a square patch grid")
-        result = run(batch=args.batch, tokens=tokens, dim=args.dim, heads=args.heads,
-                     repeats=args.repeats, warmup=args.warmup)
-        results[str(tokens)] = result
-        print(f"batch={args.batch} tokens={tokens} dim={args.dim} heads={args.heads} threads={torch.get_num_threads()}")
-        for name, seconds in result["median_s"].items():
-            print(f"  {name:<11} {seconds * 1e3:8.2f} ms   {result['ratio_to_plain'][name]:5.2f}x plain")
-    path = write_result("attention_blocks", {"by_tokens": results}, device="cpu")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device is available here")
+    results: dict = {}
+    for precision in dict.fromkeys(args.precisions):
+        key = "by_tokens" if precision == "fp32" else f"by_tokens_{precision}"
+        results[key] = {}
+        for tokens in args.tokens:
+            if math.isqrt(tokens) ** 2 != tokens:
+                parser.error(f"--tokens {tokens}: not a square patch grid")
+            result = run(batch=args.batch, tokens=tokens, dim=args.dim, heads=args.heads, repeats=args.repeats,
+                         warmup=args.warmup, device=args.device, bf16=precision == "bf16")
+            results[key][str(tokens)] = result
+            print(f"[{args.device} {precision}] batch={args.batch} tokens={tokens} dim={args.dim} "
+                  f"heads={args.heads} threads={torch.get_num_threads()}")
+            for name, seconds in result["median_s"].items():
+                print(f"  {name:<11} {seconds * 1e3:8.2f} ms   {result['ratio_to_plain'][name]:5.2f}x plain")
+    path = write_result("attention_blocks", results, device=args.device)
     print(f"-> {path}")
 
 

@@ -29,7 +29,15 @@ repeat). The fp32 numbers keep their keys (`inference`, `train`, `ours_over_timm
 adds `inference_bf16` / `train_bf16` (speed_vs_baseline there: against the baseline in bf16),
 `ours_over_timm_convit_bf16` (bf16 vs bf16, like for like) and
 `ours_bf16_over_timm_convit_fp32` (ours in bf16 vs timm in fp32: a precision change, NOT like for
-like).
+like). --precisions picks the columns (e.g. `--precisions bf16` on a GPU, where AMP is what a
+trial trains in).
+
+On CUDA (--device cuda) the models and the input are channels_last, as a trial's are, and the
+default batches fill the GPU (256 at 224 px, 1024 at 32 and 28 px). `--compile SUBSTRING ...` adds a
+`torch.compile`d copy of each model whose label contains one of the substrings, labelled
+"<label> +compile" and timed in the same rotation (sharing the eager model's weights); it compiles
+during the warm-up. The convit and px32 groups also report `ours_over_deit`: ls_convit_tiny
+against the DeiT-Ti of the group per mode and precision (and the compiled pair, where both are).
 """
 
 from __future__ import annotations
@@ -132,15 +140,31 @@ def _autocast(device: torch.device, precision: str):
     return torch.autocast(device.type, dtype=torch.bfloat16)
 
 
+def _timing_key(mode: str, precision: str) -> str:
+    """fp32 keeps the plain key (inference, train); other precisions add a suffix."""
+    return mode if precision == "fp32" else f"{mode}_{precision}"
+
+
+def pair_ratios(out: dict, ours: str, ref: str) -> dict[str, float]:
+    """ref's median batch time over ours', for every timing column present (> 1: ours is faster)."""
+    return {key: out[key]["median_batch_s"][ref] / out[key]["median_batch_s"][ours]
+            for key in ("inference", "train", "inference_bf16", "train_bf16") if key in out}
+
+
 def run_group(name: str, *, batch: int, repeats: int, warmup: int, device: str, train: bool,
-              bf16: bool = True) -> dict:
+              precisions: tuple[str, ...] = ("fp32", "bf16"), compile_matching: tuple[str, ...] = ()) -> dict:
     dev = torch.device(device)
     builders, baseline, shape, extra = _group(name)
-    models = {label: build().to(dev) for label, build in builders.items()}
+    # channels_last on CUDA, as train_trial puts a model and FFCV its batches
+    memory_format = torch.channels_last if dev.type == "cuda" else torch.contiguous_format
+    models = {label: build().to(dev, memory_format=memory_format) for label, build in builders.items()}
     params = {label: sum(p.numel() for p in m.parameters()) for label, m in models.items()}
+    for label in [label for label in models if any(pattern in label for pattern in compile_matching)]:
+        models[f"{label} +compile"] = torch.compile(models[label])
+        params[f"{label} +compile"] = params[label]
     torch.manual_seed(1)
-    x = torch.randn(batch, *shape, device=dev)
-    precisions = ["fp32", "bf16"] if bf16 else ["fp32"]
+    x = torch.randn(batch, *shape, device=dev).contiguous(memory_format=memory_format)
+    precisions = list(precisions)
 
     def infer(model: torch.nn.Module, precision: str) -> float:
         model.eval()
@@ -164,11 +188,13 @@ def run_group(name: str, *, batch: int, repeats: int, warmup: int, device: str, 
 
     modes = {"inference": infer, **({"train": train_step} if train else {})}
     out: dict = {"config": dict(group=name, batch=batch, input_shape=list(shape), repeats=repeats, warmup=warmup,
-                                device=str(dev), dtype="float32", precisions=precisions),
+                                device=str(dev), dtype="float32", precisions=precisions,
+                                channels_last=memory_format is torch.channels_last,
+                                compiled=[label for label in models if label.endswith(" +compile")]),
                  "baseline": baseline, "params": params}
     if "max_abs_logit_diff" in extra:
         out["max_abs_logit_diff"] = extra["max_abs_logit_diff"]
-        if bf16:
+        if "bf16" in precisions:
             ref, ours = extra["pair"]
             with torch.inference_mode(), _autocast(dev, "bf16"):
                 xs = x[:2]
@@ -185,7 +211,7 @@ def run_group(name: str, *, batch: int, repeats: int, warmup: int, device: str, 
                     times[precision][label].append(fn(model, precision))
         for precision in precisions:
             median = {label: statistics.median(ts) for label, ts in times[precision].items()}
-            out[mode if precision == "fp32" else f"{mode}_{precision}"] = {
+            out[_timing_key(mode, precision)] = {
                 "median_batch_s": median,
                 "images_per_s": {label: batch / m for label, m in median.items()},
                 "speed_vs_baseline": {label: median[baseline] / m for label, m in median.items()},
@@ -193,19 +219,53 @@ def run_group(name: str, *, batch: int, repeats: int, warmup: int, device: str, 
     if name in ("convit", "px32"):
         ours = next(label for label in models if label.startswith("ls_convit_tiny"))
         ref = next(label for label in models if label.startswith("timm convit_tiny"))
-
-        def ratio(ref_key: str, ours_key: str) -> dict:
-            return {mode: out[ref_key.format(mode)]["median_batch_s"][ref] / out[ours_key.format(mode)]["median_batch_s"][ours]
-                    for mode in modes}
-
-        out["ours_over_timm_convit"] = ratio("{}", "{}")
-        if bf16:
-            out["ours_over_timm_convit_bf16"] = ratio("{}_bf16", "{}_bf16")
-            out["ours_bf16_over_timm_convit_fp32"] = ratio("{}", "{}_bf16")
+        deit = next(label for label in models if label.startswith("deit_tiny"))
+        by_precision = {precision: {mode: pair_ratios(out, ours, ref)[_timing_key(mode, precision)] for mode in modes}
+                        for precision in precisions}
+        if "fp32" in by_precision:
+            out["ours_over_timm_convit"] = by_precision["fp32"]
+        if "bf16" in by_precision:
+            out["ours_over_timm_convit_bf16"] = by_precision["bf16"]
+        if "fp32" in by_precision and "bf16" in by_precision:
+            out["ours_bf16_over_timm_convit_fp32"] = {
+                mode: out[mode]["median_batch_s"][ref] / out[f"{mode}_bf16"]["median_batch_s"][ours] for mode in modes}
+        out["ours_over_deit"] = {f"{ours} / {deit}": pair_ratios(out, ours, deit)}
+        if f"{ours} +compile" in models and f"{deit} +compile" in models:
+            out["ours_over_deit"][f"{ours} +compile / {deit} +compile"] = pair_ratios(
+                out, f"{ours} +compile", f"{deit} +compile")
     return out
 
 
 DEFAULT_BATCH = {"convit": 8, "tiny": 8, "small": 8, "px32": 64, "micro": 256}
+DEFAULT_BATCH_CUDA = {"convit": 256, "tiny": 256, "small": 256, "px32": 1024, "micro": 1024}
+
+
+def _print_group(group: str, batch: int, r: dict) -> None:
+    print(f"[{group}] batch {batch}, input {tuple(r['config']['input_shape'])}, threads {torch.get_num_threads()}, "
+          f"baseline {r['baseline']}")
+    for label in r["params"]:
+        for precision in r["config"]["precisions"]:
+            infer, train = _timing_key("inference", precision), _timing_key("train", precision)
+            name = f"{label:<44} {r['params'][label] / 1e6:6.2f}M" if precision == r["config"]["precisions"][0] \
+                else f"{'':<44} {'':7}"
+            line = f"  {name} {precision:<4}  infer {r[infer]['images_per_s'][label]:9.1f} img/s " \
+                   f"({r[infer]['speed_vs_baseline'][label]:.2f}x)"
+            if train in r:
+                line += f"   train {r[train]['images_per_s'][label]:8.1f} img/s ({r[train]['speed_vs_baseline'][label]:.2f}x)"
+            print(line)
+
+    def show(key: str, what: str) -> None:
+        if key in r:
+            print(f"  {what}: " + ", ".join(f"{mode} {v:.2f}x" for mode, v in r[key].items()))
+
+    if "max_abs_logit_diff" in r:
+        print(f"  same weights: max |logit diff| {r['max_abs_logit_diff']:.1e}"
+              + (f" (bf16: {r['max_abs_logit_diff_bf16']:.1e})" if "max_abs_logit_diff_bf16" in r else ""))
+    show("ours_over_timm_convit", "ls_convit_tiny / timm convit_tiny, fp32 vs fp32")
+    show("ours_over_timm_convit_bf16", "ls_convit_tiny / timm convit_tiny, bf16 vs bf16 (like for like)")
+    show("ours_bf16_over_timm_convit_fp32", "ls_convit_tiny bf16 / timm convit_tiny fp32 (precision change, NOT like for like)")
+    for pair, ratios in r.get("ours_over_deit", {}).items():
+        print(f"  {pair}: " + ", ".join(f"{key} {v:.2f}x" for key, v in ratios.items()))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -219,44 +279,30 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--no-bf16", action="store_true",
                         help="fp32 only (default: every model also under bf16 autocast, same rotation)")
+    parser.add_argument("--precisions", nargs="+", choices=["fp32", "bf16"],
+                        help="the precision columns to time (default: fp32 bf16; --no-bf16: fp32)")
+    parser.add_argument("--compile", nargs="+", default=[], metavar="SUBSTRING",
+                        help="also time a torch.compile'd copy of each model whose label contains one of these")
+    parser.add_argument("--result-name", default="models",
+                        help="the JSON's name: benchmarks/results/<name>-<device>.json (default: models)")
     parser.add_argument("--glibc-default-malloc", action="store_true",
                         help="leave glibc's trim/mmap thresholds alone (default: keep freed memory, as the trainer does)")
     args = parser.parse_args(argv)
     setup_process(retain_memory=not args.glibc_default_malloc)
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device is available here")
+    if args.precisions and args.no_bf16:
+        parser.error("--no-bf16 and --precisions: give one of them")
+    precisions = tuple(dict.fromkeys(args.precisions or (["fp32"] if args.no_bf16 else ["fp32", "bf16"])))
+    default_batch = DEFAULT_BATCH_CUDA if args.device == "cuda" else DEFAULT_BATCH
     results = {}
     for group in args.groups:
-        batch = args.batch or DEFAULT_BATCH[group]
+        batch = args.batch or default_batch[group]
         r = run_group(group, batch=batch, repeats=args.repeats, warmup=args.warmup, device=args.device,
-                      train=not args.no_train, bf16=not args.no_bf16)
+                      train=not args.no_train, precisions=precisions, compile_matching=tuple(args.compile))
         results[group] = r
-        print(f"[{group}] batch {batch}, input {tuple(r['config']['input_shape'])}, threads {torch.get_num_threads()}, "
-              f"baseline {r['baseline']}")
-        for label in r["params"]:
-            line = f"  {label:<40} {r['params'][label] / 1e6:6.2f}M  infer {r['inference']['images_per_s'][label]:9.1f} img/s " \
-                   f"({r['inference']['speed_vs_baseline'][label]:.2f}x)"
-            if "train" in r:
-                line += f"   train {r['train']['images_per_s'][label]:8.1f} img/s ({r['train']['speed_vs_baseline'][label]:.2f}x)"
-            print(line)
-            if "inference_bf16" in r:
-                line = f"  {'  bf16 autocast':<40} {'':7}  infer {r['inference_bf16']['images_per_s'][label]:9.1f} img/s " \
-                       f"({r['inference_bf16']['speed_vs_baseline'][label]:.2f}x)"
-                if "train_bf16" in r:
-                    line += f"   train {r['train_bf16']['images_per_s'][label]:8.1f} img/s " \
-                            f"({r['train_bf16']['speed_vs_baseline'][label]:.2f}x)"
-                print(line)
-        if "ours_over_timm_convit" in r:
-            ratios = ", ".join(f"{mode} {v:.2f}x" for mode, v in r["ours_over_timm_convit"].items())
-            print(f"  ls_convit_tiny / timm convit_tiny, fp32 vs fp32 (same weights, max |logit diff| "
-                  f"{r['max_abs_logit_diff']:.1e}): {ratios}")
-        if "ours_over_timm_convit_bf16" in r:
-            ratios = ", ".join(f"{mode} {v:.2f}x" for mode, v in r["ours_over_timm_convit_bf16"].items())
-            print(f"  ls_convit_tiny / timm convit_tiny, bf16 vs bf16 (like for like, max |logit diff| "
-                  f"{r['max_abs_logit_diff_bf16']:.1e}): {ratios}")
-            ratios = ", ".join(f"{mode} {v:.2f}x" for mode, v in r["ours_bf16_over_timm_convit_fp32"].items())
-            print(f"  ls_convit_tiny bf16 / timm convit_tiny fp32 (precision change, NOT like for like): {ratios}")
-    path = write_result("models", {"groups": results}, device=args.device)
+        _print_group(group, batch, r)
+    path = write_result(args.result_name, {"groups": results}, device=args.device)
     print(f"-> {path}")
 
 

@@ -19,6 +19,13 @@ Ray: a Tune run of --ray-trials no-op function trainables (each reports once) wi
 reuse_actors=True and with reuse_actors=False, alternately, on a local Ray started for the
 benchmark (2 CPUs, no dashboard); seconds per trial = Tuner.fit() wall time / trials.
 
+On a GPU (--device cuda; the trial trains with AMP and channels_last, as `precision: auto` does
+there, and the compute replica does the same): an NVML sampler thread reads the GPU's
+utilisation (the share of time a kernel was running) every 50 ms through each trial, and the
+result reports its mean over the trial's epochs and over its whole wall time.
+
+    python -m benchmarks.trial_overhead --device cuda --skip-ray --train-fraction 1.0 --batch-size 256
+
 Writes benchmarks/results/trial_overhead-<device>.json.
 """
 
@@ -28,6 +35,7 @@ import argparse
 import io
 import statistics
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -36,15 +44,50 @@ import torch
 from benchmarks._env import setup_process, write_result
 
 
-def _config(data, *, epochs: int, cache_dir: str):
+def _config(data, *, epochs: int, cache_dir: str, model: str = "ls_convit_micro", device: str = "cpu",
+            batch_size: int | None = None):
     from trainers.config import ThroughputSettings, TrainSettings, TrialConfig
 
-    return TrialConfig(model="ls_convit_micro", model_args={}, data=data, epochs=epochs, train=TrainSettings(),
-                       throughput=ThroughputSettings(), seed=0, device="cpu", throughput_cache_dir=cache_dir)
+    train = TrainSettings() if batch_size is None else TrainSettings(batch_size=batch_size)
+    return TrialConfig(model=model, model_args={}, data=data, epochs=epochs, train=train,
+                       throughput=ThroughputSettings(), seed=0, device=device, throughput_cache_dir=cache_dir)
+
+
+class GpuUtilisation:
+    """NVML's utilisation of one GPU (percent of the last sample period with a kernel running),
+    sampled every `period_s` in a thread: `with GpuUtilisation(0) as util: ...; util.mean(t0, t1)`."""
+
+    def __init__(self, index: int, period_s: float = 0.05) -> None:
+        import pynvml  # nvidia-ml-py
+
+        pynvml.nvmlInit()
+        self._nvml = pynvml
+        self._handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        self._period = period_s
+        self._stop = threading.Event()
+        self.samples: list[tuple[float, int]] = []  # (perf_counter, percent)
+        self._thread = threading.Thread(target=self._run, name="nvml-sampler", daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._period):
+            self.samples.append((time.perf_counter(), self._nvml.nvmlDeviceGetUtilizationRates(self._handle).gpu))
+
+    def __enter__(self) -> "GpuUtilisation":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._nvml.nvmlShutdown()
+
+    def mean(self, start: float, end: float) -> float | None:
+        inside = [pct for t, pct in self.samples if start <= t <= end]
+        return statistics.fmean(inside) if inside else None
 
 
 def _trial(cfg) -> dict:
-    from trainers.train import train_trial
+    from trainers.train import pick_device, train_trial
 
     reports = []
 
@@ -52,15 +95,32 @@ def _trial(cfg) -> dict:
         buffer = io.BytesIO()
         if get_state is not None:
             torch.save(get_state(), buffer)
-        reports.append({**metrics, "checkpoint_bytes": buffer.tell()})
+        reports.append({**metrics, "checkpoint_bytes": buffer.tell(), "reported_at": time.perf_counter()})
 
+    device = pick_device(cfg.device)
+    sampler = GpuUtilisation(device.index or 0) if device.type == "cuda" else None
     start = time.perf_counter()
-    outcome = train_trial(cfg, on_epoch=on_epoch)
-    wall = time.perf_counter() - start
+    if sampler is None:
+        outcome = train_trial(cfg, on_epoch=on_epoch)
+    else:
+        with sampler:
+            outcome = train_trial(cfg, on_epoch=on_epoch)
+    end = time.perf_counter()
+    wall = end - start
     epochs_s = sum(r["epoch_time_s"] for r in reports)
-    return {"wall_s": wall, "epochs_s": epochs_s, "before_first_epoch_s": wall - epochs_s,
-            "train_s": [r["train_time_s"] for r in reports], "epoch_s": [r["epoch_time_s"] for r in reports],
-            "best_val_acc": outcome.best_val_acc, "throughput_cached": reports[0].get("throughput_cached")}
+    out = {"wall_s": wall, "epochs_s": epochs_s, "before_first_epoch_s": wall - epochs_s,
+           "train_s": [r["train_time_s"] for r in reports], "epoch_s": [r["epoch_time_s"] for r in reports],
+           "best_val_acc": outcome.best_val_acc, "throughput_cached": reports[0].get("throughput_cached"),
+           "train_images_per_s": [r["train_images_per_s"] for r in reports]}
+    if sampler is not None:
+        epochs_start = reports[0]["reported_at"] - reports[0]["epoch_time_s"]
+        out["gpu_utilisation_pct"] = {
+            "epochs": sampler.mean(epochs_start, reports[-1]["reported_at"]),
+            "whole_trial": sampler.mean(start, end),
+            "per_epoch": [sampler.mean(r["reported_at"] - r["epoch_time_s"], r["reported_at"]) for r in reports],
+            "samples": len(sampler.samples),
+        }
+    return out
 
 
 def _compute(cfg, batches: dict) -> float:
@@ -68,10 +128,15 @@ def _compute(cfg, batches: dict) -> float:
     validation batches, from memory; the same model, parameter groups and lr schedule."""
     from torch import nn
 
-    from trainers.train import build_model, default_param_groups, lr_at
+    from trainers.train import autocast_for, build_model, default_param_groups, lr_at, pick_device, training_dtype
 
     torch.manual_seed(cfg.seed)
-    model = build_model(cfg)
+    device = pick_device(cfg.device)
+    model = build_model(cfg).to(device)
+    if device.type == "cuda":
+        model = model.to(memory_format=torch.channels_last)
+    autocast = autocast_for(cfg.train.precision, device)
+    scaler = torch.amp.GradScaler(device.type, enabled=training_dtype(cfg.train.precision, device) == torch.float16)
     groups = model.param_groups(weight_decay=cfg.train.weight_decay) if hasattr(model, "param_groups") \
         else default_param_groups(model, cfg.train.weight_decay)
     optimizer = torch.optim.AdamW(groups, lr=cfg.train.lr)
@@ -79,6 +144,8 @@ def _compute(cfg, batches: dict) -> float:
     steps = len(batches["train"][0])
     total = steps * cfg.epochs
     warmup = round(cfg.train.warmup_epochs * steps)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
     start = time.perf_counter()
     for epoch in range(cfg.epochs):
         model.train()
@@ -87,35 +154,45 @@ def _compute(cfg, batches: dict) -> float:
                        min_lr=cfg.train.min_lr)
             for group in optimizer.param_groups:
                 group["lr"] = lr * group.get("lr_scale", 1.0)
-            loss = criterion(model(images), labels)
+            with autocast():
+                loss = criterion(model(images), labels)
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
         model.eval()
         with torch.inference_mode():
             for images, labels in batches["val"]:
-                model(images)
+                with autocast():
+                    model(images)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
     return time.perf_counter() - start
 
 
 def _batches(cfg) -> dict:
     from trainers.data import make_loader
+    from trainers.train import pick_device
 
     data, settings = cfg.data, cfg.train
-    common = dict(mean=data.mean, std=data.std, device="cpu", num_workers=settings.num_workers)
+    device = pick_device(cfg.device)
+    common = dict(mean=data.mean, std=data.std, device=device, num_workers=settings.num_workers,
+                  channels_last=device.type == "cuda")
     train = make_loader(data.train_path, batch_size=settings.batch_size, train=True, seed=cfg.seed, flip=data.flip,
                         pad_crop=settings.pad_crop, **common)
     val = make_loader(data.val_path, batch_size=max(256, settings.batch_size), train=False, **common)
     return {"train": [[(x, y) for x, y in train] for _ in range(cfg.epochs)], "val": [(x, y) for x, y in val]}
 
 
-def trainer_overhead(*, epochs: int) -> dict:
+def trainer_overhead(*, epochs: int, model: str = "ls_convit_micro", device: str = "cpu", train_fraction: float = 0.1,
+                     batch_size: int | None = None) -> dict:
     from search._runner import default_cache_dir
     from trainers.data import DatasetRequest, prepare_dataset
 
-    data = prepare_dataset(DatasetRequest(name="fashion_mnist", train_fraction=0.1), cache_dir=default_cache_dir())
+    data = prepare_dataset(DatasetRequest(name="fashion_mnist", train_fraction=train_fraction),
+                           cache_dir=default_cache_dir())
     with tempfile.TemporaryDirectory(prefix="ls-bench-tput-") as cache:
-        cfg = _config(data, epochs=epochs, cache_dir=cache)
+        cfg = _config(data, epochs=epochs, cache_dir=cache, model=model, device=device, batch_size=batch_size)
         # The trials go first in this process, so the first one really is cold (FFCV compiles).
         compute = []
         first = _trial(cfg)
@@ -131,7 +208,8 @@ def trainer_overhead(*, epochs: int) -> dict:
     return {
         "config": {"model": cfg.model, "dataset": data.name, "train_images": data.counts["train"],
                    "val_images": data.counts["val"], "epochs": epochs, "batch_size": cfg.train.batch_size,
-                   "num_workers": cfg.train.num_workers, "throughput_batch": cfg.throughput.batch_size},
+                   "num_workers": cfg.train.num_workers, "throughput_batch": cfg.throughput.batch_size,
+                   "device": device, "precision": cfg.train.precision},
         "compute_s": compute,
         "compute_median_s": compute_s,
         "trials": trials,
@@ -186,15 +264,22 @@ def ray_overhead(*, trials: int, repeats: int) -> dict:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--model", default="ls_convit_micro")
+    parser.add_argument("--train-fraction", type=float, default=0.1, help="of Fashion-MNIST's 60,000 training images")
+    parser.add_argument("--batch-size", type=int, help="train.batch_size (default: the trainer's, 128)")
     parser.add_argument("--ray-trials", type=int, default=12)
     parser.add_argument("--ray-repeats", type=int, default=2)
     parser.add_argument("--skip-ray", action="store_true")
     parser.add_argument("--only-ray", action="store_true")
     args = parser.parse_args(argv)
     setup_process()  # as train_trial does, so the compute replica runs under the same allocator settings
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device is available here")
     result: dict = {}
     if not args.only_ray:
-        t = trainer_overhead(epochs=args.epochs)
+        t = trainer_overhead(epochs=args.epochs, model=args.model, device=args.device,
+                             train_fraction=args.train_fraction, batch_size=args.batch_size)
         result["trainer"] = t
         first, later = t["trials"]["first"], t["trials"]["later"]
         print(f"trainer: {t['config']['model']}, {t['config']['train_images']} train / {t['config']['val_images']} val "
@@ -209,6 +294,11 @@ def main(argv: list[str] | None = None) -> None:
         print(f"  later trials: overhead {t['overhead_later_trial']:.1%} (target <= 15%: "
               f"{'met' if t['overhead_later_trial'] <= 0.15 else 'NOT met'}); within the epochs alone "
               f"{t['overhead_within_epochs_later']:.1%}")
+        for i, tr in enumerate([first, *later], 1):
+            if "gpu_utilisation_pct" in tr:
+                u = tr["gpu_utilisation_pct"]
+                print(f"  trial {i}: GPU utilisation {u['epochs']:.0f}% over its epochs, {u['whole_trial']:.0f}% over "
+                      f"the whole trial ({u['samples']} NVML samples); training {max(tr['train_images_per_s']):,.0f} img/s")
     if not args.skip_ray:
         r = ray_overhead(trials=args.ray_trials, repeats=args.ray_repeats)
         result["ray"] = r
@@ -216,7 +306,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"  reuse_actors=True : {r['seconds_per_trial']['reuse_actors']:.3f} s/trial")
         print(f"  reuse_actors=False: {r['seconds_per_trial']['fresh_actors']:.3f} s/trial "
               f"({r['fresh_over_reuse']:.2f}x the reused)")
-    path = write_result("trial_overhead", result)
+    path = write_result("trial_overhead", result, device=args.device)
     print(f"-> {path}")
 
 
