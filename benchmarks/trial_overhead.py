@@ -57,8 +57,18 @@ class GpuUtilisation:
     """NVML's utilisation of one GPU (percent of the last sample period with a kernel running),
     sampled every `period_s` in a thread: `with GpuUtilisation(0) as util: ...; util.mean(t0, t1)`."""
 
+    @staticmethod
+    def require() -> None:
+        """Exit with the fix when NVML's bindings are missing (before any trial runs)."""
+        try:
+            import pynvml  # noqa: F401  (nvidia-ml-py: NVIDIA's bindings, not a dependency of the CPU install)
+        except ImportError:
+            raise SystemExit("error: --device cuda reads the GPU's utilisation through NVML: "
+                             "pip install nvidia-ml-py") from None
+
     def __init__(self, index: int, period_s: float = 0.05) -> None:
-        import pynvml  # nvidia-ml-py
+        self.require()
+        import pynvml
 
         pynvml.nvmlInit()
         self._nvml = pynvml
@@ -276,6 +286,8 @@ def main(argv: list[str] | None = None) -> None:
     setup_process()  # as train_trial does, so the compute replica runs under the same allocator settings
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device is available here")
+    if args.device == "cuda" and not args.only_ray:
+        GpuUtilisation.require()
     result: dict = {}
     if not args.only_ray:
         t = trainer_overhead(epochs=args.epochs, model=args.model, device=args.device,
