@@ -43,6 +43,11 @@ class TrainSettings:
     # autocast dtype of training and validation. auto: AMP on CUDA (bf16 where the GPU has it,
     # else fp16 with loss scaling), fp32 on the CPU; bf16 on a CPU pays off where it has AMX
     precision: Precision = "auto"
+    # run the training and validation batches through torch.compile (the same parameters;
+    # throughput is still measured on the eager model). For GPUs, where it removes most kernel
+    # launches (benchmarks.models --compile: 1.5-1.8x per batch on an H100); on this project's
+    # 2-core CPU it costs the main job's trial 40 s of compiling and no step gets faster
+    compile: bool = False
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -63,6 +68,8 @@ class TrainSettings:
             raise SettingError("num_workers", f"must be at least 1, got {self.num_workers}")
         if self.pad_crop < 0:
             raise SettingError("pad_crop", f"must be >= 0, got {self.pad_crop}")
+        if not isinstance(self.compile, bool):
+            raise SettingError("compile", f"must be true or false, got {self.compile!r}")
         if self.precision not in PRECISIONS:
             raise SettingError("precision", f"must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
 

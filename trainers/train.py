@@ -201,6 +201,11 @@ def train_trial(
             model = model.to(memory_format=torch.channels_last)
         return {**measure(), "converted_at_epoch": epoch, "throughput_before_conversion": before}
 
+    def batches_runner() -> nn.Module:
+        """What the batches go through: the model, or its torch.compile wrapper (train.compile).
+        State dicts, the measurement and a conversion stay on `model` itself."""
+        return torch.compile(model) if settings.compile else model
+
     measurement = dict(resume["measurement"]) if resume is not None else measure()
     if resume is None and cfg.constraints:
         # Judge the architecture the trial is meant to end with (a T-CNN: the converted one).
@@ -246,6 +251,7 @@ def train_trial(
         return convert_at * steps_per_epoch if fresh else 0
 
     optimizer = make_optimizer()
+    run = batches_runner()
     scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)
     criterion = nn.CrossEntropyLoss(label_smoothing=settings.label_smoothing)
 
@@ -275,6 +281,7 @@ def train_trial(
         epoch_start = time.perf_counter()
         if converts and epoch == convert_at and not model.is_reparametrised:
             measurement = convert(epoch)
+            run = batches_runner()
             previous, optimizer = optimizer, make_optimizer()
             if model.reparam_optimizer == "keep":  # the filters keep their Adam moments (same Parameters)
                 for param in previous.state:
@@ -294,7 +301,7 @@ def train_trial(
                 for group in optimizer.param_groups:
                     group["lr"] = lr * group.get("lr_scale", 1.0)
                 with autocast():
-                    loss = criterion(model(images), labels)
+                    loss = criterion(run(images), labels)
                 nonfinite |= ~torch.isfinite(loss.detach())
                 # Checking every step would sync the GPU each step; every 50 is soon enough.
                 if (step % 50 == 49 or step == steps_per_epoch - 1) and bool(nonfinite):
@@ -313,7 +320,7 @@ def train_trial(
                 share.step()
             train_time = time.perf_counter() - epoch_start
 
-            val_loss, val_acc = evaluate(model, val_loader, autocast=autocast)
+            val_loss, val_acc = evaluate(run, val_loader, autocast=autocast)
         best_val_loss = min(best_val_loss, val_loss)
         if val_acc > best_val_acc:
             best_val_acc, bad_epochs = val_acc, 0
