@@ -4,6 +4,7 @@
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import json
 import platform
@@ -13,7 +14,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["environment", "write_result", "RESULTS_DIR", "setup_process"]
+__all__ = ["environment", "write_result", "RESULTS_DIR", "setup_process", "sync", "autocast"]
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
@@ -27,6 +28,19 @@ def _cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def sync(device: torch.device) -> None:
+    """Wait for the device's queued work (CUDA runs asynchronously), so a host clock times it."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
+    """fp32: nothing; bf16: `torch.autocast(device, bfloat16)`, as a trial's `precision: bf16`."""
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=torch.bfloat16)
 
 
 def setup_process(*, retain_memory: bool = True) -> bool:

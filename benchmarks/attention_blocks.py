@@ -16,14 +16,13 @@ median of each and its ratio to plain are printed and written to benchmarks/resu
 from __future__ import annotations
 
 import argparse
-import contextlib
 import math
 import statistics
 import time
 
 import torch
 
-from benchmarks._env import setup_process, write_result
+from benchmarks._env import autocast, setup_process, sync, write_result
 from trainers.models.ls_convit import GPSA, MHSA
 from trainers.models.ls_gmm import GMMAttention
 from trainers.models.ls_refiner import RefinedAttention
@@ -50,20 +49,16 @@ def run(*, batch: int, tokens: int, dim: int, heads: int, repeats: int, warmup: 
     inputs = {name: torch.randn(batch, tokens + extra, dim, device=dev, requires_grad=True)
               for name, (_, extra) in layers.items()}
 
-    def sync() -> None:
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-
     def step(name: str) -> float:
         layer, x = layers[name][0], inputs[name]
         layer.zero_grad(set_to_none=True)
         x.grad = None
-        sync()
+        sync(dev)
         start = time.perf_counter()
-        with torch.autocast(dev.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext():
+        with autocast(dev, "bf16" if bf16 else "fp32"):
             y = layer(x)
         y.float().sum().backward()
-        sync()
+        sync(dev)
         return time.perf_counter() - start
 
     for _ in range(warmup):

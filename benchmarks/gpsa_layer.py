@@ -18,7 +18,6 @@ bf16`), timed in the same rotation (timm fp32, ours fp32, timm bf16, ours bf16, 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import statistics
 import time
 from typing import Callable
@@ -26,34 +25,23 @@ from typing import Callable
 import torch
 from timm.models.convit import GPSA as TimmGPSA
 
-from benchmarks._env import setup_process, write_result
+from benchmarks._env import autocast, setup_process, sync, write_result
 from trainers.models.ls_convit import GPSA
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _autocast(device: torch.device, precision: str):
-    if precision == "fp32":
-        return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype=torch.bfloat16)
 
 
 def _step(layer: torch.nn.Module, x: torch.Tensor, precision: str = "fp32") -> None:
     layer.zero_grad(set_to_none=True)
     x.grad = None
-    with _autocast(x.device, precision):
+    with autocast(x.device, precision):
         y = layer(x)
     y.float().sum().backward()  # .float(): a no-op in fp32
 
 
 def _time(fn: Callable[[], None], device: torch.device) -> float:
-    _sync(device)
+    sync(device)
     start = time.perf_counter()
     fn()
-    _sync(device)
+    sync(device)
     return time.perf_counter() - start
 
 
@@ -72,7 +60,7 @@ def run(*, batch: int, tokens: int, dim: int, heads: int, repeats: int, warmup: 
     with torch.no_grad():
         max_abs_diff = (ref(x) - ours(x)).abs().max().item()
         if bf16:
-            with _autocast(dev, "bf16"):
+            with autocast(dev, "bf16"):
                 y_ref, y_ours = ref(x).float(), ours(x).float()
             max_abs_diff_bf16 = (y_ref - y_ours).abs().max().item()
             max_abs_out = y_ref.abs().max().item()

@@ -43,7 +43,6 @@ against the DeiT-Ti of the group per mode and precision (and the compiled pair, 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import statistics
 import time
 from typing import Callable
@@ -52,14 +51,9 @@ import timm
 import torch
 
 import trainers.models  # noqa: F401  (registers the ls_* families)
-from benchmarks._env import setup_process, write_result
+from benchmarks._env import autocast, setup_process, sync, write_result
 
 IMAGENET = dict(num_classes=1000, in_chans=3)
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def _converted(name: str, **kwargs) -> torch.nn.Module:
@@ -134,12 +128,6 @@ def _group(name: str) -> tuple[dict[str, Callable[[], torch.nn.Module]], str, tu
     raise ValueError(name)
 
 
-def _autocast(device: torch.device, precision: str):
-    if precision == "fp32":
-        return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype=torch.bfloat16)
-
-
 def _timing_key(mode: str, precision: str) -> str:
     """fp32 keeps the plain key (inference, train); other precisions add a suffix."""
     return mode if precision == "fp32" else f"{mode}_{precision}"
@@ -168,22 +156,22 @@ def run_group(name: str, *, batch: int, repeats: int, warmup: int, device: str, 
 
     def infer(model: torch.nn.Module, precision: str) -> float:
         model.eval()
-        _sync(dev)
+        sync(dev)
         start = time.perf_counter()
-        with torch.inference_mode(), _autocast(dev, precision):
+        with torch.inference_mode(), autocast(dev, precision):
             model(x)
-        _sync(dev)
+        sync(dev)
         return time.perf_counter() - start
 
     def train_step(model: torch.nn.Module, precision: str) -> float:
         model.train()
         model.zero_grad(set_to_none=True)
-        _sync(dev)
+        sync(dev)
         start = time.perf_counter()
-        with _autocast(dev, precision):
+        with autocast(dev, precision):
             y = model(x)
         y.float().sum().backward()
-        _sync(dev)
+        sync(dev)
         return time.perf_counter() - start
 
     modes = {"inference": infer, **({"train": train_step} if train else {})}
@@ -196,7 +184,7 @@ def run_group(name: str, *, batch: int, repeats: int, warmup: int, device: str, 
         out["max_abs_logit_diff"] = extra["max_abs_logit_diff"]
         if "bf16" in precisions:
             ref, ours = extra["pair"]
-            with torch.inference_mode(), _autocast(dev, "bf16"):
+            with torch.inference_mode(), autocast(dev, "bf16"):
                 xs = x[:2]
                 out["max_abs_logit_diff_bf16"] = (ref.eval()(xs).float() - ours.eval()(xs).float()).abs().max().item()
     for mode, fn in modes.items():
