@@ -12,7 +12,7 @@ validation) and per trial, their ratio fp32 / bf16 (> 1: bf16 is faster) and eac
 validation accuracy after every epoch (same seed, same batches: the difference is the precision).
 
 bf16 on a CPU pays off only with native bf16 matrix units (AMX, Sapphire Rapids and later);
-without them it is slower than fp32, which is why `train.precision: auto` stays fp32 on the CPU.
+without them it is slower than fp32, which is why `train.precision: auto` is bf16 only on CPUs with AMX.
 Writes benchmarks/results/training_precision-<device>.json.
 """
 

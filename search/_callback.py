@@ -159,7 +159,7 @@ class StoreCallback(Callback):
             "model": trial.config.get("model", self.common["model"]),
             **{k: result.get(k) for k in (
                 "family", "throughput", "throughput_device", "throughput_batch", "throughput_precision",
-                "throughput_threads", "torch_version", "params", "flops", "node_ip", "hostname", "node_id",
+                "throughput_threads", "train_precision", "torch_version", "params", "flops", "node_ip", "hostname", "node_id",
                 "throughput_before_conversion", "converted_at_epoch", "throughput_cached", "architecture",
             )},
             "rejected_by": result.get("rejected"),

@@ -47,6 +47,7 @@ RESULT_COLUMNS: dict[str, tuple[pa.DataType, str]] = {
     "val_acc": (pa.float64(), "best validation accuracy over the epochs run"),
     "val_loss": (pa.float64(), "lowest validation loss over the epochs run"),
     "final_val_acc": (pa.float64(), "validation accuracy after the last epoch (the weights saved and tested)"),
+    "train_precision": TRIAL_COLUMNS["train_precision"],
     "test_acc": (pa.float64(), "test-split accuracy of the saved weights"),
     "test_loss": (pa.float64(), "test-split mean cross-entropy of the saved weights"),
     "test_images": (pa.int64(), "images in the test split"),
@@ -205,6 +206,7 @@ def retrain(
         "val_acc": outcome.best_val_acc,
         "val_loss": last["best_val_loss"],
         "final_val_acc": last["val_acc"],
+        "train_precision": last.get("train_precision"),  # absent from checkpoints of older versions
         "test_acc": test_acc,
         "test_loss": test_loss,
         "test_images": data.counts["test"],

@@ -105,18 +105,44 @@ def test_compiled_trial_trains_like_the_eager_one(synthetic):
     assert list(states["compiled"]["model"]) == list(states["eager"]["model"])
 
 
-def test_training_dtype_per_precision():
+def test_training_dtype_per_precision(monkeypatch):
+    import trainers.train as train_module
+
     cpu = torch.device("cpu")
-    assert training_dtype("auto", cpu) is None and training_dtype("fp32", cpu) is None  # fp32 on the CPU
+    assert training_dtype("fp32", cpu) is None
+    monkeypatch.setattr(train_module, "cpu_has_bf16_matrix_units", lambda: True)
+    assert training_dtype("auto", cpu) is torch.bfloat16  # AMX: bf16 autocast
+    monkeypatch.setattr(train_module, "cpu_has_bf16_matrix_units", lambda: False)
+    assert training_dtype("auto", cpu) is None  # any other CPU: fp32
     assert training_dtype("bf16", cpu) is torch.bfloat16 and training_dtype("fp16", cpu) is torch.float16
     with pytest.raises(SettingError, match="must be one of auto, fp32, bf16, fp16, got 'fp8'") as info:
         TrainSettings(precision="fp8")
     assert info.value.key == "precision"
 
 
-@pytest.mark.parametrize("precision,dtype", [("fp32", torch.float32), ("bf16", torch.bfloat16)])
-def test_cpu_trial_trains_and_validates_in_the_requested_precision(synthetic, monkeypatch, precision, dtype):
+def test_bf16_matrix_units_follow_the_cpu_and_onednn_cap(monkeypatch):
+    from pathlib import Path
+
+    from trainers.train import cpu_has_bf16_matrix_units
+
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():  # the kernel's flags, an independent reading of the same hardware
+        assert cpu_has_bf16_matrix_units() == ("amx_bf16" in cpuinfo.read_text().split())
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")  # oneDNN capped below AMX: bf16 would be slow
+    assert not cpu_has_bf16_matrix_units()
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_AMX")
+    assert cpu_has_bf16_matrix_units() == bool(torch.cpu._is_amx_tile_supported())
+
+
+@pytest.mark.parametrize("precision,amx,dtype", [
+    ("fp32", True, torch.float32), ("bf16", False, torch.bfloat16),  # as asked, whatever the CPU
+    ("auto", True, torch.bfloat16), ("auto", False, torch.float32),  # auto: bf16 only with AMX
+])
+def test_cpu_trial_trains_and_validates_in_the_requested_precision(synthetic, monkeypatch, precision, amx, dtype):
     import trainers.train as train_module
+
+    monkeypatch.setattr(train_module, "cpu_has_bf16_matrix_units", lambda: amx)
 
     seen = {"train": set(), "validate": set()}
     validating = []
@@ -144,5 +170,6 @@ def test_cpu_trial_trains_and_validates_in_the_requested_precision(synthetic, mo
     monkeypatch.setattr(train_module, "evaluate", recording_evaluate)
     outcome = train_trial(_config(synthetic, precision=precision))
     assert seen == {"train": {dtype}, "validate": {dtype}}
+    assert {m["train_precision"] for m in outcome.history} == {"bf16" if dtype == torch.bfloat16 else "fp32"}
     assert all(math.isfinite(m["train_loss"]) and math.isfinite(m["val_loss"]) for m in outcome.history)
     assert outcome.history[-1]["train_loss"] < outcome.history[0]["train_loss"]
