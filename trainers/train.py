@@ -35,8 +35,8 @@ from trainers.config import SettingError, TrialConfig
 from trainers.data import make_loader
 from trainers.throughput import measure_model
 
-__all__ = ["train_trial", "TrialOutcome", "NonFiniteLossError", "lr_at", "build_model", "evaluate", "pick_device", "training_dtype", "autocast_for",
-           "cpu_has_bf16_matrix_units"]
+__all__ = ["train_trial", "TrialOutcome", "NonFiniteLossError", "lr_at", "build_model", "evaluate", "pick_device",
+           "training_dtype", "autocast_for", "cpu_has_bf16_matrix_units"]
 
 EpochCallback = Callable[[dict[str, Any], Callable[[], dict[str, Any]]], None]
 
