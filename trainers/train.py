@@ -36,7 +36,7 @@ from trainers.data import make_loader
 from trainers.throughput import measure_model
 
 __all__ = ["train_trial", "TrialOutcome", "NonFiniteLossError", "lr_at", "build_model", "evaluate", "pick_device",
-           "training_dtype", "autocast_for", "cpu_has_bf16_matrix_units"]
+           "training_precision", "training_dtype", "autocast_for", "cpu_has_bf16_matrix_units"]
 
 EpochCallback = Callable[[dict[str, Any], Callable[[], dict[str, Any]]], None]
 
@@ -114,21 +114,28 @@ def cpu_has_bf16_matrix_units() -> bool:
     return bool(is_amx_supported()) and torch.backends.mkldnn.is_available()
 
 
-def training_dtype(precision: str, device: torch.device) -> torch.dtype | None:
-    """The autocast dtype of ``train.precision`` on ``device``; None: float32, no autocast.
+_AUTOCAST_DTYPES: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def training_precision(precision: str, device: torch.device) -> str:
+    """What ``train.precision`` trains in on ``device``: fp32, bf16 or fp16.
 
     auto: AMP where the hardware multiplies in reduced precision: on CUDA bf16 where the GPU
     supports it, else fp16; on a CPU with AMX bf16 (1.4x per trial of the main job on this
-    project's Xeon, at the same accuracy); float32 on any other CPU."""
+    project's Xeon, at the same accuracy); fp32 on any other CPU."""
     if precision == "auto":
         if device.type == "cuda":
-            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        if device.type == "cpu" and cpu_has_bf16_matrix_units():
-            return torch.bfloat16
-        return None
+            return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+        return "bf16" if device.type == "cpu" and cpu_has_bf16_matrix_units() else "fp32"
     if precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
         raise SettingError("precision", f"bf16: {torch.cuda.get_device_name(device)} does not support it; use fp16 or auto")
-    return {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+    return precision
+
+
+def training_dtype(precision: str, device: torch.device) -> torch.dtype | None:
+    """The autocast dtype of ``train.precision`` on ``device`` (see `training_precision`); None:
+    float32, no autocast."""
+    return _AUTOCAST_DTYPES[training_precision(precision, device)]
 
 
 def autocast_for(precision: str, device: torch.device) -> Callable[[], ContextManager]:
@@ -179,8 +186,8 @@ def train_trial(
     retain_freed_memory()  # no page faults for each step's activations (see trainers/_malloc.py)
     torch.manual_seed(cfg.seed)
     on_cuda = device.type == "cuda"
-    amp_dtype = training_dtype(settings.precision, device)
-    train_precision = {None: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[amp_dtype]  # what auto became
+    train_precision = training_precision(settings.precision, device)  # what auto became here
+    amp_dtype = _AUTOCAST_DTYPES[train_precision]
     autocast = autocast_for(settings.precision, device)
 
     # -- model, measured before any training --------------------------------------------
