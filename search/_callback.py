@@ -12,6 +12,7 @@ from ray.tune import Callback
 
 from search._searcher import nonfinite_objectives, trial_state
 from search._store import TRIAL_VALUE_OF, ResultsStore
+from search._trainable import EARLIER_EPOCHS
 
 __all__ = ["StoreCallback", "error_line"]
 
@@ -108,6 +109,8 @@ class StoreCallback(Callback):
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
         if result.get("rejected"):
             return  # no epoch was trained
+        for earlier in result.get(EARLIER_EPOCHS) or ():  # a restored trial's epochs the store may lack
+            self.store.add_epoch({**earlier, "trial_id": trial.trial_id}, replace=False)
         row = dict(result)
         row["trial_id"] = trial.trial_id
         row["reported_at"] = _now()

@@ -313,6 +313,7 @@ def run_study(
     from search._callback import StoreCallback
     from search._metrics import MetricsCallback
     from search._mo_asha import MOASHAScheduler
+    from search._recovery import CheckpointRecovery
     from search._progress import ProgressBar
     from search._searcher import HonestOptunaSearch
 
@@ -407,9 +408,10 @@ def run_study(
             # Checkpoints and Tune's own state: written from every node, so a URI or shared path
             storage_path=location.tune_storage()[0],
             storage_filesystem=location.tune_storage()[1],
-            # Order matters: the bar is erased before the store prints a trial's line, and the
-            # metrics read the store after it has the trial's row.
-            callbacks=[ProgressBar(callback, stream=out), callback,
+            # Order matters: checkpoints are recovered before a resumed trial restores, the bar is
+            # erased before the store prints a trial's line, and the metrics read the store after
+            # it has the trial's row.
+            callbacks=[CheckpointRecovery(out=out), ProgressBar(callback, stream=out), callback,
                        MetricsCallback(store, experiment=spec.name, total_trials=spec.budget.trials),
                        JsonLoggerCallback()],
             verbose=0,

@@ -95,8 +95,8 @@ EPOCH_COLUMNS: dict[str, tuple[pa.DataType, str]] = {
     "epoch_time_s": (pa.float64(), "wall time of the epoch (train + validate)"),
     "train_images_per_s": (pa.float64(), "training images/s of the epoch"),
     "converted": (pa.bool_(), "T-CNN: the epoch trained the converted model (the first true row is the conversion epoch)"),
-    "node_id": (pa.string(), "Ray node that trained the epoch"),
-    "reported_at": (pa.timestamp("us", tz="UTC"), "when the epoch was reported"),
+    "node_id": (pa.string(), "Ray node that trained the epoch (null: taken from a restored checkpoint's history)"),
+    "reported_at": (pa.timestamp("us", tz="UTC"), "when the epoch was reported (null: as node_id)"),
 }
 
 PROGRESS_COLUMNS: dict[str, tuple[pa.DataType, str]] = {
@@ -204,10 +204,13 @@ class ResultsStore:
 
     # -- rows ---------------------------------------------------------------------------
     # A resumed study can hear about a trial or an epoch a second time (the driver died after
-    # writing a row but before Tune's snapshot recorded it); the later row replaces the earlier.
-    def add_epoch(self, row: Mapping[str, Any]) -> None:
+    # writing a row but before Tune's snapshot recorded it); the later row replaces the earlier,
+    # unless ``replace`` is false (an epoch told again from a checkpoint's history).
+    def add_epoch(self, row: Mapping[str, Any], *, replace: bool = True) -> None:
         out = {name: row.get(name) for name in EPOCH_COLUMNS}
-        _upsert(self._epochs, (out["trial_id"], out["epoch"]), out)
+        key = (out["trial_id"], out["epoch"])
+        if replace or key not in self._epochs:
+            _upsert(self._epochs, key, out)
 
     def add_trial(self, row: Mapping[str, Any], config: Mapping[str, Any]) -> None:
         out = {name: row.get(name) for name in TRIAL_COLUMNS}

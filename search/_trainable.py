@@ -17,9 +17,10 @@ from trainers.data import DatasetRequest, PreparedDataset, prepare_dataset
 from trainers.errors import ConfigError
 from trainers.train import train_trial
 
-__all__ = ["TrialTemplate", "trial_config", "run_tune_trial"]
+__all__ = ["TrialTemplate", "trial_config", "run_tune_trial", "STATE_FILE", "EARLIER_EPOCHS"]
 
 STATE_FILE = "trial_state.pt"
+EARLIER_EPOCHS = "epochs_before_restore"  # result key: the metrics of the epochs a restored trial had run
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,9 +102,15 @@ def run_tune_trial(config: dict[str, Any], template: TrialTemplate) -> None:
             resume = torch.load(os.path.join(directory, STATE_FILE), weights_only=True)
 
     node_id = ray.get_runtime_context().get_node_id()
+    # The epochs before the restored checkpoint go with the first report: the store may not have
+    # them all (it writes every few seconds; a stale snapshot may restore a newer checkpoint).
+    earlier = list(resume["history"]) if resume is not None else []
 
     def report(metrics: dict[str, Any], get_state) -> None:
         metrics = {**metrics, "node_id": node_id}
+        if earlier:
+            metrics[EARLIER_EPOCHS] = earlier.copy()
+            earlier.clear()
         if get_state is None:  # rejected before training: nothing to checkpoint
             tune.report(metrics)
             return

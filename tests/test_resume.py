@@ -7,6 +7,7 @@ the Optuna journal agreeing with the store (nothing left RUNNING).
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -14,6 +15,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import optuna
 import pyarrow.parquet as pq
@@ -44,6 +46,25 @@ def _read_all(exp: Path) -> dict[str, list[dict]]:
     return out
 
 
+def _run_and_sigkill(spec: Path, env: dict[str, str], *, until: Callable[[], bool], what: str) -> None:
+    """``search run spec``, SIGKILLed as soon as ``until()`` (polled every 50 ms) is true."""
+    driver = subprocess.Popen([sys.executable, "-m", "search", "run", str(spec)], cwd=ROOT, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not until():
+            assert driver.poll() is None, driver.stdout.read()
+            if time.monotonic() > deadline:
+                pytest.fail(f"the study did not get {what} in 300 s")
+            time.sleep(0.05)
+        os.kill(driver.pid, signal.SIGKILL)
+        driver.wait(timeout=30)
+    finally:
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+    time.sleep(2)  # Ray's reaper takes the killed driver's local cluster down
+
+
 @pytest.mark.parametrize("storage", ["path", "uri"])
 def test_sigkilled_driver_resumes_to_the_exact_trial_count(tmp_path, storage):
     """``uri``: the study at a file:// URI (search._storage), resumed "on another machine": another
@@ -57,28 +78,17 @@ def test_sigkilled_driver_resumes_to_the_exact_trial_count(tmp_path, storage):
     # the files as readers see them: the study folder, or the objects at the URI
     exp = tmp_path / ("results" if storage == "path" else "bucket") / "killed"
 
-    driver = subprocess.Popen([sys.executable, "-m", "search", "run", str(path)], cwd=ROOT, env=_env(tmp_path),
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     reads = 0
-    try:
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            tables = _read_all(exp)  # must never fail, whatever the driver is doing
-            reads += 1
-            if len(tables.get("trials.parquet", [])) >= 2 and len(tables.get("epochs.parquet", [])) >= 9:
-                break  # two trials done, a third one mid-way
-            assert driver.poll() is None, driver.stdout.read()
-            time.sleep(0.05)
-        else:
-            pytest.fail("the study did not get two trials done in 300 s")
-        os.kill(driver.pid, signal.SIGKILL)
-        driver.wait(timeout=30)
-    finally:
-        if driver.poll() is None:
-            os.killpg(driver.pid, signal.SIGKILL)
+
+    def two_trials_done_a_third_mid_way() -> bool:
+        nonlocal reads
+        tables = _read_all(exp)  # must never fail, whatever the driver is doing
+        reads += 1
+        return len(tables.get("trials.parquet", [])) >= 2 and len(tables.get("epochs.parquet", [])) >= 9
+
+    _run_and_sigkill(path, _env(tmp_path), until=two_trials_done_a_third_mid_way, what="two trials done")
     before = _read_all(exp)
     assert 2 <= len(before["trials.parquet"]) < TRIALS
-    time.sleep(2)  # Ray's reaper takes the killed driver's local cluster down
 
     env, study = _env(tmp_path), str(exp)
     if storage == "uri":
@@ -138,3 +148,79 @@ def test_resume_of_a_folder_that_is_not_a_study_is_a_one_line_error(tmp_path, ca
     assert main(["resume", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no experiment.json" in err
+
+
+def test_resume_when_tunes_snapshot_names_a_checkpoint_already_deleted(tmp_path):
+    """Tune deletes a trial's checkpoints beyond ``num_to_keep`` when a newer one is registered
+    and writes its experiment snapshot (what a resume starts from) later. A driver killed in
+    between leaves a snapshot whose running trial's latest checkpoint is gone. Made certain here:
+    Tune's snapshot is taken aside early in a trial, the trial runs 3 more epochs (its
+    checkpoints of that time deleted), the driver is killed and the old snapshot put back."""
+    EPOCHS = 40  # of a fraction of a second each: the driver takes up results a few at a time
+    spec = yaml.safe_load((ROOT / "spaces" / "synthetic_smoke.yaml").read_text())
+    spec.update(name="stale", storage=str(tmp_path / "results"))
+    spec["budget"].update(trials=2, max_epochs=EPOCHS)
+    path = tmp_path / "stale.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    exp = tmp_path / "results" / "stale"
+    tune_dir, aside = exp / "ray", tmp_path / "snapshot"
+
+    def epochs_of_unfinished_trials() -> dict[str, int]:
+        tables = _read_all(exp)
+        done = {t["trial_id"] for t in tables.get("trials.parquet", [])}
+        counts: dict[str, int] = {}
+        for row in tables.get("epochs.parquet", []):
+            if row["trial_id"] not in done:
+                counts[row["trial_id"]] = counts.get(row["trial_id"], 0) + 1
+        return counts
+
+    def take_snapshot_aside() -> bool:
+        """Tune's own files (not the trial folders), if they are whole at this moment."""
+        shutil.rmtree(aside, ignore_errors=True)
+        aside.mkdir()
+        states = []
+        for file in tune_dir.iterdir():
+            if file.is_file():
+                shutil.copy2(file, aside / file.name)
+                if file.name.startswith("experiment_state"):
+                    states.append(aside / file.name)
+        try:
+            return bool(states) and all(json.loads(s.read_text())["trial_data"] for s in states)
+        except (ValueError, KeyError):
+            return False  # caught mid-upload: try again
+
+    trial, taken_at = None, 0
+
+    def old_checkpoints_of_a_trial_deleted() -> bool:
+        nonlocal trial, taken_at
+        counts = epochs_of_unfinished_trials()
+        if trial is None:
+            running, epochs = max(counts.items(), key=lambda kv: kv[1], default=(None, 0))
+            if epochs >= 3 and take_snapshot_aside():
+                trial, taken_at = running, epochs
+            return False
+        assert trial in counts, "the trial ended before its old checkpoints were deleted"
+        return counts[trial] >= taken_at + 3
+
+    _run_and_sigkill(path, _env(tmp_path), until=old_checkpoints_of_a_trial_deleted, what="far enough")
+    for file in aside.iterdir():  # the driver "died" before its later snapshots reached storage
+        shutil.copy2(file, tune_dir / file.name)
+    before = {(e["trial_id"], e["epoch"]): e for e in _read_all(exp)["epochs.parquet"]}
+    kept = sorted(p.name for p in tune_dir.glob(f"{trial}_*/checkpoint_*"))
+    # the snapshot names the checkpoint of epoch `taken_at` (index taken_at - 1) or an older one:
+    # all gone (num_to_keep), as are the ones of the epochs before
+    assert kept and all(int(name.rsplit("_", 1)[1]) >= taken_at for name in kept), (taken_at, kept)
+
+    resumed = subprocess.run([sys.executable, "-m", "search", "resume", str(exp)], cwd=ROOT, env=_env(tmp_path),
+                             capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert f"trial {trial}: Tune's snapshot names checkpoint" in resumed.stdout, resumed.stdout
+    assert "Traceback" not in resumed.stdout + resumed.stderr, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+
+    after = _read_all(exp)
+    states = {t["trial_id"]: (t["state"], t["epochs_run"], t["error"]) for t in after["trials.parquet"]}
+    assert len(states) == 2 and all(s[:2] == ("COMPLETE", EPOCHS) for s in states.values()), states
+    pairs = [(e["trial_id"], e["epoch"]) for e in after["epochs.parquet"]]
+    assert len(pairs) == len(set(pairs)) == 2 * EPOCHS  # every epoch once
+    now = {(e["trial_id"], e["epoch"]): e for e in after["epochs.parquet"]}
+    assert all(now[key]["val_acc"] == row["val_acc"] for key, row in before.items())  # kept as they were
