@@ -89,7 +89,7 @@ def recover_missing_checkpoint(trial: Any) -> str | None:
             _TrainingResult(checkpoint=Checkpoint(path=path, filesystem=filesystem), metrics=metrics))
         trial.storage.current_checkpoint_index = index  # its next checkpoint goes after this one
         trial.invalidate_json_state()
-        return (f"Tune's snapshot names checkpoint {gone}, deleted after the snapshot was taken; "
+        return (f"Tune's snapshot names checkpoint {gone}, which is gone (deleted after the snapshot was taken); "
                 f"continuing from {path.rsplit('/', 1)[-1]} (epoch {epoch})")
     trial.storage.current_checkpoint_index = -1
     trial.invalidate_json_state()

@@ -313,8 +313,8 @@ def run_study(
     from search._callback import StoreCallback
     from search._metrics import MetricsCallback
     from search._mo_asha import MOASHAScheduler
-    from search._recovery import CheckpointRecovery
     from search._progress import ProgressBar
+    from search._recovery import CheckpointRecovery
     from search._searcher import HonestOptunaSearch
 
     check_dashboard_host(dashboard_host, allow_remote=allow_remote_dashboard, address=address)

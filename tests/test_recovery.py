@@ -62,7 +62,7 @@ def test_a_gone_checkpoint_is_replaced_by_the_newest_one_that_loads(tmp_path):
     _checkpoint(trial, 3, epoch=4)
     _checkpoint(trial, 4)  # newest, torn
     note = recover_missing_checkpoint(trial)
-    assert note == ("Tune's snapshot names checkpoint checkpoint_000001, deleted after the snapshot was taken; "
+    assert note == ("Tune's snapshot names checkpoint checkpoint_000001, which is gone (deleted after the snapshot was taken); "
                     "continuing from checkpoint_000003 (epoch 4)")
     latest = trial.latest_checkpoint_result
     assert latest.checkpoint.path == str(Path(trial.storage.trial_fs_path, "checkpoint_000003"))
