@@ -7,7 +7,8 @@ running trial names a checkpoint that no longer exists, and Tune fails that tria
 ("Could not recover from checkpoint as it does not exist on storage anymore") although newer
 checkpoints of it are there. ``CheckpointRecovery`` points such a trial at the newest of its
 checkpoints whose state file loads whole (a checkpoint the kill caught mid-upload does not), or,
-with none, lets it start over.
+with none, lets it start over; the trial's other checkpoint folders, which nothing names any
+more, are deleted.
 
 Tune's per-trial checkpoint bookkeeping has no public setter: this module is the one place that
 touches it (Ray 2.x: ``trial.run_metadata.checkpoint_manager`` and ``trial.storage``).
@@ -78,22 +79,26 @@ def recover_missing_checkpoint(trial: Any) -> str | None:
     # A new manager: the checkpoints the old one tracked are all older than the one it names, so
     # gone too, and Tune would fail deleting them later.
     trial.run_metadata.checkpoint_manager = _CheckpointManager(manager.checkpoint_config)
+    trial.storage.current_checkpoint_index = -1
+    note = f"Tune's snapshot names checkpoint {gone}, which is gone, and no other checkpoint loads; starting it over"
+    continued = False
     for index, path in _checkpoints_newest_first(filesystem, trial_dir):
-        state = _load_state(filesystem, f"{path}/{STATE_FILE}")
+        state = None if continued else _load_state(filesystem, f"{path}/{STATE_FILE}")
         if state is None:
+            # torn, or older than the one continued from: nothing names it now, so nothing
+            # would ever delete it
+            filesystem.delete_dir(path)
             continue
-        epoch = int(state["epoch"])
-        metrics = {**named.metrics, **state["history"][-1], "training_iteration": epoch,
-                   "checkpoint_dir_name": path.rsplit("/", 1)[-1]}
+        continued = True
+        epoch, name = int(state["epoch"]), path.rsplit("/", 1)[-1]
+        metrics = {**named.metrics, **state["history"][-1], "training_iteration": epoch, "checkpoint_dir_name": name}
         trial.run_metadata.checkpoint_manager.register_checkpoint(
             _TrainingResult(checkpoint=Checkpoint(path=path, filesystem=filesystem), metrics=metrics))
         trial.storage.current_checkpoint_index = index  # its next checkpoint goes after this one
-        trial.invalidate_json_state()
-        return (f"Tune's snapshot names checkpoint {gone}, which is gone (deleted after the snapshot was taken); "
-                f"continuing from {path.rsplit('/', 1)[-1]} (epoch {epoch})")
-    trial.storage.current_checkpoint_index = -1
+        note = (f"Tune's snapshot names checkpoint {gone}, which is gone (deleted after the snapshot was taken); "
+                f"continuing from {name} (epoch {epoch})")
     trial.invalidate_json_state()
-    return f"Tune's snapshot names checkpoint {gone}, which is gone, and no other checkpoint loads; starting it over"
+    return note
 
 
 def _exists(filesystem: pafs.FileSystem, path: str) -> bool:

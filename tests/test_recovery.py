@@ -71,6 +71,8 @@ def test_a_gone_checkpoint_is_replaced_by_the_newest_one_that_loads(tmp_path):
     assert latest.metrics["time_total_s"] == 3.0
     assert trial.storage.current_checkpoint_index == 3  # the next one is checkpoint_000004
     assert trial.run_metadata.checkpoint_manager.best_checkpoint_results == [latest]  # the gone one untracked
+    # the older and the torn one are deleted: nothing names them, so Tune never would
+    assert sorted(p.name for p in Path(trial.storage.trial_fs_path).iterdir()) == ["checkpoint_000003", "whole.pt"]
 
 
 @pytest.mark.parametrize("left", ["none", "torn"])
@@ -82,3 +84,4 @@ def test_with_no_checkpoint_that_loads_the_trial_starts_over(tmp_path, left):
     assert "no other checkpoint loads; starting it over" in recover_missing_checkpoint(trial)
     assert trial.latest_checkpoint_result is None  # Tune starts the trial without a restore
     assert trial.storage.current_checkpoint_index == -1
+    assert not list(Path(trial.storage.trial_fs_path).glob("checkpoint_*"))

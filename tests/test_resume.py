@@ -222,5 +222,7 @@ def test_resume_when_tunes_snapshot_names_a_checkpoint_already_deleted(tmp_path)
     assert len(states) == 2 and all(s[:2] == ("COMPLETE", EPOCHS) for s in states.values()), states
     pairs = [(e["trial_id"], e["epoch"]) for e in after["epochs.parquet"]]
     assert len(pairs) == len(set(pairs)) == 2 * EPOCHS  # every epoch once
+    for trial_id in states:  # num_to_keep, the killed run's leftovers of the recovered trial included
+        assert len(list(tune_dir.glob(f"{trial_id}_*/checkpoint_*"))) == 2
     now = {(e["trial_id"], e["epoch"]): e for e in after["epochs.parquet"]}
     assert all(now[key]["val_acc"] == row["val_acc"] for key, row in before.items())  # kept as they were
