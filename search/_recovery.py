@@ -86,8 +86,11 @@ def recover_missing_checkpoint(trial: Any) -> str | None:
         state = None if continued else _load_state(filesystem, f"{path}/{STATE_FILE}")
         if state is None:
             # torn, or older than the one continued from: nothing names it now, so nothing
-            # would ever delete it
-            filesystem.delete_dir(path)
+            # would ever delete it (a folder that will not go is only disk space: resume goes on)
+            try:
+                filesystem.delete_dir(path)
+            except OSError:
+                pass
             continue
         continued = True
         epoch, name = int(state["epoch"]), path.rsplit("/", 1)[-1]
