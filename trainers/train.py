@@ -188,7 +188,7 @@ def train_trial(
     on_cuda = device.type == "cuda"
     train_precision = training_precision(settings.precision, device)  # what auto became here
     amp_dtype = _AUTOCAST_DTYPES[train_precision]
-    autocast = autocast_for(settings.precision, device)
+    autocast = autocast_for(train_precision, device)  # resolved once: auto is not looked up again
 
     # -- model, measured before any training --------------------------------------------
     model = build_model(cfg)
