@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
+import logging
 import os
 import re
 import subprocess
@@ -12,7 +14,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from search._spec import ParamSpec, SearchSpec, to_plain
-from search._storage import STUDY_FILES, StudyLocation, study_location
+from search._storage import STUDY_FILES, StudyLocation, resuming_at, study_location
 from search._store import TRIAL_VALUE_OF, ResultsStore, write_json_atomic
 from trainers.errors import ConfigError
 
@@ -263,7 +265,7 @@ def _store_for(spec: SearchSpec, location: StudyLocation) -> ResultsStore:
     objectives = [(o.metric, o.mode) for o in spec.objectives]
     return ResultsStore(location.local, space={k: p.to_json() for k, p in spec.all_params().items()},
                         objectives=objectives, reference=spec.reference_point,
-                        location=location if location.uri else None)
+                        location=location)
 
 
 def _trainable_for(spec: SearchSpec, data, cache_dir: str | os.PathLike | None):
@@ -315,7 +317,7 @@ def run_study(
     from search._mo_asha import MOASHAScheduler
     from search._progress import ProgressBar
     from search._recovery import CheckpointRecovery
-    from search._searcher import HonestOptunaSearch
+    from search._searcher import HonestOptunaSearch, StudySearchGenerator
 
     check_dashboard_host(dashboard_host, allow_remote=allow_remote_dashboard, address=address)
     _tune_environment()
@@ -395,7 +397,7 @@ def run_study(
     tuner = tune.Tuner(
         _trainable_for(spec, data, cache_dir),
         tune_config=tune.TuneConfig(
-            search_alg=searcher,
+            search_alg=StudySearchGenerator(searcher),
             scheduler=scheduler,
             num_samples=spec.budget.trials,
             reuse_actors=True,
@@ -433,6 +435,24 @@ def run_study(
     return exp_dir
 
 
+@contextlib.contextmanager
+def _no_results_preview_warning():
+    """``Tuner.restore`` reads every trial's ``result.json`` into a preview of the results so far
+    (for ``tuner.get_results()``, which is never called here: the store has the results) and
+    warns "Failed to fetch metrics" for each trial that has none yet -- one the snapshot has as
+    not started, or one the killed driver had not synced. Only that warning, only there."""
+    logger = logging.getLogger("ray.tune.analysis.experiment_analysis")
+
+    def keep(record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Failed to fetch metrics")
+
+    logger.addFilter(keep)
+    try:
+        yield
+    finally:
+        logger.removeFilter(keep)
+
+
 def resume_study(
     exp_dir: str | os.PathLike,
     *,
@@ -468,14 +488,20 @@ def resume_study(
     _init_ray(address, dashboard_host, out)
     print(f"resuming study {spec.name} in {location}", file=out, flush=True)
     # The searcher, the scheduler and the store callback come back from Tune's own snapshot; the
-    # callback reloads the rows already in the Parquet files (StoreCallback.setup).
-    tuner = tune.Tuner.restore(
-        tune_dir,
-        trainable=_trainable_for(spec, data, cache_dir),
-        storage_filesystem=filesystem,
-        resume_unfinished=True,
-        resume_errored=False,  # trials that raised stay FAILED; the ones the dying driver cut off are "unfinished"
-        restart_errored=False,
-    )
-    tuner.fit()
+    # callback reloads the rows already in the Parquet files (StoreCallback.setup). Their study
+    # location is this one, wherever the snapshot was taken (a folder moved since, another machine).
+    with resuming_at(location) as elsewhere:
+        with _no_results_preview_warning():
+            tuner = tune.Tuner.restore(
+                tune_dir,
+                trainable=_trainable_for(spec, data, cache_dir),
+                storage_filesystem=filesystem,
+                resume_unfinished=True,
+                resume_errored=False,  # trials that raised stay FAILED; the ones the dying driver cut off are "unfinished"
+                restart_errored=False,
+            )
+        if elsewhere:
+            print(f"the study was in {', '.join(elsewhere)} when it stopped; it carries on in {location}",
+                  file=out, flush=True)
+        tuner.fit()
     return exp_dir

@@ -19,15 +19,18 @@ hands to samplers that take a ``constraints_func`` (TPE, NSGA-II), so they learn
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 from typing import Any
 
+from ray.tune.search import SearchGenerator
 from ray.tune.search.optuna import OptunaSearch
 
-from search._storage import JOURNAL_FILE
+from search._storage import JOURNAL_FILE, resumed_location
 
-__all__ = ["HonestOptunaSearch", "constraint_violation", "optuna_state_for", "trial_state", "nonfinite_objectives"]
+__all__ = ["HonestOptunaSearch", "StudySearchGenerator", "constraint_violation", "optuna_state_for", "trial_state",
+           "nonfinite_objectives"]
 
 logger = logging.getLogger(__name__)
 
@@ -145,3 +148,25 @@ class HonestOptunaSearch(OptunaSearch):
             self._ot_study.tell(ot_trial, told, state=getattr(TrialState, state))
         except Exception as exc:
             logger.warning("could not tell Optuna about trial %s: %s", trial_id, exc)
+
+
+class StudySearchGenerator(SearchGenerator):
+    """Tune's ``SearchGenerator`` (what Tune wraps a Searcher in), whose trials sampled after a
+    resume go to the study's storage as it is now.
+
+    A restore points the trials it restores at the folder or URI resumed (``Tuner.restore``'s
+    path), but not the experiment this generator keeps in its snapshot, from which it makes new
+    trials (Ray 2.x): after a study folder was moved, the trials sampled after the resume would
+    checkpoint into the old folder, and fail where it is gone. The storage is mended here as Tune
+    mends the restored trials' (filesystem and path; see ``search._storage.resuming_at``)."""
+
+    def set_state(self, state: dict) -> None:
+        super().set_state(state)
+        location = resumed_location()
+        if location is None or self._experiment is None:
+            return
+        from ray.train._internal.storage import get_fs_and_path
+
+        storage = copy.copy(self._experiment.spec["storage"])
+        storage.storage_filesystem, storage.storage_fs_path = get_fs_and_path(*location.tune_storage())
+        self._experiment.spec["storage"] = self._experiment.storage = storage

@@ -20,17 +20,18 @@ With a URI:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
 import shutil
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from trainers.errors import ConfigError
 
-__all__ = ["is_uri", "StudyLocation", "study_location", "STUDY_FILES", "JOURNAL_FILE"]
+__all__ = ["is_uri", "StudyLocation", "study_location", "resuming_at", "resumed_location", "STUDY_FILES", "JOURNAL_FILE"]
 
 JOURNAL_FILE = "optuna.journal"  # the Optuna study (search._searcher.HonestOptunaSearch)
 # The study's own files, beside Tune's folder ("ray"): what is uploaded and downloaded.
@@ -41,6 +42,38 @@ _URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 def is_uri(location: str | os.PathLike) -> bool:
     return bool(_URI.match(str(location)))
+
+
+# During `search resume`: the study's location now, and the other locations Tune's snapshot named.
+_resuming: "tuple[StudyLocation, list[str]] | None" = None
+
+
+def _unpickled_location(where: str) -> "StudyLocation":
+    if _resuming is None:
+        return StudyLocation(where)
+    location, elsewhere = _resuming
+    if where != str(location) and where not in elsewhere:
+        elsewhere.append(where)
+    return location
+
+
+def resumed_location() -> "StudyLocation | None":
+    """The study `search resume` is restoring (inside `resuming_at`), else None."""
+    return None if _resuming is None else _resuming[0]
+
+
+@contextlib.contextmanager
+def resuming_at(location: "StudyLocation") -> Iterator[list[str]]:
+    """While a resume unpickles Tune's snapshot (the store, the searcher's journal), every study
+    location in it is `location`, the folder or URI the user resumed: a study folder moved or
+    copied since it stopped carries on where it is now, not in the old place (which may be
+    gone, or hold the original). Yields the old locations met, filled in as they are met."""
+    global _resuming
+    previous, _resuming = _resuming, (location, [])
+    try:
+        yield _resuming[1]
+    finally:
+        _resuming = previous
 
 
 def _staging_root() -> Path:
@@ -77,9 +110,10 @@ class StudyLocation:
         return self.uri or str(self.local)
 
     # pyarrow filesystems pickle, but the staging folder is this machine's: rebuild it from the
-    # URI wherever the location is unpickled (Tune restores the store on another machine).
+    # URI wherever the location is unpickled (Tune restores the store on another machine), and
+    # during a resume take the study's location now (see `resuming_at`).
     def __reduce__(self):
-        return (StudyLocation, (self.uri or str(self.local),))
+        return (_unpickled_location, (self.uri or str(self.local),))
 
     # -- Tune -------------------------------------------------------------------------------
     def tune_storage(self) -> tuple[str, object | None]:

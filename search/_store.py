@@ -176,7 +176,9 @@ class ResultsStore:
         location: "StudyLocation | None" = None,
     ) -> None:
         self.directory = Path(directory)
-        self.location = location  # with a URI: every flush uploads the files there (search._storage)
+        # the study's place: unpickled by a resume as where the study is now (search._storage);
+        # with a URI every flush uploads the files there
+        self.location = location
         self.objectives = list(objectives)
         self.reference = None if reference is None else [float(v) for v in reference]
         # "model" (the searched choice between models) is already the trial column of that name.
@@ -196,10 +198,11 @@ class ResultsStore:
         self._progress: dict[Any, dict[str, Any]] = {}  # trial_id -> row
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        # Unpickled by a resumed Tune run, maybe on another machine: its own staging folder.
+        # Unpickled by a resumed Tune run: the study's folder now (moved since, or on another
+        # machine: its own staging folder for a URI).
         self.__dict__.update(state)
         location = state.get("location")
-        if location is not None and location.uri is not None:
+        if location is not None:
             self.directory = location.local
 
     # -- rows ---------------------------------------------------------------------------

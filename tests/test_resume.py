@@ -67,7 +67,8 @@ def _run_and_sigkill(spec: Path, env: dict[str, str], *, until: Callable[[], boo
 
 @pytest.mark.parametrize("storage", ["path", "uri"])
 def test_sigkilled_driver_resumes_to_the_exact_trial_count(tmp_path, storage):
-    """``uri``: the study at a file:// URI (search._storage), resumed "on another machine": another
+    """``path``: the study folder moved elsewhere before the resume (its results must follow it).
+    ``uri``: the study at a file:// URI (search._storage), resumed "on another machine": another
     cache and staging folder, the first driver's staging folder gone."""
     spec = yaml.safe_load((ROOT / "spaces" / "synthetic_smoke.yaml").read_text())
     where = str(tmp_path / "results") if storage == "path" else f"file://{tmp_path}/bucket"
@@ -91,6 +92,11 @@ def test_sigkilled_driver_resumes_to_the_exact_trial_count(tmp_path, storage):
     assert 2 <= len(before["trials.parquet"]) < TRIALS
 
     env, study = _env(tmp_path), str(exp)
+    if storage == "path":  # Tune's snapshot, the store and the Optuna journal all name the old folder
+        moved = tmp_path / "elsewhere" / "killed"
+        moved.parent.mkdir()
+        shutil.move(exp, moved)
+        exp, study = moved, str(moved)
     if storage == "uri":
         shutil.rmtree(tmp_path / "studies")  # the first machine's staging folder (beside its cache)
         env, study = _env(tmp_path / "machine2"), f"{where}/killed"
@@ -98,6 +104,9 @@ def test_sigkilled_driver_resumes_to_the_exact_trial_count(tmp_path, storage):
                              capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     assert "resuming study killed" in resumed.stdout
+    if storage == "path":
+        assert f"it carries on in {exp}" in resumed.stdout, resumed.stdout
+        assert not (tmp_path / "results" / "killed").exists()  # nothing written to where the study was
 
     after = _read_all(exp)
     trials = after["trials.parquet"]
@@ -216,6 +225,8 @@ def test_resume_when_tunes_snapshot_names_a_checkpoint_already_deleted(tmp_path)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     assert f"trial {trial}: Tune's snapshot names checkpoint" in resumed.stdout, resumed.stdout
     assert "Traceback" not in resumed.stdout + resumed.stderr, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    # (Tune's restore-time preview of results warned about the trial the snapshot had not started)
+    assert "Failed to fetch metrics" not in resumed.stderr, resumed.stderr[-3000:]
 
     after = _read_all(exp)
     states = {t["trial_id"]: (t["state"], t["epochs_run"], t["error"]) for t in after["trials.parquet"]}

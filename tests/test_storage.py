@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import search
-from search._storage import STUDY_FILES, StudyLocation, is_uri, study_location
+from search._storage import STUDY_FILES, StudyLocation, is_uri, resumed_location, resuming_at, study_location
 from trainers.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -71,6 +71,39 @@ def test_push_pull_round_trip(tmp_path, monkeypatch):
     assert elsewhere.pull() == ["experiment.json", "optuna.journal"]
     assert (elsewhere.local / "optuna.journal").read_bytes() == b"x" * 3_000_000
     assert not [p for p in elsewhere.local.iterdir() if p.name.startswith(".")]
+
+
+def test_a_resume_puts_what_the_snapshot_pickled_in_the_study_folder_as_it_is_now(tmp_path):
+    """`search resume` of a moved study folder: the store, the journal's location and the trials
+    Tune samples after the resume all follow the folder (tests/test_resume.py runs it whole)."""
+    from ray.train._internal.storage import StorageContext
+    from ray.tune.experiment import Experiment
+    from ray.tune.search import Searcher
+
+    from search._searcher import StudySearchGenerator
+    from search._store import ResultsStore
+
+    old, new = StudyLocation(tmp_path / "old" / "s"), StudyLocation(tmp_path / "new" / "s")
+    store = ResultsStore(old.local, space={}, objectives=[("val_acc", "max")], location=old)
+    experiment = Experiment("ray", lambda config: None, storage_path=str(old.local))
+    generator = StudySearchGenerator(Searcher())
+    generator._experiment = experiment
+    pickled = pickle.dumps((old, store)), pickle.dumps(generator.get_state())
+
+    assert resumed_location() is None
+    location, restored = pickle.loads(pickled[0])  # outside a resume: as pickled
+    assert location.local == old.local and restored.directory == old.local
+    with resuming_at(new) as elsewhere:
+        assert resumed_location() is new
+        location, restored = pickle.loads(pickled[0])
+        assert location is new and restored.directory == new.local and restored.location is new
+        generator.set_state(pickle.loads(pickled[1]))
+        storage = generator._experiment.spec["storage"]
+        assert isinstance(storage, StorageContext) and generator._experiment.storage is storage
+        assert storage.storage_fs_path == str(new.local) and storage.experiment_fs_path == str(new.local / "ray")
+        assert elsewhere == [str(old.local)]
+    assert resumed_location() is None
+    assert experiment.spec["storage"].storage_fs_path == str(old.local)  # the original is not touched
 
 
 def _run(*args: str, env: dict) -> subprocess.CompletedProcess:
