@@ -14,7 +14,7 @@ from search._searcher import nonfinite_objectives, trial_state
 from search._store import TRIAL_VALUE_OF, ResultsStore
 from search._trainable import EARLIER_EPOCHS
 
-__all__ = ["StoreCallback", "error_line"]
+__all__ = ["StoreCallback", "PrintingCallback", "error_line"]
 
 
 def _now() -> dt.datetime:
@@ -40,7 +40,21 @@ def error_line(error: BaseException | str | None) -> str:
 EPOCH_FLUSH_S = 2.0  # the least time between two writes of the files for epoch results
 
 
-class StoreCallback(Callback):
+class PrintingCallback(Callback):
+    """A Tune callback that prints to ``self.out``. Tune pickles its callbacks with the experiment
+    state and a stream does not pickle: it is left out, and a restored one prints to stdout."""
+
+    out: TextIO
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "out": None}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.out = self.out or sys.stdout
+
+
+class StoreCallback(PrintingCallback):
     def __init__(
         self,
         store: ResultsStore,
@@ -67,16 +81,6 @@ class StoreCallback(Callback):
         self._started: dict[str, dt.datetime] = {}
         self._study_start = time.monotonic()
         self._finished = 0
-
-    def __getstate__(self) -> dict[str, Any]:
-        # Tune pickles its callbacks with the experiment state; a stream does not pickle.
-        state = dict(self.__dict__)
-        state["out"] = None
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self.out = self.out or sys.stdout
 
     @property
     def elapsed_s(self) -> float:

@@ -23,9 +23,9 @@ from typing import Any, TextIO
 
 import torch
 from pyarrow import fs as pafs
-from ray.tune import Callback
 from ray.tune.experiment import Trial
 
+from search._callback import PrintingCallback
 from search._trainable import STATE_FILE
 
 __all__ = ["CheckpointRecovery"]
@@ -33,21 +33,13 @@ __all__ = ["CheckpointRecovery"]
 _CHECKPOINT_DIR = re.compile(r"checkpoint_(\d{6})")
 
 
-class CheckpointRecovery(Callback):
+class CheckpointRecovery(PrintingCallback):
     """Before the first trial of a ``fit()`` (fresh or resumed) starts: every unfinished trial has
     a checkpoint to restore that exists, or none."""
 
     def __init__(self, out: TextIO | None = None) -> None:
         self.out = out or sys.stdout
         self._checked = False
-
-    def __getstate__(self) -> dict[str, Any]:
-        # Tune pickles its callbacks with the experiment state; a stream does not pickle.
-        return {**self.__dict__, "out": None}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self.out = self.out or sys.stdout
 
     def setup(self, **info: Any) -> None:
         self._checked = False
