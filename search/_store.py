@@ -8,9 +8,12 @@
 
 Every file is written whole to a temporary name in the same folder and renamed over the old
 one, so a reader sees the previous version or the new one, never half of one. A reader must
-open the file once (``pq.read_table(open(path, "rb"))``, as :func:`read_table` does): pyarrow's
+open the file once (``pq.read_table(pa.OSFile(path))``, as :func:`read_table` does): pyarrow's
 path-based reader takes the size from one ``stat`` and the bytes from a later ``open``, and a
-rename in between makes it read a mix of two versions.
+rename in between makes it read a mix of two versions. The file is opened by pyarrow, not as a
+Python file object: pyarrow (seen with 26.0.1) finishes closing a Python file read by
+``read_table`` in a background thread, which aborts the interpreter at exit more often than not
+("terminate called without an active exception", exit code 134; apache/arrow#33975).
 """
 
 from __future__ import annotations
@@ -157,7 +160,7 @@ def write_json_atomic(data: Any, path: Path) -> None:
 
 def read_table(path: str | os.PathLike) -> pa.Table:
     """One version of a store file, even while the search rewrites it (see the module doc)."""
-    with open(path, "rb") as handle:
+    with pa.OSFile(os.fspath(path)) as handle:  # one open; its size is the opened file's
         return pq.read_table(handle)
 
 
