@@ -67,7 +67,8 @@ def _run_and_sigkill(spec: Path, env: dict[str, str], *, until: Callable[[], boo
 
 @pytest.mark.parametrize("storage", ["path", "uri"])
 def test_sigkilled_driver_resumes_to_the_exact_trial_count(tmp_path, storage):
-    """``path``: the study folder moved elsewhere before the resume (its results must follow it).
+    """``path``: the study folder moved elsewhere before the resume (its results must follow it),
+    the Optuna journal lock still held by the killed driver.
     ``uri``: the study at a file:// URI (search._storage), resumed "on another machine": another
     cache and staging folder, the first driver's staging folder gone."""
     spec = yaml.safe_load((ROOT / "spaces" / "synthetic_smoke.yaml").read_text())
@@ -96,6 +97,10 @@ def test_sigkilled_driver_resumes_to_the_exact_trial_count(tmp_path, storage):
         moved = tmp_path / "elsewhere" / "killed"
         moved.parent.mkdir()
         shutil.move(exp, moved)
+        # as a driver killed while appending to the journal leaves it: Optuna's lock, a link to
+        # the journal where it was (Optuna itself would wait forever on a link that dangles)
+        (moved / "optuna.journal.lock").unlink(missing_ok=True)
+        (moved / "optuna.journal.lock").symlink_to(exp / "optuna.journal")
         exp, study = moved, str(moved)
     if storage == "uri":
         shutil.rmtree(tmp_path / "studies")  # the first machine's staging folder (beside its cache)
