@@ -27,6 +27,7 @@ import fcntl
 import json
 import os
 import socket
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -62,10 +63,14 @@ def _holder(fd: int) -> str:
         return "a process that has not said which"
 
 
-def _clear_journal_leftovers(folder: Path) -> None:
+def _clear_journal_leftovers(folder: Path, *, sole_writer: bool) -> None:
+    """What a driver killed mid-append leaves (see the module doc). A lock link that dangles is no
+    one's lock on this journal, so it goes in any case; the rest only when ``sole_writer``."""
     lock = folder / JOURNAL_LOCK
-    if lock.is_symlink() or lock.exists():
+    if lock.is_symlink() and not lock.exists() or sole_writer and (lock.is_symlink() or lock.exists()):
         lock.unlink()
+    if not sole_writer:
+        return
     for releasing in folder.glob(f"{JOURNAL_LOCK}*.rename"):
         releasing.unlink(missing_ok=True)
     journal = folder / JOURNAL_FILE
@@ -88,22 +93,35 @@ def _clear_journal_leftovers(folder: Path) -> None:
 @contextlib.contextmanager
 def driving(folder: str | os.PathLike) -> Iterator[None]:
     """Be the one driver of the study in ``folder`` (which must exist) until the block ends;
-    a :class:`ConfigError` naming the holder when another process drives it now."""
+    a :class:`ConfigError` naming the holder when another process drives it now.
+
+    Where the filesystem cannot lock (an NFS mount without a lock service), a warning says so
+    and the study runs unguarded."""
     folder = Path(folder)
-    fd = os.open(folder / DRIVER_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fd = os.open(folder / DRIVER_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        raise ConfigError(f"{folder}: cannot write the study's files there ({exc.strerror}); "
+                          "make the folder writable, or copy the study somewhere that is") from None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            locked = True
         except BlockingIOError:
             raise ConfigError(
                 f"{folder}: another driver is running this study ({_holder(fd)}); wait for it to finish, "
                 "or stop it (Ctrl-C) and `python -m search resume` the study"
             ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
-                                  "since": dt.datetime.now().astimezone().isoformat(timespec="seconds")}).encode(), 0)
-        _held.add(fd)
-        _clear_journal_leftovers(folder)
+        except OSError as exc:  # ENOLCK, EOPNOTSUPP: no locks on this filesystem
+            locked = False
+            print(f"warning: {folder}: cannot lock {DRIVER_LOCK} ({exc.strerror}); nothing stops a second "
+                  "driver of this study, so start only one", file=sys.stderr, flush=True)
+        if locked:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                                      "since": dt.datetime.now().astimezone().isoformat(timespec="seconds")}).encode(), 0)
+            _held.add(fd)
+        _clear_journal_leftovers(folder, sole_writer=locked)
         yield
     finally:
         _held.discard(fd)

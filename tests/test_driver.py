@@ -3,6 +3,8 @@ leaves nothing to wait on, and what it left mid-append to the Optuna journal is 
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import os
 import signal
@@ -125,3 +127,29 @@ def test_resume_of_a_study_being_driven_says_so_in_one_line(other_driver):
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip().count("\n") == 0 and f"pid {proc.pid}" in done.stderr, done.stderr
     assert done.stdout == ""
+
+
+def test_a_filesystem_without_locks_runs_unguarded_with_a_warning(tmp_path, monkeypatch, capsys):
+    """(An NFS mount without a lock service answers ENOLCK.) A dangling journal lock is still
+    cleared -- it is no one's lock on this journal -- but a live-looking one is left to Optuna."""
+    def no_locks(fd, op):
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    _journal_with_one_trial(tmp_path)
+    (tmp_path / JOURNAL_LOCK).symlink_to(tmp_path / "gone" / JOURNAL_FILE)
+    with driving(tmp_path):
+        assert not (tmp_path / JOURNAL_LOCK).is_symlink()
+        (tmp_path / JOURNAL_LOCK).symlink_to(tmp_path / JOURNAL_FILE)
+    err = capsys.readouterr().err
+    assert err.startswith("warning: ") and "cannot lock driver.lock" in err and "start only one" in err, err
+    with driving(tmp_path):
+        assert (tmp_path / JOURNAL_LOCK).is_symlink()  # it may be a live driver's
+
+
+def test_a_folder_the_driver_cannot_write_in_is_a_one_line_error(tmp_path):
+    not_a_folder = tmp_path / "file"
+    not_a_folder.write_text("")
+    with pytest.raises(ConfigError, match=r"cannot write the study's files there \(Not a directory\)"):
+        with driving(not_a_folder):
+            pass
