@@ -67,7 +67,8 @@ def _clear_journal_leftovers(folder: Path, *, sole_writer: bool) -> None:
     """What a driver killed mid-append leaves (see the module doc). A lock link that dangles is no
     one's lock on this journal, so it goes in any case; the rest only when ``sole_writer``."""
     lock = folder / JOURNAL_LOCK
-    if lock.is_symlink() and not lock.exists() or sole_writer and (lock.is_symlink() or lock.exists()):
+    dangling = lock.is_symlink() and not lock.exists()
+    if dangling or (sole_writer and (lock.is_symlink() or lock.exists())):
         lock.unlink()
     if not sole_writer:
         return

@@ -307,19 +307,6 @@ def run_study(
     Ray's dashboard binds ``dashboard_host``; an address other than loopback needs
     ``allow_remote_dashboard`` (``--allow-remote-dashboard``)."""
     out = out or sys.stdout
-    from ray import tune
-    from ray.tune.logger import JsonLoggerCallback
-    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
-
-    import optuna
-
-    from search._callback import StoreCallback
-    from search._metrics import MetricsCallback
-    from search._mo_asha import MOASHAScheduler
-    from search._progress import ProgressBar
-    from search._recovery import CheckpointRecovery
-    from search._searcher import HonestOptunaSearch, StudySearchGenerator
-
     check_dashboard_host(dashboard_host, allow_remote=allow_remote_dashboard, address=address)
     _tune_environment()
     location = study_location(spec.storage, spec.name)
@@ -331,111 +318,130 @@ def run_study(
     exp_dir.mkdir(parents=True, exist_ok=True)
     with driving(exp_dir):
         _check_experiment_dir(location)  # again: another driver may have started it meanwhile
-        if location.uri:  # a staging folder left by an earlier study at this URI, since deleted there
-            for name in STUDY_FILES:
-                (exp_dir / name).unlink(missing_ok=True)
-        commit = git_commit()
-        write_json_atomic(
-            {
-                "name": spec.name,
-                "spec": to_plain(spec),
-                "spec_hash": spec.spec_hash,
-                "objectives": [[o.metric, o.mode] for o in spec.objectives],
-                "reference_point": spec.reference_point,
-                "git_commit": commit,
-                "created_at": dt.datetime.now(dt.timezone.utc).isoformat(),
-                "dataset": {"content_hash": data.content_hash, "counts": data.counts},
-            },
-            exp_dir / "experiment.json",
-        )
-        location.push(["experiment.json"])
+        return _run(spec, location, data, cache_dir=cache_dir, out=out)
 
-        objectives = [(o.metric, o.mode) for o in spec.objectives]
-        store = _store_for(spec, location)
-        store.flush()  # empty files with the full schema: readers can open them from the start
 
-        # The Optuna study lives in a journal next to the results: it survives a killed driver,
-        # and optuna-dashboard opens it (optuna-dashboard <dir>/optuna.journal).
-        searcher = HonestOptunaSearch(
-            space=OptunaSpace(spec.space, {m.name: m.space for m in spec.candidates}),
-            metric=[TRIAL_VALUE_OF[m] for m, _ in objectives],
-            mode=[mode for _, mode in objectives],
-            sampler=make_sampler(spec),
-            study_name=spec.name,
-            journal=location,
-        )
-        if spec.scheduler.name == "asha":
-            scheduler = ASHAScheduler(
-                time_attr="training_iteration",
-                metric=TRIAL_VALUE_OF["val_acc"],
-                mode="max",
-                max_t=spec.budget.max_epochs,
-                grace_period=spec.budget.grace_epochs,
-                reduction_factor=spec.scheduler.reduction_factor,
-            )
-        elif spec.scheduler.name == "mo_asha":
-            scheduler = MOASHAScheduler(
-                objectives=[(TRIAL_VALUE_OF[m], mode) for m, mode in objectives],
-                time_attr="training_iteration",
-                max_t=spec.budget.max_epochs,
-                grace_period=spec.budget.grace_epochs,
-                reduction_factor=spec.scheduler.reduction_factor,
-            )
-        else:
-            scheduler = FIFOScheduler()
+def _run(spec: SearchSpec, location: StudyLocation, data, *, cache_dir: str | os.PathLike | None,
+         out: TextIO) -> Path:
+    """The study's files, searcher, scheduler and callbacks, then Tune's run to the end (the
+    caller drives the study: see search._driver)."""
+    from ray import tune
+    from ray.tune.logger import JsonLoggerCallback
+    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
-        callback = StoreCallback(
-            store,
-            experiment=spec.name,
-            model=spec.candidates[0].name,
-            spec_hash=spec.spec_hash,
-            git_commit=commit,
-            seed=spec.algorithm.seed,
-            total_trials=spec.budget.trials,
-            time_limit_s=spec.budget.time_limit_s,
-            max_epochs=spec.budget.max_epochs,
-            objective_keys=[TRIAL_VALUE_OF[m] for m, _ in objectives],
-            out=out,
+    from search._callback import StoreCallback
+    from search._metrics import MetricsCallback
+    from search._mo_asha import MOASHAScheduler
+    from search._progress import ProgressBar
+    from search._recovery import CheckpointRecovery
+    from search._searcher import HonestOptunaSearch, StudySearchGenerator
+
+    exp_dir = location.local
+    if location.uri:  # a staging folder left by an earlier study at this URI, since deleted there
+        for name in STUDY_FILES:
+            (exp_dir / name).unlink(missing_ok=True)
+    commit = git_commit()
+    write_json_atomic(
+        {
+            "name": spec.name,
+            "spec": to_plain(spec),
+            "spec_hash": spec.spec_hash,
+            "objectives": [[o.metric, o.mode] for o in spec.objectives],
+            "reference_point": spec.reference_point,
+            "git_commit": commit,
+            "created_at": dt.datetime.now(dt.timezone.utc).isoformat(),
+            "dataset": {"content_hash": data.content_hash, "counts": data.counts},
+        },
+        exp_dir / "experiment.json",
+    )
+    location.push(["experiment.json"])
+
+    objectives = [(o.metric, o.mode) for o in spec.objectives]
+    store = _store_for(spec, location)
+    store.flush()  # empty files with the full schema: readers can open them from the start
+
+    # The Optuna study lives in a journal next to the results: it survives a killed driver,
+    # and optuna-dashboard opens it (optuna-dashboard <dir>/optuna.journal).
+    searcher = HonestOptunaSearch(
+        space=OptunaSpace(spec.space, {m.name: m.space for m in spec.candidates}),
+        metric=[TRIAL_VALUE_OF[m] for m, _ in objectives],
+        mode=[mode for _, mode in objectives],
+        sampler=make_sampler(spec),
+        study_name=spec.name,
+        journal=location,
+    )
+    if spec.scheduler.name == "asha":
+        scheduler = ASHAScheduler(
+            time_attr="training_iteration",
+            metric=TRIAL_VALUE_OF["val_acc"],
+            mode="max",
+            max_t=spec.budget.max_epochs,
+            grace_period=spec.budget.grace_epochs,
+            reduction_factor=spec.scheduler.reduction_factor,
         )
-        tuner = tune.Tuner(
-            _trainable_for(spec, data, cache_dir),
-            tune_config=tune.TuneConfig(
-                search_alg=StudySearchGenerator(searcher),
-                scheduler=scheduler,
-                num_samples=spec.budget.trials,
-                reuse_actors=True,
-                time_budget_s=spec.budget.time_limit_s,
-                trial_name_creator=trial_label,
-                trial_dirname_creator=trial_dirname,
-            ),
-            run_config=tune.RunConfig(
-                name="ray",
-                # Checkpoints and Tune's own state: written from every node, so a URI or shared path
-                storage_path=location.tune_storage()[0],
-                storage_filesystem=location.tune_storage()[1],
-                # Order matters: checkpoints are recovered before a resumed trial restores, the bar is
-                # erased before the store prints a trial's line, and the metrics read the store after
-                # it has the trial's row.
-                callbacks=[CheckpointRecovery(out=out), ProgressBar(callback, stream=out), callback,
-                           MetricsCallback(store, experiment=spec.name, total_trials=spec.budget.trials),
-                           JsonLoggerCallback()],
-                verbose=0,
-                checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
-                failure_config=tune.FailureConfig(max_failures=spec.budget.max_failures),
-            ),
+    elif spec.scheduler.name == "mo_asha":
+        scheduler = MOASHAScheduler(
+            objectives=[(TRIAL_VALUE_OF[m], mode) for m, mode in objectives],
+            time_attr="training_iteration",
+            max_t=spec.budget.max_epochs,
+            grace_period=spec.budget.grace_epochs,
+            reduction_factor=spec.scheduler.reduction_factor,
         )
-        print(
-            f"study {spec.name}: {spec.budget.trials} trials x up to {spec.budget.max_epochs} epochs of "
-            f"{' / '.join(m.name for m in spec.candidates)}, objectives {', '.join(f'{m} ({mode})' for m, mode in objectives)}; "
-            f"results in {location}",
-            file=out, flush=True,
-        )
-        if location.uri:
-            print(f"staging the study's files in {exp_dir} (each uploaded after every write; "
-                  f"`python -m search dashboard {exp_dir}` shows it live)", file=out, flush=True)
-        tuner.fit()
-        store.flush()
-        return exp_dir
+    else:
+        scheduler = FIFOScheduler()
+
+    callback = StoreCallback(
+        store,
+        experiment=spec.name,
+        model=spec.candidates[0].name,
+        spec_hash=spec.spec_hash,
+        git_commit=commit,
+        seed=spec.algorithm.seed,
+        total_trials=spec.budget.trials,
+        time_limit_s=spec.budget.time_limit_s,
+        max_epochs=spec.budget.max_epochs,
+        objective_keys=[TRIAL_VALUE_OF[m] for m, _ in objectives],
+        out=out,
+    )
+    tuner = tune.Tuner(
+        _trainable_for(spec, data, cache_dir),
+        tune_config=tune.TuneConfig(
+            search_alg=StudySearchGenerator(searcher),
+            scheduler=scheduler,
+            num_samples=spec.budget.trials,
+            reuse_actors=True,
+            time_budget_s=spec.budget.time_limit_s,
+            trial_name_creator=trial_label,
+            trial_dirname_creator=trial_dirname,
+        ),
+        run_config=tune.RunConfig(
+            name="ray",
+            # Checkpoints and Tune's own state: written from every node, so a URI or shared path
+            storage_path=location.tune_storage()[0],
+            storage_filesystem=location.tune_storage()[1],
+            # Order matters: checkpoints are recovered before a resumed trial restores, the bar is
+            # erased before the store prints a trial's line, and the metrics read the store after
+            # it has the trial's row.
+            callbacks=[CheckpointRecovery(out=out), ProgressBar(callback, stream=out), callback,
+                       MetricsCallback(store, experiment=spec.name, total_trials=spec.budget.trials),
+                       JsonLoggerCallback()],
+            verbose=0,
+            checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
+            failure_config=tune.FailureConfig(max_failures=spec.budget.max_failures),
+        ),
+    )
+    print(
+        f"study {spec.name}: {spec.budget.trials} trials x up to {spec.budget.max_epochs} epochs of "
+        f"{' / '.join(m.name for m in spec.candidates)}, objectives {', '.join(f'{m} ({mode})' for m, mode in objectives)}; "
+        f"results in {location}",
+        file=out, flush=True,
+    )
+    if location.uri:
+        print(f"staging the study's files in {exp_dir} (each uploaded after every write; "
+              f"`python -m search dashboard {exp_dir}` shows it live)", file=out, flush=True)
+    tuner.fit()
+    store.flush()
+    return exp_dir
 
 
 @contextlib.contextmanager
@@ -471,17 +477,22 @@ def resume_study(
     check_dashboard_host(dashboard_host, allow_remote=allow_remote_dashboard, address=address)
     _tune_environment()
     location = StudyLocation(exp_dir)
-    no_study = ConfigError(f"{location}: no experiment.json; pass the folder of a study started by `python -m search run`")
     if location.uri:
         location.local.mkdir(parents=True, exist_ok=True)  # the staging folder, filled by pull()
     elif not (location.local / "experiment.json").is_file():
-        raise no_study
+        raise _no_study(location)
     with driving(location.local):
-        return _resume(location, no_study, address=address, cache_dir=cache_dir, dashboard_host=dashboard_host, out=out)
+        return _resume(location, address=address, cache_dir=cache_dir, dashboard_host=dashboard_host, out=out)
 
 
-def _resume(location: StudyLocation, no_study: ConfigError, *, address: str | None, cache_dir: str | os.PathLike | None,
-            dashboard_host: str, out: TextIO) -> Path:
+def _no_study(location: StudyLocation) -> ConfigError:
+    return ConfigError(f"{location}: no experiment.json; pass the folder of a study started by `python -m search run`")
+
+
+def _resume(location: StudyLocation, *, address: str | None, cache_dir: str | os.PathLike | None, dashboard_host: str,
+            out: TextIO) -> Path:
+    """The study's files here (pulled from its URI), its data and Ray, then Tune's restore and run
+    to the end (the caller drives the study: see search._driver)."""
     from ray import tune
 
     from search._schema import SpecLocation, from_dict
@@ -491,7 +502,7 @@ def _resume(location: StudyLocation, no_study: ConfigError, *, address: str | No
     meta_path = exp_dir / "experiment.json"
     tune_dir, filesystem = location.tune_dir(), location.tune_storage()[1]
     if not meta_path.is_file():
-        raise no_study
+        raise _no_study(location)
     if not tune.Tuner.can_restore(tune_dir, storage_filesystem=filesystem):
         raise ConfigError(f"{location}: Ray Tune saved no state there yet (the study stopped before its first trial); "
                           "delete the folder and run the spec again")
