@@ -117,7 +117,7 @@ def driving(folder: str | os.PathLike) -> Iterator[None]:
             locked = False
             print(f"warning: {folder}: cannot lock {DRIVER_LOCK} ({exc.strerror}); nothing stops a second "
                   "driver of this study, so start only one", file=sys.stderr, flush=True)
-        if locked:
+        if locked:  # written in place, not renamed over: the lock is on this file
             os.ftruncate(fd, 0)
             os.pwrite(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
                                       "since": dt.datetime.now().astimezone().isoformat(timespec="seconds")}).encode(), 0)

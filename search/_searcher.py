@@ -91,21 +91,23 @@ class HonestOptunaSearch(OptunaSearch):
     def __init__(self, *args: Any, journal: Any = None, **kwargs: Any) -> None:
         self._journal = journal
         if journal is not None:
-            from optuna.storages import JournalStorage
-            from optuna.storages.journal import JournalFileBackend
-
-            kwargs["storage"] = JournalStorage(JournalFileBackend(str(journal.local / JOURNAL_FILE)))
+            kwargs["storage"] = self._journal_storage()
         super().__init__(*args, **kwargs)
+
+    def _journal_storage(self) -> Any:
+        """The Optuna storage on this machine's journal file of the study."""
+        from optuna.storages import JournalStorage
+        from optuna.storages.journal import JournalFileBackend
+
+        return JournalStorage(JournalFileBackend(str(self._journal.local / JOURNAL_FILE)))
 
     def _reopen_journal(self) -> None:
         """Point the study (and the trials handed out) at this machine's journal file."""
         if getattr(self, "_journal", None) is None or self._ot_study is None:
             return
         import optuna
-        from optuna.storages import JournalStorage
-        from optuna.storages.journal import JournalFileBackend
 
-        storage = JournalStorage(JournalFileBackend(str(self._journal.local / JOURNAL_FILE)))
+        storage = self._journal_storage()
         study = optuna.load_study(study_name=self._ot_study.study_name, storage=storage, sampler=self._ot_study.sampler)
         self._storage, self._ot_study = storage, study
         for trial in self._ot_trials.values():
