@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from trainers._cpu import cpu_has_native_bf16
+
 __all__ = ["environment", "write_result", "RESULTS_DIR", "setup_process", "sync", "autocast"]
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -62,7 +64,7 @@ def device_name(device: str | torch.device = "cpu") -> str:
 
 
 def environment(device: str | torch.device = "cpu") -> dict[str, Any]:
-    """What the numbers depend on (no hostname): device, library versions, threads, platform."""
+    """What the numbers depend on (no hostname): device, CPU features, library versions, threads, platform."""
     try:
         import timm
         timm_version = timm.__version__
@@ -72,6 +74,8 @@ def environment(device: str | torch.device = "cpu") -> dict[str, Any]:
         "device": str(torch.device(device)),
         "device_name": device_name(device),
         "cpu": _cpu_name(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),  # the ISA torch's CPU kernels use
+        "cpu_native_bf16": cpu_has_native_bf16(),  # picks the GPSA core's GEMM dtype under bf16 autocast
         "cuda_available": torch.cuda.is_available(),
         "torch": torch.__version__,
         "torch_cuda": torch.version.cuda,

@@ -14,6 +14,11 @@ bf16`), timed in the same rotation (timm fp32, ours fp32, timm bf16, ours bf16, 
   ratio_timm_over_ours            fp32 vs fp32 (like for like; the original key)
   ratio_timm_over_ours_bf16       bf16 vs bf16 (like for like)
   ratio_timm_fp32_over_ours_bf16  timm in fp32 vs ours in bf16: a PRECISION CHANGE, not like for like
+
+The floor (same rotation, each precision): our layer's projections alone, forward + backward (the
+q/k/v matmul and the output projection, with the shapes and upstream gradients the layer has). They
+are the same matmuls as timm's (its qk and v are ours concatenated), so no attention core, however
+fast, can take the layer below them: `ratio_bound` = timm / floor is the best ratio reachable here.
 """
 from __future__ import annotations
 
@@ -35,6 +40,17 @@ def _step(layer: torch.nn.Module, x: torch.Tensor, precision: str = "fp32") -> N
     with autocast(x.device, precision):
         y = layer(x)
     y.float().sum().backward()  # .float(): a no-op in fp32
+
+
+def _projections_step(layer: GPSA, x: torch.Tensor, z: torch.Tensor, precision: str = "fp32") -> None:
+    """The layer's matmuls without its attention core: q, k, v from x and the output projection of z
+    (the core's output shape), forward + backward with upstream gradients of ones."""
+    layer.zero_grad(set_to_none=True)
+    x.grad = z.grad = None
+    with autocast(x.device, precision):
+        qkv = layer._qkv(x)  # (B, N, 3C)
+        out = layer.proj(z)  # (B, N, C)
+    torch.autograd.backward((qkv, out), (torch.ones_like(qkv), torch.ones_like(out)))
 
 
 def _time(fn: Callable[[], None], device: torch.device) -> float:
@@ -65,16 +81,21 @@ def run(*, batch: int, tokens: int, dim: int, heads: int, repeats: int, warmup: 
             max_abs_diff_bf16 = (y_ref - y_ours).abs().max().item()
             max_abs_out = y_ref.abs().max().item()
 
-    layers = {"timm": ref, "ours": ours}
+    z = torch.randn(batch, tokens, dim, device=dev, requires_grad=True)  # the core's output, for the floor
+    steps: dict[str, Callable[[str], None]] = {
+        "timm": lambda precision: _step(ref, x, precision),
+        "ours": lambda precision: _step(ours, x, precision),
+        "floor": lambda precision: _projections_step(ours, x, z, precision),
+    }
     precisions = ["fp32", "bf16"] if bf16 else ["fp32"]
-    contenders = [(precision, name) for precision in precisions for name in layers]  # the rotation
+    contenders = [(precision, name) for precision in precisions for name in steps]  # the rotation
     for _ in range(warmup):
         for precision, name in contenders:
-            _step(layers[name], x, precision)
-    times: dict[str, dict[str, list[float]]] = {precision: {name: [] for name in layers} for precision in precisions}
+            steps[name](precision)
+    times: dict[str, dict[str, list[float]]] = {precision: {name: [] for name in steps} for precision in precisions}
     for _ in range(repeats):
         for precision, name in contenders:
-            times[precision][name].append(_time(lambda: _step(layers[name], x, precision), dev))
+            times[precision][name].append(_time(lambda: steps[name](precision), dev))
     med = {precision: {name: statistics.median(ts) for name, ts in by_name.items()}
            for precision, by_name in times.items()}
     out = {
@@ -85,6 +106,7 @@ def run(*, batch: int, tokens: int, dim: int, heads: int, repeats: int, warmup: 
         "median_s": med["fp32"],
         "times_s": times["fp32"],
         "ratio_timm_over_ours": med["fp32"]["timm"] / med["fp32"]["ours"],
+        "ratio_bound": med["fp32"]["timm"] / med["fp32"]["floor"],
         "max_abs_output_diff": max_abs_diff,
     }
     if bf16:
@@ -94,6 +116,7 @@ def run(*, batch: int, tokens: int, dim: int, heads: int, repeats: int, warmup: 
             "ratio_timm_over_ours_bf16": med["bf16"]["timm"] / med["bf16"]["ours"],
             "ratio_timm_fp32_over_ours_bf16": med["fp32"]["timm"] / med["bf16"]["ours"],
             "ratio_ours_fp32_over_ours_bf16": med["fp32"]["ours"] / med["bf16"]["ours"],
+            "ratio_bound_bf16": med["bf16"]["timm"] / med["bf16"]["floor"],
             "max_abs_output_diff_bf16": max_abs_diff_bf16,
             "max_abs_output_bf16": max_abs_out,
             "ratios": {
@@ -136,6 +159,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"  ours GPSA  fwd+bwd median: {med['ours'] * 1e3:8.2f} ms")
         print(f"  ratio timm/ours: {result['ratio_timm_over_ours']:.2f}x   "
               f"(max |out diff| {result['max_abs_output_diff']:.1e})")
+        print(f"  floor, the projections alone: {med['floor'] * 1e3:8.2f} ms -> best reachable ratio "
+              f"{result['ratio_bound']:.2f}x")
         if "median_s_bf16" in result:
             mb = result["median_s_bf16"]
             print(f"  timm GPSA  fwd+bwd median, bf16 autocast: {mb['timm'] * 1e3:8.2f} ms")
@@ -143,6 +168,8 @@ def main(argv: list[str] | None = None) -> None:
             print(f"  ratio timm/ours, bf16 vs bf16 (like for like): {result['ratio_timm_over_ours_bf16']:.2f}x   "
                   f"(max |out diff| {result['max_abs_output_diff_bf16']:.1e} of max |out| "
                   f"{result['max_abs_output_bf16']:.1f})")
+            print(f"  floor, the projections alone, bf16: {mb['floor'] * 1e3:8.2f} ms -> best reachable ratio "
+                  f"{result['ratio_bound_bf16']:.2f}x")
             print(f"  ratio timm fp32 / ours bf16 (precision change, NOT like for like): "
                   f"{result['ratio_timm_fp32_over_ours_bf16']:.2f}x")
         print(f"  -> {path}")

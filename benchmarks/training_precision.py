@@ -11,8 +11,9 @@ charged to either. Reports the median training seconds per epoch (the steps alon
 validation) and per trial, their ratio fp32 / bf16 (> 1: bf16 is faster) and each precision's
 validation accuracy after every epoch (same seed, same batches: the difference is the precision).
 
-bf16 on a CPU pays off only with native bf16 matrix units (AMX, Sapphire Rapids and later);
-without them it is slower than fp32, which is why `train.precision: auto` is bf16 only on CPUs with AMX.
+bf16 on a CPU pays off only with bf16 hardware (AMX, or AVX512-BF16 dot products); without it
+oneDNN emulates bf16, slower than fp32, which is why `train.precision: auto` is bf16 only on CPUs
+with it (`trainers._cpu.cpu_has_native_bf16`).
 Writes benchmarks/results/training_precision-<device>.json.
 """
 

@@ -1,13 +1,19 @@
 """GPSA's CPU core under reduced precision (bf16 / fp16 autocast, or bf16 tensors): against timm under
-the same autocast and against a float64 reference; the eval-mode positional cache under autocast."""
+the same autocast and against a float64 reference; the eval-mode positional cache under autocast.
+
+The core's batched GEMMs run in bf16 on a CPU with bf16 hardware and in float32 elsewhere
+(`trainers._cpu.cpu_has_native_bf16`); the `native_bf16` parameter forces each choice, so both are checked on any
+machine (oneDNN emulates bf16 where the hardware lacks it: slower, the same numbers)."""
 import copy
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 from timm.models.convit import GPSA as TimmGPSA
 from timm.models.convit import ConVit as TimmConVit
 
 import trainers.models  # noqa: F401  (registers ls_convit_* with timm)
+import trainers.models.ls_convit as ls_convit
 from trainers.models.ls_convit import GPSA, LocalityConViT, gated_attention
 
 NANO = dict(img_size=28, patch_size=4, in_chans=1, num_classes=10)
@@ -45,8 +51,28 @@ def _rel(a, b):
     return ((a - b).abs().max() / b.abs().max().clamp_min(1e-12)).item()
 
 
+@pytest.fixture(params=[False, True], ids=['gemms_fp32', 'gemms_bf16'])
+def native_bf16(request, monkeypatch):
+    """Run the test as on a CPU without (False) and with (True) bf16 hardware."""
+    monkeypatch.setattr(ls_convit, 'cpu_has_native_bf16', lambda: request.param)
+    return request.param
+
+
+class _GemmDtypes(TorchDispatchMode):
+    """Records the input dtypes of every batched GEMM (bmm, baddbmm) dispatched inside it."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket in (torch.ops.aten.bmm, torch.ops.aten.baddbmm):
+            self.seen.update(a.dtype for a in args if isinstance(a, torch.Tensor))
+        return func(*args, **(kwargs or {}))
+
+
 @pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16])
-def test_gpsa_under_autocast_matches_timm_under_autocast(dtype):
+def test_gpsa_under_autocast_matches_timm_under_autocast(dtype, native_bf16):
     ref, ours = _pair()
     exact = copy.deepcopy(ref).double()
     x = torch.randn(8, 49, 96)
@@ -75,7 +101,7 @@ def test_gpsa_under_autocast_matches_timm_under_autocast(dtype):
     assert _rel(gx_ours, gx_64) < 2 * _rel(gx_ref, gx_64) + 1e-3
 
 
-def test_gpsa_under_autocast_inference_matches_training_path():
+def test_gpsa_under_autocast_inference_matches_training_path(native_bf16):
     ref, ours = _pair(seed=1)
     x = torch.randn(4, 49, 96)
     with torch.autocast('cpu', dtype=torch.bfloat16):
@@ -83,12 +109,14 @@ def test_gpsa_under_autocast_inference_matches_training_path():
         with torch.inference_mode():
             y_inf = ours.eval()(x.detach())  # the no-grad core (and the cached P)
             y_inf2 = ours(x.detach())
-    # the same float32 core (lerp vs addcmul: float32 rounding), then one bf16 rounding: at most an ulp apart
+    # the same core (in float32: lerp vs addcmul, float32 rounding), then one bf16 rounding: an ulp apart
     torch.testing.assert_close(y_inf, y_grad.detach(), rtol=2 ** -7, atol=1e-3)
     torch.testing.assert_close(y_inf2, y_inf, rtol=0, atol=0)  # the cached P gives the same numbers
 
 
-def test_gated_attention_bfloat16_inputs_compute_in_float32():
+def test_gated_attention_bfloat16_inputs(native_bf16):
+    """bf16 qkv (as an autocast linear writes it): the GEMMs in bf16 with bf16 hardware, else in
+    float32; softmax and mixing in float32 either way; the gradient back in qkv's dtype and layout."""
     gen = torch.Generator().manual_seed(0)
     B, H, N, d = 3, 4, 16, 8
     qkv = torch.randn(B, N, 3, H, d, generator=gen).bfloat16().permute(2, 0, 3, 1, 4)  # as the linear writes it
@@ -99,23 +127,39 @@ def test_gated_attention_bfloat16_inputs_compute_in_float32():
     q32 = qkv.float().detach().requires_grad_()
     g32, p32 = gate.clone().requires_grad_(), pos.clone().requires_grad_()
     q, k, v = q32
-    attn = (1 - g32.view(-1, 1, 1)) * torch.softmax(q @ k.transpose(-2, -1) * 0.3, -1) + g32.view(-1, 1, 1) * p32
+    soft = torch.softmax(q @ k.transpose(-2, -1) * 0.3, -1)
+    attn = (1 - g32.view(-1, 1, 1)) * soft + g32.view(-1, 1, 1) * p32
     y_ref = attn @ v
     (y_ref * w).sum().backward()
 
     x = qkv.detach().requires_grad_()
     g, p = gate.clone().requires_grad_(), pos.clone().requires_grad_()
-    y = gated_attention(x, g, p, 0.3)
+    with _GemmDtypes() as gemms:
+        y = gated_attention(x, g, p, 0.3)
+        (y.float() * w).sum().backward()
+    assert gemms.seen == ({torch.bfloat16} if native_bf16 else {torch.float32})
     assert y.dtype == torch.bfloat16 and y.shape == (B, H, N, d)
-    torch.testing.assert_close(y.float(), y_ref.bfloat16().float(), rtol=0, atol=0.02)  # only the final rounding
-    (y.float() * w).sum().backward()
+    if native_bf16:  # the scores and A rounded to bf16 before their GEMMs (as autocast's matmuls)
+        with torch.no_grad():
+            scores = (q @ k.transpose(-2, -1) * 0.3).bfloat16().float()
+            attn_bf16 = ((1 - gate.view(-1, 1, 1)) * torch.softmax(scores, -1) + gate.view(-1, 1, 1) * pos).bfloat16()
+            y_bf16 = attn_bf16.float() @ v
+        torch.testing.assert_close(y.float(), y_bf16.bfloat16().float(), rtol=2 ** -7, atol=1e-3)
+    torch.testing.assert_close(y.float(), y_ref.bfloat16().float(), rtol=0, atol=0.02)
     assert x.grad.dtype == torch.bfloat16 and g.grad.dtype == p.grad.dtype == torch.float32
     # the gradient that reaches the core is the bf16-rounded w: compare against that
     torch.testing.assert_close(x.grad.float(), q32.grad, rtol=2e-2, atol=2e-2 * q32.grad.abs().max().item())
     torch.testing.assert_close(g.grad, g32.grad, rtol=2e-2, atol=2e-2 * g32.grad.abs().max().item())
     torch.testing.assert_close(p.grad, p32.grad, rtol=2e-2, atol=2e-2 * p32.grad.abs().max().item())
-    with torch.no_grad():  # the inference core: the same numbers
+    # the core's own qkv gradient (a non-leaf input: autograd hands it over as returned) comes laid
+    # out as the linear's output (B, N, 3, H, d), so the linear's backward reads it without a copy
+    linear_out = qkv.permute(1, 3, 0, 2, 4).detach().requires_grad_()
+    as_core_input = linear_out.permute(2, 0, 3, 1, 4)
+    d_core_input, = torch.autograd.grad(gated_attention(as_core_input, gate, pos, 0.3).float().sum(), as_core_input)
+    assert d_core_input.stride() == as_core_input.stride() and d_core_input.dtype == torch.bfloat16
+    with torch.no_grad(), _GemmDtypes() as gemms:  # the inference core: the same numbers
         torch.testing.assert_close(gated_attention(qkv, gate, pos, 0.3), y.detach(), rtol=0, atol=0)
+    assert gemms.seen == ({torch.bfloat16} if native_bf16 else {torch.float32})
 
 
 def test_gpsa_in_bfloat16_weights():

@@ -110,9 +110,9 @@ def test_training_dtype_per_precision(monkeypatch):
 
     cpu = torch.device("cpu")
     assert training_dtype("fp32", cpu) is None
-    monkeypatch.setattr(train_module, "cpu_has_bf16_matrix_units", lambda: True)
-    assert training_dtype("auto", cpu) is torch.bfloat16  # AMX: bf16 autocast
-    monkeypatch.setattr(train_module, "cpu_has_bf16_matrix_units", lambda: False)
+    monkeypatch.setattr(train_module, "cpu_has_native_bf16", lambda: True)
+    assert training_dtype("auto", cpu) is torch.bfloat16  # bf16 hardware: bf16 autocast
+    monkeypatch.setattr(train_module, "cpu_has_native_bf16", lambda: False)
     assert training_dtype("auto", cpu) is None  # any other CPU: fp32
     assert training_dtype("bf16", cpu) is torch.bfloat16 and training_dtype("fp16", cpu) is torch.float16
     with pytest.raises(SettingError, match="must be one of auto, fp32, bf16, fp16, got 'fp8'") as info:
@@ -120,29 +120,34 @@ def test_training_dtype_per_precision(monkeypatch):
     assert info.value.key == "precision"
 
 
-def test_bf16_matrix_units_follow_the_cpu_and_onednn_cap(monkeypatch):
+def test_native_bf16_follows_the_cpu_and_onednn_cap(monkeypatch):
     from pathlib import Path
 
-    from trainers.train import cpu_has_bf16_matrix_units
+    from trainers._cpu import cpu_has_native_bf16
 
     monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.exists():  # the kernel's flags, an independent reading of the same hardware
-        assert cpu_has_bf16_matrix_units() == ("amx_bf16" in cpuinfo.read_text().split())
-    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")  # oneDNN capped below AMX: bf16 would be slow
-    assert not cpu_has_bf16_matrix_units()
-    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_AMX")
-    assert cpu_has_bf16_matrix_units() == bool(torch.cpu._is_amx_tile_supported())
+        flags = set(cpuinfo.read_text().split())
+        assert cpu_has_native_bf16() == bool(flags & {"avx512_bf16", "amx_bf16"})
+    hardware = cpu_has_native_bf16()
+    for cap in ("AVX2", "avx512_core", "AVX512_CORE_VNNI"):  # oneDNN capped below bf16: it would emulate
+        monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", cap)
+        assert not cpu_has_native_bf16(), cap
+    for cap in ("AVX512_CORE_BF16", "avx512_core_amx", "ALL"):
+        monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", cap)
+        assert cpu_has_native_bf16() == hardware, cap
 
 
-@pytest.mark.parametrize("precision,amx,dtype", [
+@pytest.mark.parametrize("precision,native_bf16,dtype", [
     ("fp32", True, torch.float32), ("bf16", False, torch.bfloat16),  # as asked, whatever the CPU
-    ("auto", True, torch.bfloat16), ("auto", False, torch.float32),  # auto: bf16 only with AMX
+    ("auto", True, torch.bfloat16), ("auto", False, torch.float32),  # auto: bf16 only with bf16 hardware
 ])
-def test_cpu_trial_trains_and_validates_in_the_requested_precision(synthetic, monkeypatch, precision, amx, dtype):
+def test_cpu_trial_trains_and_validates_in_the_requested_precision(synthetic, monkeypatch, precision, native_bf16,
+                                                                   dtype):
     import trainers.train as train_module
 
-    monkeypatch.setattr(train_module, "cpu_has_bf16_matrix_units", lambda: amx)
+    monkeypatch.setattr(train_module, "cpu_has_native_bf16", lambda: native_bf16)
 
     seen = {"train": set(), "validate": set()}
     validating = []

@@ -41,8 +41,8 @@ class TrainSettings:
     pad_crop: int = 2  # random pad-and-crop augmentation, pixels
     flip: bool | None = None  # horizontal flips; None: what the dataset catalog says
     # autocast dtype of training and validation. auto: AMP on CUDA (bf16 where the GPU has it,
-    # else fp16 with loss scaling); on a CPU bf16 where it has AMX (1.4x), else fp32 (bf16 is
-    # 16x slower without AMX); see trainers.train.training_dtype
+    # else fp16 with loss scaling); on a CPU bf16 where it has bf16 hardware, AMX or AVX512-BF16
+    # (1.4-2x), else fp32 (emulated bf16 is 16x slower); see trainers.train.training_precision
     precision: Precision = "auto"
     # run the training and validation batches through torch.compile (the same parameters;
     # throughput is still measured on the eager model). For GPUs, where it removes most kernel

@@ -41,11 +41,13 @@ moves between `LocalityConViT` and timm's `ConVit` unchanged (same keys, same sh
     no autocast) q, k and v come out of one batched matmul already head-major, so the layout copy
     between the projection and the core is gone;
   - under CPU autocast (bf16/fp16; the trainer's `precision: bf16`) the q/k/v and output
-    projections run in bf16 as autocast decides, and the attention core computes in float32
-    (q, k, v cast up in the same pass as their layout copy, the output cast back in the pass that
-    lays it out for the projection): on the CPU the 49..196-sized batched GEMMs and the map-sized
-    softmax are no faster in bf16 (the softmax is slower), so this is both quicker and more exact
-    than timm's ConViT under the same autocast;
+    projections run in bf16 as autocast decides; in the core the softmax, the mixing with P and
+    the maps' gradients stay float32 (as autocast keeps softmax), and the batched GEMMs run in
+    bf16 on a CPU with bf16 hardware (AVX512-BF16 or AMX, `cpu_has_native_bf16`: there they are
+    several times quicker than in float32) and in float32 elsewhere (q, k, v cast up in the pass
+    that lays them out, the output cast back in the pass that lays it out for the projection;
+    emulated bf16 GEMMs are the slower ones). Either way no map is rounded twice, as timm's ConViT
+    under the same autocast does (scores rounded to bf16, then scaled in bf16);
   - otherwise (CUDA): fused `scaled_dot_product_attention` for the content term and one GEMM per
     head, P @ V, for the whole batch.
 * Knobs the search needs: `gate_init` (initial gating parameter; paper 1.0) and `gate_lr_mult`
@@ -67,6 +69,7 @@ from timm.layers import DropPath, LayerNorm, Mlp, PatchEmbed, calculate_drop_pat
 from timm.models import generate_default_cfgs, register_model
 from timm.models._features_fx import register_notrace_module
 
+from trainers._cpu import cpu_has_native_bf16
 from trainers.models._common import (
     MHSA, GridSize, _build_without_weights, _cfg, _check_int, _check_real, _fashion_mnist_cfg, _gated_param_groups,
     _pair, _patch_tokens,
@@ -119,14 +122,25 @@ _FULL_PRECISION = (torch.float32, torch.float64)
 _CPU_CORE_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 
 
-def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype the attention core computes in: float32/64 as given, float32 below that."""
-    return dtype if dtype in _FULL_PRECISION else torch.float32
+def _gemm_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype of the core's batched GEMMs: float32/64 as given; bfloat16 as given on a CPU that
+    multiplies it natively (as autocast's own matmuls do; there its batched GEMMs at GPSA's sizes
+    run 3-5x faster than float32 ones: 1024 x 49 x 49 scores in 0.29 vs 1.57 ms on a 2-core AMD
+    EPYC with AVX512-BF16); float32 otherwise (emulated bf16 or fp16, slower than float32)."""
+    if dtype in _FULL_PRECISION or (dtype == torch.bfloat16 and cpu_has_native_bf16()):
+        return dtype
+    return torch.float32
 
 
-def _as_compute(qkv: torch.Tensor) -> torch.Tensor:
-    """qkv (3, B, H, N, d) contiguous in its compute dtype: the layout copy and the cast in one pass."""
-    dtype = _compute_dtype(qkv.dtype)
+def _map_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype of the softmax, the mixing with P and the maps' gradients: float64 for float64,
+    else float32 (as autocast keeps softmax in float32)."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _as_gemm(qkv: torch.Tensor) -> torch.Tensor:
+    """qkv contiguous in its GEMM dtype: the layout copy and any cast in one pass."""
+    dtype = _gemm_dtype(qkv.dtype)
     if qkv.dtype == dtype:
         return qkv.contiguous()
     return torch.empty(qkv.shape, dtype=dtype, device=qkv.device).copy_(qkv)
@@ -144,14 +158,17 @@ def _as_output(out: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 def _gated_attention_forward(qkv: torch.Tensor, gate: torch.Tensor, pos: torch.Tensor,
                              scale: float) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(out (B, H, N, d), softmax(S) and A (B*H, N, N)) for `gated_attention`'s inputs (one dtype)."""
+    """(out (B, H, N, d), softmax(S) and A (B*H, N, N)) for `gated_attention`'s inputs: qkv
+    (3, B, H, N, d) contiguous in the GEMM dtype (out and A come in it too); gate and pos in the
+    map dtype (softmax(S) too)."""
     _, B, H, N, d = qkv.shape
     q, k, v = qkv.view(3, B * H, N, d).unbind(0)  # (B*H, N, d) each
     scores = torch.baddbmm(qkv.new_empty(B * H, N, N), q, k.transpose(1, 2), beta=0., alpha=scale)  # S
-    soft = torch.softmax(scores, dim=-1)  # (B*H, N, N)
+    soft = torch.softmax(scores, dim=-1, dtype=pos.dtype)  # (B*H, N, N)
     del scores
     g = gate.view(H, 1, 1)
-    attn = torch.addcmul(g * pos, soft.view(B, H, N, N), 1. - g)  # A = s P + (1 - s) softmax(S)
+    # A = s P + (1 - s) softmax(S), computed in the map dtype and written in the GEMM dtype
+    attn = torch.addcmul(g * pos, soft.view(B, H, N, N), 1. - g, out=qkv.new_empty(B, H, N, N))
     out = torch.bmm(attn.view(B * H, N, N), v)  # (B*H, N, d)
     return out.view(B, H, N, d), soft, attn.view(B * H, N, N)
 
@@ -159,20 +176,23 @@ def _gated_attention_forward(qkv: torch.Tensor, gate: torch.Tensor, pos: torch.T
 class _GatedAttention(torch.autograd.Function):
     """The GPSA core with a hand-written backward (see `gated_attention`).
 
-    gate and pos come in the compute dtype (float32/64); qkv may be bfloat16/float16 (from an
-    autocast linear): it is cast up on the way in, the output cast back on the way out, and the
-    backward mirrors both (its qkv gradient in qkv's dtype). Autocast is off inside, so every op
-    runs in the compute dtype.
+    gate and pos come in the map dtype (float32/64); qkv may be bfloat16/float16 (from an autocast
+    linear). The batched GEMMs run in `_gemm_dtype(qkv.dtype)` (qkv cast on the way in when that
+    differs, the output cast back on the way out), the softmax, the mixing and the maps' gradients
+    in the map dtype; the qkv gradient comes back in qkv's dtype and memory layout. Autocast is off
+    inside, so every op runs in the dtype chosen here.
     """
 
     @staticmethod
     def forward(ctx, qkv: torch.Tensor, gate: torch.Tensor, pos: torch.Tensor, scale: float) -> torch.Tensor:
         with torch.autocast('cpu', enabled=False):
-            qkv_c = _as_compute(qkv)
-            out, soft, attn = _gated_attention_forward(qkv_c, gate, pos, scale)
-        ctx.save_for_backward(qkv_c, gate, pos, soft, attn)
+            qkv_gemm = _as_gemm(qkv)
+            out, soft, attn = _gated_attention_forward(qkv_gemm, gate, pos, scale)
+        ctx.save_for_backward(qkv_gemm, gate, pos, soft, attn)
         ctx.scale = scale
         ctx.in_dtype = qkv.dtype
+        # qkv's strides as empty_like keeps them (dense layouts only), for its gradient
+        ctx.in_strides = torch.empty_like(qkv, device='meta').stride()
         return _as_output(out, qkv.dtype)
 
     @staticmethod
@@ -187,12 +207,12 @@ class _GatedAttention(torch.autograd.Function):
         q, k, v = qkv.view(3, B * H, N, d).unbind(0)
         if d_out.dtype == qkv.dtype:
             d_out = d_out.reshape(B * H, N, d)
-        else:  # cast up and lay out for the batched GEMMs in one pass
+        else:  # cast and lay out for the batched GEMMs in one pass
             d_out = torch.empty(B, H, N, d, dtype=qkv.dtype, device=qkv.device).copy_(d_out).view(B * H, N, d)
         d_qkv = torch.empty_like(qkv)  # filled in place: no stacking copy afterwards
         dq, dk, dv = d_qkv.view(3, B * H, N, d).unbind(0)
-        d_attn = torch.bmm(d_out, v.transpose(1, 2))  # dA (B*H, N, N)
-        torch.bmm(attn.view(B * H, N, N).transpose(1, 2), d_out, out=dv)
+        d_attn = torch.bmm(d_out, v.transpose(1, 2)).to(soft.dtype)  # dA (B*H, N, N), in the map dtype
+        torch.bmm(attn.transpose(1, 2), d_out, out=dv)
         d_gate = d_pos = None
         if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
             d_attn_sum = d_attn.view(B, H, N, N).sum(0)  # (H, N, N)
@@ -201,14 +221,18 @@ class _GatedAttention(torch.autograd.Function):
             if ctx.needs_input_grad[1]:  # dA/ds = P - softmax(S)
                 soft_dot = torch.linalg.vecdot(d_attn.view(B, H, N * N), soft.view(B, H, N * N)).sum(0)  # (H,)
                 d_gate = (d_attn_sum * pos).sum((1, 2)) - soft_dot
-        # dS = softmax'(dA) * (1 - s) / sqrt(d)
+        # dS = softmax'(dA) * (1 - s) / sqrt(d), then in the GEMM dtype for dQ and dK
         d_scores = torch._softmax_backward_data(d_attn, soft, -1, soft.dtype)  # (B*H, N, N)
+        del d_attn
         d_scores.view(B, H, N, N).mul_(((1. - gate) * ctx.scale).view(H, 1, 1))
+        d_scores = d_scores.to(qkv.dtype)
         torch.bmm(d_scores, k, out=dq)
         torch.bmm(d_scores.transpose(1, 2), q, out=dk)
-        if ctx.in_dtype != d_qkv.dtype:  # back to qkv's dtype, laid out as the linear wrote it (B, N, 3, H, d)
-            d_low = torch.empty(B, N, 3, H, d, dtype=ctx.in_dtype, device=d_qkv.device)
-            d_qkv = d_low.copy_(d_qkv.permute(1, 3, 0, 2, 4)).permute(2, 0, 3, 1, 4)
+        if ctx.in_dtype != d_qkv.dtype or ctx.in_strides != d_qkv.stride():
+            # back to qkv's dtype and layout (the linear's (B, N, 3, H, d)): one pass, and the
+            # linear's backward then reads it without a copy
+            d_in = torch.empty_strided(d_qkv.shape, ctx.in_strides, dtype=ctx.in_dtype, device=d_qkv.device)
+            d_qkv = d_in.copy_(d_qkv)
         return d_qkv, d_gate, d_pos, None
 
 
@@ -218,29 +242,37 @@ def gated_attention(qkv: torch.Tensor, gate: torch.Tensor, pos: torch.Tensor, sc
     qkv: (3, B, H, N, d), any strides (q, k, v stacked); gate: s (H,) in [0, 1]; pos: P (H, N, N),
     shared by the batch. Returns (B, H, N, d) in qkv's dtype. Forms the B x H x N x N maps (saved
     for the backward), so it is meant for the CPU, where that beats the fused kernels at GPSA's
-    sizes. The core computes in float32 when qkv is bfloat16/float16 (e.g. under CPU autocast):
-    on the CPU the small batched GEMMs and the map-sized softmax are no faster in bfloat16 (the
-    softmax is slower), so only the casts at the edges are paid, and the attention is more exact.
+    sizes. Precision follows CPU autocast: for bfloat16/float16 qkv the softmax, the mixing with P
+    and the maps' gradients are float32; the batched GEMMs run in bfloat16 (accumulating in float32)
+    on a CPU that multiplies it natively (`cpu_has_native_bf16`), else in float32 (fp16, or
+    emulated bf16, where float32 GEMMs are the quicker ones).
     """
-    dtype = _compute_dtype(qkv.dtype)
+    dtype = _map_dtype(qkv.dtype)
     gate, pos = gate.to(dtype), pos.to(dtype)
     if not torch.is_grad_enabled() or not any(t.requires_grad for t in (qkv, gate, pos)):
         with torch.autocast('cpu', enabled=False):
-            out = _gated_attention_inference(_as_compute(qkv.transpose(1, 2)), gate, pos, scale)  # (H, B, N, d)
+            out = _gated_attention_inference(_as_gemm(qkv.transpose(1, 2)), gate, pos, scale)  # (H, B, N, d)
             return _as_output(out.transpose(0, 1), qkv.dtype)
     return _GatedAttention.apply(qkv, gate, pos, scale)
 
 
 def _gated_attention_inference(qkv: torch.Tensor, gate: torch.Tensor, pos: torch.Tensor, scale: float) -> torch.Tensor:
-    """`gated_attention` with nothing kept for a backward: one H*B x N x N buffer, updated in place.
+    """`gated_attention` with nothing kept for a backward: the H*B x N x N maps updated in place
+    where the dtypes allow (one buffer in float32/64).
 
-    qkv: (3, H, B, N, d) contiguous, heads first (see `GPSA._qkv_heads_first`); returns (H, B, N, d).
+    qkv: (3, H, B, N, d) contiguous in the GEMM dtype, heads first (see `GPSA._qkv_heads_first`);
+    gate and pos in the map dtype. Returns (H, B, N, d) in the GEMM dtype.
     """
     _, H, B, N, d = qkv.shape
     q, k, v = qkv.view(3, H * B, N, d).unbind(0)
     attn = torch.baddbmm(qkv.new_empty(H * B, N, N), q, k.transpose(1, 2), beta=0., alpha=scale)  # S
-    torch._softmax(attn, -1, False, out=attn)  # softmax(S), row by row in place
-    attn.view(H, B, N, N).lerp_(pos.unsqueeze(1), gate.view(H, 1, 1, 1))  # (1 - s) softmax(S) + s P
+    if attn.dtype == pos.dtype:
+        torch._softmax(attn, -1, False, out=attn)  # softmax(S), row by row in place
+        attn.view(H, B, N, N).lerp_(pos.unsqueeze(1), gate.view(H, 1, 1, 1))  # (1 - s) softmax(S) + s P
+    else:  # as the training core: the mix in the map dtype, written in the GEMM dtype
+        soft = torch.softmax(attn, -1, dtype=pos.dtype).view(H, B, N, N)
+        g = gate.view(H, 1, 1, 1)
+        torch.addcmul(g * pos.unsqueeze(1), soft, 1. - g, out=attn.view(H, B, N, N))
     return torch.bmm(attn, v).view(H, B, N, d)
 
 
