@@ -123,6 +123,7 @@ def _study(n: int, seed: int = 0) -> tuple[ResultsStore, pa.Table]:
         "val_acc": val_acc,
         "val_loss": 2.0 - 2 * val_acc,
         "final_val_acc": val_acc,
+        "train_precision": rng.choice(["fp32", "bf16"], n),
         "throughput": throughput,
         "throughput_before_conversion": [None] * n,
         "converted_at_epoch": [None] * n,
@@ -139,6 +140,9 @@ def _study(n: int, seed: int = 0) -> tuple[ResultsStore, pa.Table]:
         "spec_hash": ["abc"] * n,
         "git_commit": ["0" * 40] * n,
         "node_ip": ["127.0.0.1"] * n,
+        "hostname": ["bench"] * n,
+        "node_id": ["0" * 56] * n,
+        "failures": np.zeros(n, dtype=np.int64),
         "started_at": start,
         "ended_at": start + np.timedelta64(55, "s"),
         "duration_s": rng.uniform(30, 120, n),
@@ -146,6 +150,9 @@ def _study(n: int, seed: int = 0) -> tuple[ResultsStore, pa.Table]:
         "local_up_to_layer": depth,
         "gate_init": rng.choice([0.5, 1.0, 2.0], n),
     }
+    missing = [field.name for field in store.trial_schema if field.name not in columns]
+    if missing:  # the store's schema grew: give the synthetic trials those columns too
+        raise KeyError(f"benchmarks/store_queries.py builds no column for {', '.join(missing)}")
     arrays = []
     for field in store.trial_schema:
         values = columns[field.name]
