@@ -2,8 +2,8 @@
 the same autocast and against a float64 reference; the eval-mode positional cache under autocast.
 
 The core's batched GEMMs run in bf16 on a CPU with bf16 hardware and in float32 elsewhere
-(`trainers._cpu.cpu_has_native_bf16`); the `native_bf16` parameter forces each choice, so both are checked on any
-machine (oneDNN emulates bf16 where the hardware lacks it: slower, the same numbers)."""
+(`trainers._cpu.cpu_has_native_bf16`); the `native_bf16` fixture forces each choice, so both are
+checked on any machine (oneDNN emulates bf16 where the hardware lacks it: slower, same numbers)."""
 import copy
 
 import pytest
