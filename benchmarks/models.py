@@ -20,7 +20,9 @@ repeat, after a warm-up, so load drifts hit all alike):
 
 Per model: inference images/s (eval, torch.inference_mode) and training images/s (train mode,
 forward + backward of a summed output, no optimizer), medians over --repeats batches; the ratio
-to the group's baseline (> 1: faster). Writes benchmarks/results/models-<device>.json.
+to the group's baseline (> 1: faster); and `median_host_s`, the time until the step returns from an
+idle device (on CUDA, what it takes to enqueue the batch: near the wall time, the model is
+host-bound). Writes benchmarks/results/models-<device>.json.
 
 bf16 columns (default; --no-bf16 skips them): every model also runs under
 `torch.autocast(device, dtype=torch.bfloat16)` (fp32 weights and input, as the trainer's
@@ -38,6 +40,9 @@ default batches fill the GPU (256 at 224 px, 1024 at 32 and 28 px). `--compile S
 "<label> +compile" and timed in the same rotation (sharing the eager model's weights); it compiles
 during the warm-up. The convit and px32 groups also report `ours_over_deit`: ls_convit_tiny
 against the DeiT-Ti of the group per mode and precision (and the compiled pair, where both are).
+On CUDA those two groups add "unfused ls_convit_tiny": the same model (same weights) with GPSA's
+fused Triton inference kernel switched off (fused SDPA + P @ V), and `fused_kernel_gain` (with
+over without; only fp16/bf16 inference takes the kernel, so the other columns read about 1).
 """
 
 from __future__ import annotations
@@ -51,9 +56,11 @@ import timm
 import torch
 
 import trainers.models  # noqa: F401  (registers the ls_* families)
+from trainers.models import ls_convit
 from benchmarks._env import autocast, setup_process, sync, write_result
 
 IMAGENET = dict(num_classes=1000, in_chans=3)
+UNFUSED = "unfused "  # label prefix: ls_convit_tiny with GPSA's CUDA inference kernel off
 
 
 def _converted(name: str, **kwargs) -> torch.nn.Module:
@@ -77,8 +84,27 @@ def _convit_pair(img_size: int, patch_size: int) -> tuple[torch.nn.Module, torch
     return ref, ours, diff
 
 
-def _group(name: str) -> tuple[dict[str, Callable[[], torch.nn.Module]], str, tuple[int, int, int], dict]:
-    """name -> builders, the baseline's name, the input shape, extra facts."""
+class _WithoutFusedKernel(torch.nn.Module):
+    """A ConViT run with GPSA's CUDA inference kernel switched off (fused SDPA + P @ V instead), sharing
+    the wrapped model's weights: the kernel's gain, timed in the same rotation."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        saved = ls_convit.USE_FUSED_CUDA_KERNEL
+        ls_convit.USE_FUSED_CUDA_KERNEL = False
+        try:
+            return self.model(x)
+        finally:
+            ls_convit.USE_FUSED_CUDA_KERNEL = saved
+
+
+def _group(name: str, *, cuda: bool = False
+           ) -> tuple[dict[str, Callable[[], torch.nn.Module]], str, tuple[int, int, int], dict]:
+    """name -> builders, the baseline's name, the input shape, extra facts. On CUDA the convit and
+    px32 groups add ls_convit_tiny without its fused inference kernel (same weights)."""
     extra: dict = {}
     def cached_pair(img_size: int, patch: int) -> Callable[[], tuple]:
         """timm's ConViT and ours with the same weights, built once (both builders share it)."""
@@ -97,6 +123,8 @@ def _group(name: str) -> tuple[dict[str, Callable[[], torch.nn.Module]], str, tu
             "ls_convit_tiny": lambda: pair()[1],
             "deit_tiny_patch16_224": lambda: timm.create_model("deit_tiny_patch16_224"),
         }
+        if cuda:
+            builders[UNFUSED + "ls_convit_tiny"] = lambda: _WithoutFusedKernel(pair()[1])
         return builders, "timm convit_tiny", (3, 224, 224), extra
     if name in ("tiny", "small"):
         deit = f"deit_{name}_patch16_224"
@@ -115,6 +143,8 @@ def _group(name: str) -> tuple[dict[str, Callable[[], torch.nn.Module]], str, tu
             "ls_convit_tiny (32 px, patch 4)": lambda: pair()[1],
             "timm convit_tiny (32 px, patch 4)": lambda: pair()[0],
         }
+        if cuda:
+            builders[UNFUSED + "ls_convit_tiny (32 px, patch 4)"] = lambda: _WithoutFusedKernel(pair()[1])
         return builders, "deit_tiny (32 px, patch 4)", (3, 32, 32), extra
     if name == "micro":
         builders = {
@@ -142,10 +172,14 @@ def pair_ratios(out: dict, ours: str, ref: str) -> dict[str, float]:
 def run_group(name: str, *, batch: int, repeats: int, warmup: int, device: str, train: bool,
               precisions: tuple[str, ...] = ("fp32", "bf16"), compile_matching: tuple[str, ...] = ()) -> dict:
     dev = torch.device(device)
-    builders, baseline, shape, extra = _group(name)
+    builders, baseline, shape, extra = _group(name, cuda=dev.type == "cuda")
     # channels_last on CUDA, as train_trial puts a model and FFCV its batches
     memory_format = torch.channels_last if dev.type == "cuda" else torch.contiguous_format
     models = {label: build().to(dev, memory_format=memory_format) for label, build in builders.items()}
+    for model in models.values():  # timm < 1.0.31 keeps ConViT's rel_indices as a plain attribute
+        for module in model.modules():  # (not a buffer), built on the CPU by _convit_pair's check
+            if isinstance(getattr(module, "rel_indices", None), torch.Tensor):
+                module.rel_indices = module.rel_indices.to(dev)
     params = {label: sum(p.numel() for p in m.parameters()) for label, m in models.items()}
     for label in [label for label in models if any(pattern in label for pattern in compile_matching)]:
         models[f"{label} +compile"] = torch.compile(models[label])
@@ -154,16 +188,19 @@ def run_group(name: str, *, batch: int, repeats: int, warmup: int, device: str, 
     x = torch.randn(batch, *shape, device=dev).contiguous(memory_format=memory_format)
     precisions = list(precisions)
 
-    def infer(model: torch.nn.Module, precision: str) -> float:
+    def infer(model: torch.nn.Module, precision: str) -> tuple[float, float]:
+        """(wall, host) seconds for one batch: host = until the forward returns (on CUDA, the
+        time to enqueue it; where that nears the wall time, the batch is host-bound)."""
         model.eval()
         sync(dev)
         start = time.perf_counter()
         with torch.inference_mode(), autocast(dev, precision):
             model(x)
+        host = time.perf_counter() - start
         sync(dev)
-        return time.perf_counter() - start
+        return time.perf_counter() - start, host
 
-    def train_step(model: torch.nn.Module, precision: str) -> float:
+    def train_step(model: torch.nn.Module, precision: str) -> tuple[float, float]:
         model.train()
         model.zero_grad(set_to_none=True)
         sync(dev)
@@ -171,8 +208,9 @@ def run_group(name: str, *, batch: int, repeats: int, warmup: int, device: str, 
         with autocast(dev, precision):
             y = model(x)
         y.float().sum().backward()
+        host = time.perf_counter() - start
         sync(dev)
-        return time.perf_counter() - start
+        return time.perf_counter() - start, host
 
     modes = {"inference": infer, **({"train": train_step} if train else {})}
     out: dict = {"config": dict(group=name, batch=batch, input_shape=list(shape), repeats=repeats, warmup=warmup,
@@ -193,16 +231,20 @@ def run_group(name: str, *, batch: int, repeats: int, warmup: int, device: str, 
                 for model in models.values():
                     fn(model, precision)
         times: dict[str, dict[str, list[float]]] = {p: {label: [] for label in models} for p in precisions}
+        host_times: dict[str, dict[str, list[float]]] = {p: {label: [] for label in models} for p in precisions}
         for _ in range(repeats):
             for precision in precisions:
                 for label, model in models.items():
-                    times[precision][label].append(fn(model, precision))
+                    wall, host = fn(model, precision)
+                    times[precision][label].append(wall)
+                    host_times[precision][label].append(host)
         for precision in precisions:
             median = {label: statistics.median(ts) for label, ts in times[precision].items()}
             out[_timing_key(mode, precision)] = {
                 "median_batch_s": median,
                 "images_per_s": {label: batch / m for label, m in median.items()},
                 "speed_vs_baseline": {label: median[baseline] / m for label, m in median.items()},
+                "median_host_s": {label: statistics.median(ts) for label, ts in host_times[precision].items()},
             }
     if name in ("convit", "px32"):
         ours = next(label for label in models if label.startswith("ls_convit_tiny"))
@@ -218,6 +260,10 @@ def run_group(name: str, *, batch: int, repeats: int, warmup: int, device: str, 
             out["ours_bf16_over_timm_convit_fp32"] = {
                 mode: out[mode]["median_batch_s"][ref] / out[f"{mode}_bf16"]["median_batch_s"][ours] for mode in modes}
         out["ours_over_deit"] = {f"{ours} / {deit}": pair_ratios(out, ours, deit)}
+        unfused = next((label for label in models if label.startswith(UNFUSED)), None)
+        if unfused is not None:
+            out["ours_over_deit"][f"{unfused} / {deit}"] = pair_ratios(out, unfused, deit)
+            out["fused_kernel_gain"] = pair_ratios(out, ours, unfused)
         if f"{ours} +compile" in models and f"{deit} +compile" in models:
             out["ours_over_deit"][f"{ours} +compile / {deit} +compile"] = pair_ratios(
                 out, f"{ours} +compile", f"{deit} +compile")
@@ -254,6 +300,9 @@ def _print_group(group: str, batch: int, r: dict) -> None:
     show("ours_bf16_over_timm_convit_fp32", "ls_convit_tiny bf16 / timm convit_tiny fp32 (precision change, NOT like for like)")
     for pair, ratios in r.get("ours_over_deit", {}).items():
         print(f"  {pair}: " + ", ".join(f"{key} {v:.2f}x" for key, v in ratios.items()))
+    if "fused_kernel_gain" in r:
+        print("  GPSA's fused CUDA kernel, ls_convit_tiny with / without it: "
+              + ", ".join(f"{key} {v:.2f}x" for key, v in r["fused_kernel_gain"].items()))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -290,3 +290,17 @@ def test_cuda_path_matches_timm_and_follows_weight_updates(dtype):
             layer.gating_param.add_(1.5)
             layer.pos_proj.weight.mul_(0.5)
     assert _rel(infer(ours), infer(ref)) < tol
+
+
+def test_gpu_path_compiles_for_inference(monkeypatch):
+    """GPSA's SDPA path (the GPU's, forced here on the CPU) under torch.compile in inference: the
+    mix written through `out=` made AOT autograd's functionalisation fail ("Cannot view a tensor
+    ..."), so the compiled path now mixes without it; same outputs as eager."""
+    monkeypatch.setattr(GPSA, '_use_gated_attention', lambda self, x: False)
+    torch.manual_seed(0)
+    model = LocalityConViT(**NANO).eval()
+    _perturb(model, 0.02)
+    x = torch.randn(3, 1, 28, 28)
+    compiled = torch.compile(model, fullgraph=True, backend='aot_eager')  # no codegen: seconds
+    with torch.inference_mode():
+        torch.testing.assert_close(compiled(x), model(x))

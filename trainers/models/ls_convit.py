@@ -49,7 +49,12 @@ moves between `LocalityConViT` and timm's `ConVit` unchanged (same keys, same sh
     emulated bf16 GEMMs are the slower ones). Either way no map is rounded twice, as timm's ConViT
     under the same autocast does (scores rounded to bf16, then scaled in bf16);
   - otherwise (CUDA): fused `scaled_dot_product_attention` for the content term and one GEMM per
-    head, P @ V, for the whole batch.
+    head, P @ V, for the whole batch; for fp16/bf16 inference (autocast, as a trial evaluates)
+    with a head width of one or two powers of two >= 16 (ConViT-Ti's 48 = 32 + 16), one Triton
+    kernel (`_gpsa_triton`) computes both terms and the mix, reading q, k and v straight from the
+    projection's output (`USE_FUSED_CUDA_KERNEL = False` turns it off);
+  - P itself (softmax of v_pos . r_ij, tiny) is computed in the parameters' dtype even under
+    autocast: no bf16 rounding of scores that lie hundreds of units apart, and no casts.
 * Knobs the search needs: `gate_init` (initial gating parameter; paper 1.0) and `gate_lr_mult`
   (learning-rate multiplier for the gating parameters, applied through `param_groups()`).
 * With `local_up_to_layer == depth` (every layer GPSA) no self-attention layer is left to read the
@@ -70,6 +75,7 @@ from timm.models import generate_default_cfgs, register_model
 from timm.models._features_fx import register_notrace_module
 
 from trainers._cpu import cpu_has_native_bf16
+from trainers.models import _gpsa_triton
 from trainers.models._common import (
     MHSA, GridSize, _build_without_weights, _cfg, _check_int, _check_real, _fashion_mnist_cfg, _gated_param_groups,
     _pair, _patch_tokens,
@@ -119,6 +125,9 @@ def _square_grid(num_patches: int) -> GridSize:
 
 
 _FULL_PRECISION = (torch.float32, torch.float64)
+# CUDA inference in fp16/bf16 runs GPSA's core as one Triton kernel (`_gpsa_triton`); False keeps
+# fused SDPA + P @ V there too (the benchmarks time both side by side).
+USE_FUSED_CUDA_KERNEL = True
 _CPU_CORE_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 
 
@@ -376,10 +385,17 @@ class GPSA(nn.Module):
 
     def _positional_attention(self, grid: GridSize) -> torch.Tensor:
         N = grid[0] * grid[1]
-        rel = self.rel_indices.to(self.pos_proj.weight.dtype).view(N * N, 3)
-        # v_pos . r_ij + bias as (H, 3) @ (3, N*N): the scores come out head-major and contiguous
-        pos = torch.addmm(self.pos_proj.bias.view(-1, 1), self.pos_proj.weight, rel.t()).view(-1, N, N)
-        return _softmax_without_denormals(pos)  # (H, N, N)
+        weight = self.pos_proj.weight
+        rel = self.rel_indices.to(weight.dtype).view(N * N, 3)
+        # in the parameters' dtype even under autocast: three casts fewer per layer and step (a
+        # model this small trains host-bound on a GPU), and the scores, up to hundreds of units
+        # apart on a 14 x 14 grid, are not rounded to bf16 before the softmax
+        with torch.autocast(weight.device.type, enabled=False):
+            # v_pos . r_ij + bias as (H, 3) @ (3, N*N): the scores come out head-major and contiguous
+            pos = torch.addmm(self.pos_proj.bias.view(-1, 1), weight, rel.t()).view(-1, N, N)
+            if pos.device.type != 'cpu':  # subnormals slow down only x86 (see the helper)
+                return pos.softmax(dim=-1)  # (H, N, N)
+            return _softmax_without_denormals(pos)
 
     def get_attention_map(self, x: torch.Tensor) -> torch.Tensor:
         """The full mixed attention A (B, H, N, N) by the explicit formula (no dropout).
@@ -450,7 +466,15 @@ class GPSA(nn.Module):
                 out = gated_attention(qkv, gate, pos_attn, self.scale).transpose(1, 2)  # (B, N, H, d)
             return self.proj_drop(self.proj(out.reshape(B, N, C)))
 
-        q, k, v = self._qkv(x).view(B, N, 3, H, d).unbind(2)  # (B, N, H, d) each
+        qkv = self._qkv(x).view(B, N, 3, H, d)
+        if (USE_FUSED_CUDA_KERNEL and not torch.is_grad_enabled() and not torch.compiler.is_compiling()
+                and _gpsa_triton.available(qkv, d)):
+            # inference: both terms and the mix in one Triton kernel, written (B, N, H, d); under
+            # torch.compile the SDPA path below, which inductor fuses around
+            pos_attn, content_weight = self._mixing_terms(self._grid_for(N), qkv.dtype)
+            out = _gpsa_triton.gated_attention_inference(qkv, pos_attn, content_weight, self.scale)
+            return self.proj_drop(self.proj(out.view(B, N, C)))
+        q, k, v = qkv.unbind(2)  # (B, N, H, d) each
         q, k = q.transpose(1, 2), k.transpose(1, 2)  # (B, H, N, d)
         # content term, fused: (B, H, N, d), scaled by (1 - s) afterwards
         content = F.scaled_dot_product_attention(q, k, v.transpose(1, 2))
@@ -458,7 +482,8 @@ class GPSA(nn.Module):
         # positional term: one GEMM per head for the whole batch, (H, N, N) @ (H, N, B*d)
         pos_out = torch.bmm(pos_attn, v.permute(2, 1, 0, 3).reshape(H, N, B * d))  # (H, N, B*d)
         pos_out = pos_out.view(H, N, B, d).permute(2, 1, 0, 3)  # (B, N, H, d)
-        if torch.is_grad_enabled():  # (an out= op has no backward)
+        if torch.is_grad_enabled() or torch.compiler.is_compiling():  # (an out= op has no backward;
+            # under torch.compile, functionalised, out= would keep pos_out's head-major layout)
             out = torch.addcmul(pos_out, content.transpose(1, 2), content_weight)  # (B, N, H, d), v's dtype
         else:  # written (B, N, H, d)-contiguous, so the reshape below is a view, not a copy (left to
             # itself, addcmul lays its output out as pos_out, head-major)

@@ -1,0 +1,178 @@
+"""GPSA's attention core for CUDA inference as one Triton kernel (see `ls_convit`'s module doc).
+
+Per (batch, head, block of queries) it runs flash attention's loop over the keys and, in the same
+loop, multiplies the block of s * P (the gated positional attention, input-independent) with the
+same block of values:
+
+    out = (1 - s) * softmax(Q K^T / sqrt(d)) V + (s * P) V        (B, N, H, d)
+
+so the values are read once, neither term is written out on its own, and the mix lands in the
+layout the output projection reads. Two things make it quicker than fused SDPA plus a GEMM for
+P @ V at GPSA's shapes besides the saved passes: q, k and v are read straight from the qkv
+projection's (B, N, 3, H, d) output (no head-major copies), and a head width that is a sum of
+two powers of two (ConViT-Ti's 48 = 32 + 16) is multiplied as two exact pieces instead of being
+padded to the next power of two. Other widths keep the SDPA path. Measured on an H100 in bf16
+(`benchmarks/gpsa_cuda_core.py`): 111-118 vs 164-166 us per call at 224 px (batch 256), 79 vs
+174 us at 32 px (batch 1024).
+
+Inference only (no backward); fp16/bf16 only (fp32 inputs would run tl.dot in TF32, which
+changes the numbers; the module's fp32 path stays exact). `available()` says whether it can run.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+__all__ = ['available', 'gated_attention_inference', 'head_pieces']
+
+_DTYPES = (torch.float16, torch.bfloat16)
+
+
+@functools.lru_cache(maxsize=None)
+def _triton():
+    try:
+        import triton
+        import triton.language as tl
+    except ImportError:  # CPU-only torch builds ship without Triton
+        return None
+    return triton, tl
+
+
+def available(x: torch.Tensor, head_dim: int) -> bool:
+    """True where the fused kernel can run: `x` a CUDA half-precision tensor, a head width it
+    multiplies exactly (`head_pieces`), Triton present."""
+    return x.is_cuda and x.dtype in _DTYPES and head_pieces(head_dim) is not None and _triton() is not None
+
+
+def head_pieces(head_dim: int) -> tuple[int, int] | None:
+    """(D0, D1): the head width as one power of two >= 16 (D1 = 0) or as the sum of two (ConViT's
+    48 = 32 + 16); None for any other width (those keep fused SDPA + P @ V)."""
+    d0 = 1 << (head_dim.bit_length() - 1)
+    rest = head_dim - d0
+    if d0 < 16:
+        return None
+    if rest == 0:
+        return d0, 0
+    if rest >= 16 and rest & (rest - 1) == 0:
+        return d0, rest
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel():
+    triton, tl = _triton()
+
+    configs = [triton.Config({'BLOCK_M': m, 'BLOCK_N': n}, num_warps=w, num_stages=s)
+               for m, n, w, s in ((32, 32, 2, 2), (32, 64, 2, 2), (32, 64, 4, 2), (64, 32, 4, 2),
+                                  (64, 64, 4, 2), (64, 64, 4, 3), (128, 32, 4, 2), (128, 64, 4, 2),
+                                  (128, 64, 8, 2), (64, 128, 4, 2))]
+
+    @triton.jit
+    def gpsa_fwd(qkv_ptr, pos_ptr, content_weight_ptr, out_ptr, N, qk_scale,
+                 stride_qkv_b, stride_qkv_n, stride_pos_h, stride_pos_n, stride_out_b, stride_out_n,
+                 H: tl.constexpr, D: tl.constexpr, D0: tl.constexpr, D1: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+        # qkv (B, N, 3, H, D) with unit strides inside a token; pos = s * P (H, N, N) with unit
+        # stride along keys;
+        # out (B, N, H, D) with unit strides inside a token; content_weight = 1 - s (H,)
+        pid_m = tl.program_id(0)
+        pid_bh = tl.program_id(1)
+        b = pid_bh // H
+        h = pid_bh % H
+        C = H * D
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_d0 = tl.arange(0, D0)
+        mask_m = offs_m < N
+        base = qkv_ptr + b.to(tl.int64) * stride_qkv_b + h * D
+        q_rows = base + offs_m[:, None] * stride_qkv_n
+        q0 = tl.load(q_rows + offs_d0[None, :], mask=mask_m[:, None], other=0.)
+        if D1 > 0:
+            offs_d1 = D0 + tl.arange(0, D1)
+            q1 = tl.load(q_rows + offs_d1[None, :], mask=mask_m[:, None], other=0.)
+            acc1 = tl.zeros((BLOCK_M, D1), dtype=tl.float32)
+            pacc1 = tl.zeros((BLOCK_M, D1), dtype=tl.float32)
+        m_i = tl.full((BLOCK_M,), float('-inf'), dtype=tl.float32)
+        l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
+        acc0 = tl.zeros((BLOCK_M, D0), dtype=tl.float32)  # content term, unnormalised
+        pacc0 = tl.zeros((BLOCK_M, D0), dtype=tl.float32)  # positional term
+        pos_rows = pos_ptr + h * stride_pos_h + offs_m[:, None] * stride_pos_n
+
+        for start_n in range(0, N, BLOCK_N):
+            offs_n = start_n + tl.arange(0, BLOCK_N)
+            mask_n = offs_n < N
+            k_cols = base + C + offs_n[None, :] * stride_qkv_n  # K^T block (D, BLOCK_N)
+            v_rows = base + 2 * C + offs_n[:, None] * stride_qkv_n  # V block (BLOCK_N, D)
+            k0 = tl.load(k_cols + offs_d0[:, None], mask=mask_n[None, :], other=0.)
+            scores = tl.dot(q0, k0)
+            if D1 > 0:
+                k1 = tl.load(k_cols + offs_d1[:, None], mask=mask_n[None, :], other=0.)
+                scores = tl.dot(q1, k1, scores)
+            scores = tl.where(mask_n[None, :], scores * qk_scale, float('-inf'))  # log2 units
+            m_new = tl.maximum(m_i, tl.max(scores, 1))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(scores - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            m_i = m_new
+            pos = tl.load(pos_rows + offs_n[None, :], mask=mask_m[:, None] & mask_n[None, :], other=0.)
+            v0 = tl.load(v_rows + offs_d0[None, :], mask=mask_n[:, None], other=0.)
+            p = p.to(v0.dtype)
+            acc0 = tl.dot(p, v0, acc0 * alpha[:, None])
+            pacc0 = tl.dot(pos, v0, pacc0)
+            if D1 > 0:
+                v1 = tl.load(v_rows + offs_d1[None, :], mask=mask_n[:, None], other=0.)
+                acc1 = tl.dot(p, v1, acc1 * alpha[:, None])
+                pacc1 = tl.dot(pos, v1, pacc1)
+
+        weight = tl.load(content_weight_ptr + h).to(tl.float32) / l_i  # (1 - s) / row sum
+        out_rows = out_ptr + b.to(tl.int64) * stride_out_b + offs_m[:, None] * stride_out_n + h * D
+        out0 = acc0 * weight[:, None] + pacc0
+        tl.store(out_rows + offs_d0[None, :], out0.to(out_ptr.dtype.element_ty), mask=mask_m[:, None])
+        if D1 > 0:
+            out1 = acc1 * weight[:, None] + pacc1
+            tl.store(out_rows + offs_d1[None, :], out1.to(out_ptr.dtype.element_ty), mask=mask_m[:, None])
+
+    return gpsa_fwd, triton.autotune(configs=configs, key=['N', 'H', 'D'])(gpsa_fwd)
+
+
+# (N, H, d, dtype, device) -> the autotuner's pick, so later calls launch the plain kernel: the
+# autotuner's per-call bookkeeping costs about as much host time as the launch itself, and a batch
+# of a small model on a GPU can be host-bound (measured on an H100: 41 us per call through the
+# autotuner, 26 us direct)
+_LAUNCH_CONFIG: dict[tuple, dict] = {}
+
+
+def gated_attention_inference(qkv: torch.Tensor, pos: torch.Tensor, content_weight: torch.Tensor,
+                              scale: float) -> torch.Tensor:
+    """(1 - s) softmax(Q K^T * scale) V + (s P) V for qkv (B, N, 3, H, d) (the projection's output,
+    any layout with unit stride inside a token), pos = s * P (H, N, N) and content_weight = 1 - s
+    (H elements, contiguous); returns (B, N, H, d) contiguous in qkv's dtype. No autograd."""
+    B, N, three, H, d = qkv.shape
+    strides = qkv.stride()
+    if three != 3 or strides[4] != 1 or strides[3] != d or strides[2] != H * d:
+        raise ValueError(f'qkv must be (B, N, 3, H, d) with each token contiguous; got {tuple(qkv.shape)} '
+                         f'strides {strides}')
+    pieces = head_pieces(d)
+    if pieces is None:
+        raise ValueError(f'head width {d} is neither a power of two >= 16 nor a sum of two; see available()')
+    pos = pos.to(qkv.dtype)
+    if pos.stride(2) != 1:
+        pos = pos.contiguous()
+    out = torch.empty((B, N, H, d), dtype=qkv.dtype, device=qkv.device)
+    args = (qkv, pos, content_weight, out, N, scale * 1.4426950408889634,  # log2(e): exp2 in-kernel
+            strides[0], strides[1], pos.stride(0), pos.stride(1), N * H * d, H * d)
+    shape = dict(H=H, D=d, D0=pieces[0], D1=pieces[1])
+    plain, autotuned = _kernel()
+    if not qkv.is_cuda:  # Triton's interpreter (TRITON_INTERPRET=1), which the CPU tests run
+        plain[(-(-N // 32), B * H)](*args, **shape, BLOCK_M=32, BLOCK_N=32)
+        return out
+    key = (N, H, d, qkv.dtype, qkv.device)
+    meta = _LAUNCH_CONFIG.get(key)
+    if meta is None:  # the first call for these sizes tunes the blocks and launches the best
+        autotuned[lambda m: (-(-N // m['BLOCK_M']), B * H)](*args, **shape)
+        best = autotuned.best_config
+        _LAUNCH_CONFIG[key] = dict(best.kwargs, num_warps=best.num_warps, num_stages=best.num_stages)
+        return out
+    plain[(-(-N // meta['BLOCK_M']), B * H)](*args, **shape, **meta)
+    return out
