@@ -304,3 +304,13 @@ def test_gpu_path_compiles_for_inference(monkeypatch):
     compiled = torch.compile(model, fullgraph=True, backend='aot_eager')  # no codegen: seconds
     with torch.inference_mode():
         torch.testing.assert_close(compiled(x), model(x))
+
+
+def test_forward_on_the_meta_device():
+    """Shape inference on the meta device (no data) runs through GPSA, whose positional attention
+    turns autocast off only where autocast exists (not on meta)."""
+    with torch.device('meta'):
+        model = LocalityConViT(**NANO)
+        assert model(torch.empty(2, 1, 28, 28)).shape == (2, 10)
+        with torch.inference_mode():
+            assert model.eval()(torch.empty(2, 1, 28, 28)).shape == (2, 10)

@@ -63,6 +63,7 @@ moves between `LocalityConViT` and timm's `ConVit` unchanged (same keys, same sh
 * `drop_rate` is the dropout of the original ConViT/DeiT code: after the position embedding, on
   the attention projection output and in the MLP (timm's `drop_rate` is the classifier dropout).
 """
+import contextlib
 import math
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple, Union
 
@@ -390,7 +391,9 @@ class GPSA(nn.Module):
         # in the parameters' dtype even under autocast: three casts fewer per layer and step (a
         # model this small trains host-bound on a GPU), and the scores, up to hundreds of units
         # apart on a 14 x 14 grid, are not rounded to bf16 before the softmax
-        with torch.autocast(weight.device.type, enabled=False):
+        device_type = weight.device.type
+        with (torch.autocast(device_type, enabled=False) if torch.amp.is_autocast_available(device_type)
+              else contextlib.nullcontext()):  # (no autocast on the meta device, say)
             # v_pos . r_ij + bias as (H, 3) @ (3, N*N): the scores come out head-major and contiguous
             pos = torch.addmm(self.pos_proj.bias.view(-1, 1), weight, rel.t()).view(-1, N, N)
             if pos.device.type != 'cpu':  # subnormals slow down only x86 (see the helper)
