@@ -11,9 +11,9 @@ layout the output projection reads. Two things make it quicker than fused SDPA p
 P @ V at GPSA's shapes besides the saved passes: q, k and v are read straight from the qkv
 projection's (B, N, 3, H, d) output (no head-major copies), and a head width that is a sum of
 two powers of two (ConViT-Ti's 48 = 32 + 16) is multiplied as two exact pieces instead of being
-padded to the next power of two. Other widths keep the SDPA path. Measured on an H100 in bf16
-(`benchmarks/gpsa_cuda_core.py`): 111-118 vs 164-166 us per call at 224 px (batch 256), 79 vs
-174 us at 32 px (batch 1024).
+padded to the next power of two. Other widths keep the SDPA path. Measured on an H100 in bf16,
+GPU time per call (the timing `benchmarks/gpsa_cuda_core.py` repeats): 111-118 vs 164-166 us at
+224 px (batch 256, 196 tokens), 79 vs 174 us at 32 px (batch 1024, 64 tokens).
 
 Inference only (no backward); fp16/bf16 only (fp32 inputs would run tl.dot in TF32, which
 changes the numbers; the module's fp32 path stays exact). `available()` says whether it can run.
@@ -74,9 +74,8 @@ def _kernel():
                  stride_qkv_b, stride_qkv_n, stride_pos_h, stride_pos_n, stride_out_b, stride_out_n,
                  H: tl.constexpr, D: tl.constexpr, D0: tl.constexpr, D1: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-        # qkv (B, N, 3, H, D) with unit strides inside a token; pos = s * P (H, N, N) with unit
-        # stride along keys;
-        # out (B, N, H, D) with unit strides inside a token; content_weight = 1 - s (H,)
+        # qkv (B, N, 3, H, D) and out (B, N, H, D), each token contiguous; pos = s * P (H, N, N),
+        # unit stride along the keys; content_weight = 1 - s (H,)
         pid_m = tl.program_id(0)
         pid_bh = tl.program_id(1)
         b = pid_bh // H

@@ -388,9 +388,9 @@ class GPSA(nn.Module):
         N = grid[0] * grid[1]
         weight = self.pos_proj.weight
         rel = self.rel_indices.to(weight.dtype).view(N * N, 3)
-        # in the parameters' dtype even under autocast: three casts fewer per layer and step (a
-        # model this small trains host-bound on a GPU), and the scores, up to hundreds of units
-        # apart on a 14 x 14 grid, are not rounded to bf16 before the softmax
+        # in the parameters' dtype even under autocast: none of the casts autocast would add (8
+        # per layer and training step; a model this small trains host-bound on a GPU), and the
+        # scores, up to hundreds of units apart on a 14 x 14 grid, are not rounded to bf16
         device_type = weight.device.type
         with (torch.autocast(device_type, enabled=False) if torch.amp.is_autocast_available(device_type)
               else contextlib.nullcontext()):  # (no autocast on the meta device, say)
