@@ -89,6 +89,51 @@ def test_measure_model_caches_per_architecture(tmp_path):
     assert not uncached["throughput_cached"]
 
 
+def _scripted_rounds(monkeypatch, rounds):
+    """Replace the timed rounds by `rounds`: (seconds per batch, CPU share) each, in order."""
+    from trainers import throughput
+    script = iter(rounds)
+    calls = []
+
+    def timed_round(model, x, repeats, device):
+        per_batch, share = next(script)
+        calls.append(per_batch)
+        return [per_batch] * repeats, share
+
+    monkeypatch.setattr(throughput, "_timed_round", timed_round)
+    monkeypatch.setattr(throughput, "CPU_RETRY_PAUSE_S", 0.0)
+    return calls
+
+
+def test_cpu_throughput_is_timed_again_when_another_process_took_cores(monkeypatch):
+    """A round timed while another process held a core (the share of CPU time this process got is
+    below the floor: Ray starting beside a study's first trial halved one measurement) is not
+    kept: the next round, with the CPU to itself, is."""
+    from trainers.throughput import measure_throughput
+    calls = _scripted_rounds(monkeypatch, [(0.4, 0.64), (0.2, 0.99), (0.1, 1.0)])
+    result = measure_throughput(timm.create_model("ls_convit_nano"), input_shape=(1, 28, 28), batch_size=8,
+                                warmup=0, repeats=3)
+    assert calls == [0.4, 0.2]  # stopped at the first uncontended round
+    assert result.images_per_s == pytest.approx(8 / 0.2) and result.rounds == 2 and result.cpu_share == 0.99
+
+
+def test_cpu_throughput_keeps_the_fastest_round_when_the_cpu_stays_busy(monkeypatch):
+    from trainers import throughput
+    calls = _scripted_rounds(monkeypatch, [(0.5, 0.6), (0.3, 0.7), (0.4, 0.6), (0.35, 0.6), (0.45, 0.6), (0.1, 1.0)])
+    result = throughput.measure_throughput(timm.create_model("ls_convit_nano"), input_shape=(1, 28, 28),
+                                           batch_size=8, warmup=0, repeats=3)
+    assert len(calls) == throughput.CPU_ATTEMPTS == 5  # bounded: a busy machine costs a few rounds, not more
+    assert result.images_per_s == pytest.approx(8 / 0.3) and result.rounds == 2 and result.cpu_share == 0.7
+
+
+def test_cpu_share_of_a_real_round(monkeypatch):
+    """The share is measured, not assumed: a real round reports a positive share and at least one round."""
+    from trainers.throughput import measure_throughput
+    result = measure_throughput(timm.create_model("ls_convit_nano"), input_shape=(1, 28, 28), batch_size=8,
+                                warmup=1, repeats=2)
+    assert result.cpu_share > 0 and 1 <= result.rounds and result.images_per_s > 0
+
+
 def test_measure_model_measures_again_when_the_model_code_changes(tmp_path, monkeypatch):
     """A cached number belongs to the code that was timed: edit the model's source, get a new measurement."""
     source = tmp_path / "edited_model.py"

@@ -2,7 +2,8 @@
 
 Throughput depends on the architecture, the input and the device, not on the training
 settings, so it is measured once per architecture and reused: eval mode, inference mode, a
-fixed batch, warm-up iterations, synchronised timing, the median of several repeats.
+fixed batch, warm-up iterations, synchronised timing, the median of several repeats; on the CPU,
+timed again when another process took cores meanwhile (:func:`measure_throughput`).
 
 The cache (:func:`measure_model` with a ``cache_dir``) is keyed by the architecture's
 fingerprint -- ``repr(model)`` (every module and its sizes) plus every parameter's and buffer's
@@ -61,6 +62,8 @@ class ThroughputResult:
     precision: str  # fp32 | bf16 | fp16
     threads: int
     torch_version: str
+    cpu_share: float = 1.0  # the kept round's share of threads x wall time this process ran (CPU)
+    rounds: int = 1  # rounds timed until one had the CPU to itself (see measure_throughput)
 
 
 def device_name(device: torch.device) -> str:
@@ -112,6 +115,30 @@ def count_flops(model: nn.Module, input_shape: tuple[int, int, int]) -> int:
     return int(counter.get_total_flops())
 
 
+# A CPU measurement is kept only when this process had the CPU to itself: alone, its threads keep
+# their cores busy (process CPU time ~ threads x wall: 0.99 measured for the micro families on a
+# 2-core VM), while another busy process (Ray starting its dashboard beside a study's first trial,
+# say) takes a core and slows the forward 2-3x (CPU share 0.63-0.68). Below this share the round is
+# timed again after a pause, up to CPU_ATTEMPTS rounds, and the fastest round is kept.
+CPU_SHARE_FLOOR = 0.9
+CPU_ATTEMPTS = 5
+CPU_RETRY_PAUSE_S = 1.0
+
+
+def _timed_round(model: nn.Module, x: torch.Tensor, repeats: int, device: torch.device) -> tuple[list[float], float]:
+    """Seconds per batch over ``repeats`` batches, and the share of the CPU this process had while
+    timing them (its CPU time over threads x wall time; 1 when its threads never waited for a core)."""
+    times = []
+    cpu_start, wall_start = time.process_time(), time.perf_counter()
+    for _ in range(repeats):
+        start = time.perf_counter()
+        model(x)
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    wall = time.perf_counter() - wall_start
+    return times, (time.process_time() - cpu_start) / max(wall * torch.get_num_threads(), 1e-9)
+
+
 def measure_throughput(
     model: nn.Module,
     *,
@@ -122,7 +149,8 @@ def measure_throughput(
     precision: str = "auto",
     channels_last: bool = False,
 ) -> ThroughputResult:
-    """Images per second of ``model``'s forward pass, median over ``repeats`` timed batches."""
+    """Images per second of ``model``'s forward pass, median over ``repeats`` timed batches. On the
+    CPU a round timed while another process took cores is timed again (see CPU_SHARE_FLOOR)."""
     device = next(model.parameters()).device
     precision = resolve_precision(precision, device)
     was_training = model.training
@@ -130,18 +158,21 @@ def measure_throughput(
     x = torch.randn((batch_size, *input_shape), device=device)
     if channels_last:
         x = x.contiguous(memory_format=torch.channels_last)
-    times = []
+    best = None  # (median seconds per batch, CPU share, rounds timed)
     with torch.inference_mode(), _autocast(precision, device):
         for _ in range(warmup):
             model(x)
         _sync(device)
-        for _ in range(repeats):
-            start = time.perf_counter()
-            model(x)
-            _sync(device)
-            times.append(time.perf_counter() - start)
+        for attempt in range(1, CPU_ATTEMPTS + 1):
+            times, cpu_share = _timed_round(model, x, repeats, device)
+            median = statistics.median(times)
+            if best is None or median < best[0]:
+                best = (median, cpu_share, attempt)
+            if device.type != "cpu" or cpu_share >= CPU_SHARE_FLOOR or attempt == CPU_ATTEMPTS:
+                break
+            time.sleep(CPU_RETRY_PAUSE_S)  # let the other work pass
     model.train(was_training)
-    median = statistics.median(times)
+    median, cpu_share, rounds = best
     return ThroughputResult(
         images_per_s=batch_size / median,
         median_batch_s=median,
@@ -151,6 +182,8 @@ def measure_throughput(
         precision=precision,
         threads=torch.get_num_threads(),
         torch_version=str(torch.__version__),  # TorchVersion would not load with weights_only
+        cpu_share=cpu_share,
+        rounds=rounds,
     )
 
 
