@@ -63,7 +63,7 @@ class ThroughputResult:
     threads: int
     torch_version: str
     cpu_share: float = 1.0  # the kept round's share of threads x wall time this process ran (CPU)
-    rounds: int = 1  # rounds timed until one had the CPU to itself (see measure_throughput)
+    kept_round: int = 1  # which round was kept: 1 when the first had the CPU to itself (see measure_throughput)
 
 
 def device_name(device: torch.device) -> str:
@@ -158,7 +158,7 @@ def measure_throughput(
     x = torch.randn((batch_size, *input_shape), device=device)
     if channels_last:
         x = x.contiguous(memory_format=torch.channels_last)
-    best = None  # (median seconds per batch, CPU share, rounds timed)
+    best = None  # (median seconds per batch, CPU share, which round)
     with torch.inference_mode(), _autocast(precision, device):
         for _ in range(warmup):
             model(x)
@@ -172,7 +172,7 @@ def measure_throughput(
                 break
             time.sleep(CPU_RETRY_PAUSE_S)  # let the other work pass
     model.train(was_training)
-    median, cpu_share, rounds = best
+    median, cpu_share, kept_round = best
     return ThroughputResult(
         images_per_s=batch_size / median,
         median_batch_s=median,
@@ -183,7 +183,7 @@ def measure_throughput(
         threads=torch.get_num_threads(),
         torch_version=str(torch.__version__),  # TorchVersion would not load with weights_only
         cpu_share=cpu_share,
-        rounds=rounds,
+        kept_round=kept_round,
     )
 
 
