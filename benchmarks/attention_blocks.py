@@ -5,7 +5,9 @@
     python -m benchmarks.attention_blocks --device cuda --precisions fp32 bf16   # bf16: autocast, as AMP trains
 
 Layers (all dim 96, 4 heads, the width of the *_micro models):
-  plain      fused scaled_dot_product_attention (ls_convit.MHSA, what DeiT blocks run)
+  plain      the families' plain attention (`MHSA`): fused scaled_dot_product_attention, or on a CPU
+             with bf16 GEMMs under bf16 autocast the explicit core (`_attention_core`)
+  plain_fused  (CPU bf16 only) the same layer on the fused kernel (PLAIN_ATTENTION_ON_EXPLICIT_CORE off)
   gmm_K      Gaussian Mixture Mask attention with K kernels per head (explicit scores, mask, softmax)
   refiner_r  Refiner attention with expansion ratio r, 3x3 kernel (plus a class token, as in the model)
   gpsa       ConViT's GPSA, for reference
@@ -23,16 +25,19 @@ import time
 import torch
 
 from benchmarks._env import autocast, setup_process, sync, write_result
+from trainers.models import _attention_core
 from trainers.models.ls_convit import GPSA, MHSA
 from trainers.models.ls_gmm import GMMAttention
 from trainers.models.ls_refiner import RefinedAttention
 
 
-def _layers(dim: int, heads: int, tokens: int) -> dict[str, tuple[torch.nn.Module, int]]:
+def _layers(dim: int, heads: int, tokens: int, plain_fused: bool) -> dict[str, tuple[torch.nn.Module, int]]:
     """name -> (layer, extra prefix tokens it expects)."""
     side = math.isqrt(tokens)
     grid = (side, side)
     layers: dict[str, tuple[torch.nn.Module, int]] = {"plain": (MHSA(dim, num_heads=heads), 0)}
+    if plain_fused:
+        layers["plain_fused"] = (MHSA(dim, num_heads=heads), 0)
     for k in (1, 3, 5):
         layers[f"gmm_K{k}"] = (GMMAttention(dim, num_heads=heads, num_kernels=k, grid_size=grid), 0)
     for r in (1, 2, 4, 6):
@@ -45,7 +50,9 @@ def run(*, batch: int, tokens: int, dim: int, heads: int, repeats: int, warmup: 
         bf16: bool = False) -> dict:
     dev = torch.device(device)
     torch.manual_seed(0)
-    layers = {name: (layer.to(dev), extra) for name, (layer, extra) in _layers(dim, heads, tokens).items()}
+    plain_fused = dev.type == "cpu" and bf16  # where the two differ
+    layers = {name: (layer.to(dev), extra)
+              for name, (layer, extra) in _layers(dim, heads, tokens, plain_fused).items()}
     inputs = {name: torch.randn(batch, tokens + extra, dim, device=dev, requires_grad=True)
               for name, (_, extra) in layers.items()}
 
@@ -53,13 +60,17 @@ def run(*, batch: int, tokens: int, dim: int, heads: int, repeats: int, warmup: 
         layer, x = layers[name][0], inputs[name]
         layer.zero_grad(set_to_none=True)
         x.grad = None
-        sync(dev)
-        start = time.perf_counter()
-        with autocast(dev, "bf16" if bf16 else "fp32"):
-            y = layer(x)
-        y.float().sum().backward()
-        sync(dev)
-        return time.perf_counter() - start
+        _attention_core.PLAIN_ATTENTION_ON_EXPLICIT_CORE = name != "plain_fused"
+        try:
+            sync(dev)
+            start = time.perf_counter()
+            with autocast(dev, "bf16" if bf16 else "fp32"):
+                y = layer(x)
+            y.float().sum().backward()
+            sync(dev)
+            return time.perf_counter() - start
+        finally:
+            _attention_core.PLAIN_ATTENTION_ON_EXPLICIT_CORE = True
 
     for _ in range(warmup):
         for name in layers:
@@ -108,7 +119,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"[{args.device} {precision}] batch={args.batch} tokens={tokens} dim={args.dim} "
                   f"heads={args.heads} threads={torch.get_num_threads()}")
             for name, seconds in result["median_s"].items():
-                print(f"  {name:<11} {seconds * 1e3:8.2f} ms   {result['ratio_to_plain'][name]:5.2f}x plain")
+                print(f"  {name:<12} {seconds * 1e3:8.2f} ms   {result['ratio_to_plain'][name]:5.2f}x plain")
     path = write_result("attention_blocks", results, device=args.device)
     print(f"-> {path}")
 

@@ -43,6 +43,10 @@ against the DeiT-Ti of the group per mode and precision (and the compiled pair, 
 On CUDA those two groups add "unfused ls_convit_tiny": the same model (same weights) with GPSA's
 fused Triton inference kernel switched off (fused SDPA + P @ V), and `fused_kernel_gain` (with
 over without; only fp16/bf16 inference takes the kernel, so the other columns read about 1).
+On the CPU the convit and micro groups add "fused-MHSA ls_convit_*": the same model with its plain
+attention blocks on torch's fused kernel instead of the explicit core (which they take under bf16
+autocast on a CPU with bf16 GEMMs, `trainers/models/_attention_core.py`), and `explicit_core_gain`
+(with over without; the fp32 columns read about 1).
 """
 
 from __future__ import annotations
@@ -56,11 +60,12 @@ import timm
 import torch
 
 import trainers.models  # noqa: F401  (registers the ls_* families)
-from trainers.models import ls_convit
+from trainers.models import _attention_core, ls_convit
 from benchmarks._env import autocast, setup_process, sync, write_result
 
 IMAGENET = dict(num_classes=1000, in_chans=3)
 UNFUSED = "unfused "  # label prefix: ls_convit_tiny with GPSA's CUDA inference kernel off
+FUSED_MHSA = "fused-MHSA "  # label prefix: a CPU ls_convit with its plain attention on torch's fused kernel
 
 
 def _converted(name: str, **kwargs) -> torch.nn.Module:
@@ -84,27 +89,37 @@ def _convit_pair(img_size: int, patch_size: int) -> tuple[torch.nn.Module, torch
     return ref, ours, diff
 
 
-class _WithoutFusedKernel(torch.nn.Module):
-    """A ConViT run with GPSA's CUDA inference kernel switched off (fused SDPA + P @ V instead), sharing
-    the wrapped model's weights: the kernel's gain, timed in the same rotation."""
+class _WithPathOff(torch.nn.Module):
+    """A model run with one of its fast paths switched off (a module's flag, False during the
+    forward, which picks the path its backward follows), sharing the wrapped model's weights: the
+    path's gain, timed in the same rotation."""
 
-    def __init__(self, model: torch.nn.Module):
+    def __init__(self, model: torch.nn.Module, module, flag: str):
         super().__init__()
-        self.model = model
+        self.model, self.module, self.flag = model, module, flag
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        saved = ls_convit.USE_FUSED_CUDA_KERNEL
-        ls_convit.USE_FUSED_CUDA_KERNEL = False
+        saved = getattr(self.module, self.flag)
+        setattr(self.module, self.flag, False)
         try:
             return self.model(x)
         finally:
-            ls_convit.USE_FUSED_CUDA_KERNEL = saved
+            setattr(self.module, self.flag, saved)
+
+
+def _without_fused_cuda_kernel(model: torch.nn.Module) -> torch.nn.Module:
+    return _WithPathOff(model, ls_convit, "USE_FUSED_CUDA_KERNEL")
+
+
+def _with_fused_mhsa(model: torch.nn.Module) -> torch.nn.Module:
+    return _WithPathOff(model, _attention_core, "PLAIN_ATTENTION_ON_EXPLICIT_CORE")
 
 
 def _group(name: str, *, cuda: bool = False
            ) -> tuple[dict[str, Callable[[], torch.nn.Module]], str, tuple[int, int, int], dict]:
     """name -> builders, the baseline's name, the input shape, extra facts. On CUDA the convit and
-    px32 groups add ls_convit_tiny without its fused inference kernel (same weights)."""
+    px32 groups add ls_convit_tiny without its fused inference kernel (same weights); on the CPU the
+    convit and micro groups add ls_convit with its plain attention on the fused kernel."""
     extra: dict = {}
     def cached_pair(img_size: int, patch: int) -> Callable[[], tuple]:
         """timm's ConViT and ours with the same weights, built once (both builders share it)."""
@@ -124,7 +139,9 @@ def _group(name: str, *, cuda: bool = False
             "deit_tiny_patch16_224": lambda: timm.create_model("deit_tiny_patch16_224"),
         }
         if cuda:
-            builders[UNFUSED + "ls_convit_tiny"] = lambda: _WithoutFusedKernel(pair()[1])
+            builders[UNFUSED + "ls_convit_tiny"] = lambda: _without_fused_cuda_kernel(pair()[1])
+        else:
+            builders[FUSED_MHSA + "ls_convit_tiny"] = lambda: _with_fused_mhsa(pair()[1])
         return builders, "timm convit_tiny", (3, 224, 224), extra
     if name in ("tiny", "small"):
         deit = f"deit_{name}_patch16_224"
@@ -144,7 +161,7 @@ def _group(name: str, *, cuda: bool = False
             "timm convit_tiny (32 px, patch 4)": lambda: pair()[0],
         }
         if cuda:
-            builders[UNFUSED + "ls_convit_tiny (32 px, patch 4)"] = lambda: _WithoutFusedKernel(pair()[1])
+            builders[UNFUSED + "ls_convit_tiny (32 px, patch 4)"] = lambda: _without_fused_cuda_kernel(pair()[1])
         return builders, "deit_tiny (32 px, patch 4)", (3, 32, 32), extra
     if name == "micro":
         builders = {
@@ -154,6 +171,13 @@ def _group(name: str, *, cuda: bool = False
             "ls_refiner_micro": lambda: timm.create_model("ls_refiner_micro"),
             "ls_tcnn_resnet10_micro_s (converted)": lambda: _converted("ls_tcnn_resnet10_micro_s"),
         }
+        if not cuda:  # the same weights with its plain attention on the fused kernel
+            def convit_micro() -> torch.nn.Module:
+                if "convit_micro" not in extra:
+                    extra["convit_micro"] = timm.create_model("ls_convit_micro")
+                return extra["convit_micro"]
+            builders["ls_convit_micro"] = convit_micro
+            builders[FUSED_MHSA + "ls_convit_micro"] = lambda: _with_fused_mhsa(convit_micro())
         return builders, "deit micro (ls_convit_micro, 0 GPSA)", (1, 28, 28), extra
     raise ValueError(name)
 
@@ -267,6 +291,10 @@ def run_group(name: str, *, batch: int, repeats: int, warmup: int, device: str, 
         if f"{ours} +compile" in models and f"{deit} +compile" in models:
             out["ours_over_deit"][f"{ours} +compile / {deit} +compile"] = pair_ratios(
                 out, f"{ours} +compile", f"{deit} +compile")
+    for label in models:
+        if label.startswith(FUSED_MHSA):
+            out.setdefault("explicit_core_gain", {})[label[len(FUSED_MHSA):]] = pair_ratios(
+                out, label[len(FUSED_MHSA):], label)
     return out
 
 
@@ -303,6 +331,9 @@ def _print_group(group: str, batch: int, r: dict) -> None:
     if "fused_kernel_gain" in r:
         print("  GPSA's fused CUDA kernel, ls_convit_tiny with / without it: "
               + ", ".join(f"{key} {v:.2f}x" for key, v in r["fused_kernel_gain"].items()))
+    for label, ratios in r.get("explicit_core_gain", {}).items():
+        print(f"  {label}, plain attention on the explicit core / on the fused kernel: "
+              + ", ".join(f"{key} {v:.2f}x" for key, v in ratios.items()))
 
 
 def main(argv: list[str] | None = None) -> None:

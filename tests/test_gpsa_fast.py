@@ -3,7 +3,8 @@ the same autocast and against a float64 reference; the eval-mode positional cach
 
 The core's batched GEMMs run in bf16 on a CPU with bf16 hardware and in float32 elsewhere
 (`trainers._cpu.cpu_has_native_bf16`); the `native_bf16` fixture forces each choice, so both are
-checked on any machine (oneDNN emulates bf16 where the hardware lacks it: slower, same numbers)."""
+checked on any machine (oneDNN emulates bf16 where the hardware lacks it: slower, same numbers).
+The same core runs ConViT's plain attention blocks (`MHSA`) where the GEMMs are bf16: tested here too."""
 import copy
 
 import pytest
@@ -14,7 +15,9 @@ from timm.models.convit import ConVit as TimmConVit
 
 import trainers.models  # noqa: F401  (registers ls_convit_* with timm)
 import trainers.models.ls_convit as ls_convit
-from trainers.models.ls_convit import GPSA, LocalityConViT, gated_attention
+from trainers.models import _attention_core
+from trainers.models._attention_core import attention
+from trainers.models.ls_convit import GPSA, MHSA, LocalityConViT, gated_attention
 
 NANO = dict(img_size=28, patch_size=4, in_chans=1, num_classes=10)
 
@@ -54,7 +57,7 @@ def _rel(a, b):
 @pytest.fixture(params=[False, True], ids=['gemms_fp32', 'gemms_bf16'])
 def native_bf16(request, monkeypatch):
     """Run the test as on a CPU without (False) and with (True) bf16 hardware."""
-    monkeypatch.setattr(ls_convit, 'cpu_has_native_bf16', lambda: request.param)
+    monkeypatch.setattr(_attention_core, 'cpu_has_native_bf16', lambda: request.param)
     return request.param
 
 
@@ -160,6 +163,67 @@ def test_gated_attention_bfloat16_inputs(native_bf16):
     with torch.no_grad(), _GemmDtypes() as gemms:  # the inference core: the same numbers
         torch.testing.assert_close(gated_attention(qkv, gate, pos, 0.3), y.detach(), rtol=0, atol=0)
     assert gemms.seen == ({torch.bfloat16} if native_bf16 else {torch.float32})
+
+
+def test_plain_attention_core_bfloat16_inputs(native_bf16):
+    """`attention`, the core without a positional term (plain attention where the GEMMs are bf16):
+    against the float32 formula; the gradient in qkv's dtype and layout; inference the same numbers."""
+    gen = torch.Generator().manual_seed(0)
+    B, H, N, d = 3, 4, 17, 8
+    qkv = torch.randn(B, N, 3, H, d, generator=gen).bfloat16().permute(2, 0, 3, 1, 4)  # as the linear writes it
+    w = torch.randn(B, H, N, d, generator=gen)
+    q32 = qkv.float().detach().requires_grad_()
+    q, k, v = q32
+    y_ref = torch.softmax(q @ k.transpose(-2, -1) * 0.3, -1) @ v
+    (y_ref * w).sum().backward()
+
+    linear_out = qkv.permute(1, 3, 0, 2, 4).detach().requires_grad_()
+    x = linear_out.permute(2, 0, 3, 1, 4)  # a non-leaf view: its gradient comes as the core returns it
+    with _GemmDtypes() as gemms:
+        y = attention(x, 0.3)
+        d_x, = torch.autograd.grad((y.float() * w).sum(), x)
+    assert gemms.seen == ({torch.bfloat16} if native_bf16 else {torch.float32})
+    assert y.dtype == torch.bfloat16 and y.shape == (B, H, N, d)
+    torch.testing.assert_close(y.float(), y_ref.bfloat16().float(), rtol=0, atol=0.02)
+    assert d_x.dtype == torch.bfloat16 and d_x.stride() == x.stride()
+    torch.testing.assert_close(d_x.float(), q32.grad, rtol=2e-2, atol=2e-2 * q32.grad.abs().max().item())
+    with torch.no_grad():  # the inference core: the same numbers
+        torch.testing.assert_close(attention(qkv, 0.3), y.detach(), rtol=0, atol=0)
+    # float64: exact up to rounding, and the gradient checked numerically
+    q64 = torch.randn(3, 2, 2, 5, 4, dtype=torch.float64, generator=gen).requires_grad_()
+    a, b, c = q64
+    torch.testing.assert_close(attention(q64, 0.7), torch.softmax(a @ b.transpose(-2, -1) * 0.7, -1) @ c,
+                               rtol=0, atol=1e-12)
+    assert torch.autograd.gradcheck(lambda t: attention(t, 0.7), (q64,))
+
+
+@pytest.mark.parametrize('train', [True, False], ids=['train', 'inference'])
+def test_mhsa_under_bf16_autocast_runs_the_explicit_core_where_gemms_are_bf16(train, native_bf16, monkeypatch):
+    torch.manual_seed(0)
+    layer = MHSA(48, num_heads=4)
+    exact = copy.deepcopy(layer).double()
+    x = torch.randn(4, 50, 48)
+    w = torch.randn(4, 50, 48, dtype=torch.float64)
+    y_64, gx_64, gp_64 = _run(exact, x.double(), w, None)
+
+    def run():
+        with _GemmDtypes() as gemms:
+            if train:
+                return _run(layer, x, w, torch.bfloat16), gemms.seen
+            with torch.no_grad(), torch.autocast('cpu', dtype=torch.bfloat16):
+                return (layer(x), None, None), gemms.seen
+
+    (y, gx, gp), seen = run()
+    # with bf16 GEMMs the explicit core (batched GEMMs, in bf16); else torch's fused kernel (none)
+    assert seen == ({torch.bfloat16} if native_bf16 else set())
+    assert y.dtype == torch.bfloat16 and _rel(y.double(), y_64) < 3e-2
+    if train:
+        assert _rel(gx, gx_64) < 3e-2
+        for name, g in gp.items():
+            assert _rel(g, gp_64[name]) < 6e-2, name
+    monkeypatch.setattr(_attention_core, 'PLAIN_ATTENTION_ON_EXPLICIT_CORE', False)  # the switch: fused kernel
+    (y_fused, _, _), seen = run()
+    assert seen == set() and _rel(y_fused.double(), y_64) < 3e-2
 
 
 def test_gpsa_in_bfloat16_weights():

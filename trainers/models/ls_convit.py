@@ -31,8 +31,8 @@ moves between `LocalityConViT` and timm's `ConVit` unchanged (same keys, same sh
 * Where it runs (all exact, same numbers up to rounding; `benchmarks/gpsa_layer.py` times them):
   - the q, k and v projections are one matmul (the `qk` and `v` weights concatenated per call in
     training, once for inference like P; the parameters and state-dict keys stay timm's);
-  - on the CPU (training and inference): `gated_attention`, one autograd function
-    for the attention core. Forward: S = Q K^T / sqrt(d) (one batched GEMM), softmax, the mixed
+  - on the CPU (training and inference): `gated_attention` (`_attention_core`, shared with the
+    plain `MHSA` blocks), one autograd function for the attention core. Forward: S = Q K^T / sqrt(d) (one batched GEMM), softmax, the mixed
     A = (1 - s) softmax(S) + s P (one pass, P broadcast over the batch), A @ V. Backward by hand
     from the saved softmax and A: dV = A^T dO, dA = dO V^T, dS = (1 - s) / sqrt(d) * softmax'(dA),
     dQ = dS K, dK = dS^T Q; the gate's and P's gradients from sum_b dA (skipped when frozen).
@@ -75,8 +75,8 @@ from timm.layers import DropPath, LayerNorm, Mlp, PatchEmbed, calculate_drop_pat
 from timm.models import generate_default_cfgs, register_model
 from timm.models._features_fx import register_notrace_module
 
-from trainers._cpu import cpu_has_native_bf16
 from trainers.models import _gpsa_triton
+from trainers.models._attention_core import CPU_CORE_DTYPES, FULL_PRECISION, attention_inference, gated_attention
 from trainers.models._common import (
     MHSA, GridSize, _build_without_weights, _cfg, _check_int, _check_real, _fashion_mnist_cfg, _gated_param_groups,
     _pair, _patch_tokens,
@@ -125,165 +125,9 @@ def _square_grid(num_patches: int) -> GridSize:
     return side, side
 
 
-_FULL_PRECISION = (torch.float32, torch.float64)
 # CUDA inference in fp16/bf16 runs GPSA's core as one Triton kernel (`_gpsa_triton`); False keeps
 # fused SDPA + P @ V there too (the benchmarks time both side by side).
 USE_FUSED_CUDA_KERNEL = True
-_CPU_CORE_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
-
-
-def _gemm_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype of the core's batched GEMMs: float32/64 as given; bfloat16 as given on a CPU that
-    multiplies it natively (as autocast's own matmuls do; there its batched GEMMs at GPSA's sizes
-    run 3-5x faster than float32 ones: 1024 x 49 x 49 scores in 0.29 vs 1.57 ms on a 2-core AMD
-    EPYC with AVX512-BF16); float32 otherwise (emulated bf16 or fp16, slower than float32)."""
-    if dtype in _FULL_PRECISION or (dtype == torch.bfloat16 and cpu_has_native_bf16()):
-        return dtype
-    return torch.float32
-
-
-def _map_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype of the softmax, the mixing with P and the maps' gradients: float64 for float64,
-    else float32 (as autocast keeps softmax in float32)."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
-def _as_gemm(qkv: torch.Tensor) -> torch.Tensor:
-    """qkv contiguous in its GEMM dtype: the layout copy and any cast in one pass."""
-    dtype = _gemm_dtype(qkv.dtype)
-    if qkv.dtype == dtype:
-        return qkv.contiguous()
-    return torch.empty(qkv.shape, dtype=dtype, device=qkv.device).copy_(qkv)
-
-
-def _as_output(out: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """The core's (B, H, N, d) result in `dtype`: as computed when the dtypes agree, else cast in
-    one pass into a (B, N, H, d)-contiguous buffer (returned as its (B, H, N, d) view), so the
-    caller's transpose + reshape to (B, N, C) is free."""
-    if out.dtype == dtype:
-        return out
-    B, H, N, d = out.shape
-    return torch.empty(B, N, H, d, dtype=dtype, device=out.device).copy_(out.transpose(1, 2)).transpose(1, 2)
-
-
-def _gated_attention_forward(qkv: torch.Tensor, gate: torch.Tensor, pos: torch.Tensor,
-                             scale: float) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(out (B, H, N, d), softmax(S) and A (B*H, N, N)) for `gated_attention`'s inputs: qkv
-    (3, B, H, N, d) contiguous in the GEMM dtype (out and A come in it too); gate and pos in the
-    map dtype (softmax(S) too)."""
-    _, B, H, N, d = qkv.shape
-    q, k, v = qkv.view(3, B * H, N, d).unbind(0)  # (B*H, N, d) each
-    scores = torch.baddbmm(qkv.new_empty(B * H, N, N), q, k.transpose(1, 2), beta=0., alpha=scale)  # S
-    soft = torch.softmax(scores, dim=-1, dtype=pos.dtype)  # (B*H, N, N)
-    del scores
-    g = gate.view(H, 1, 1)
-    # A = s P + (1 - s) softmax(S), computed in the map dtype and written in the GEMM dtype
-    attn = torch.addcmul(g * pos, soft.view(B, H, N, N), 1. - g, out=qkv.new_empty(B, H, N, N))
-    out = torch.bmm(attn.view(B * H, N, N), v)  # (B*H, N, d)
-    return out.view(B, H, N, d), soft, attn.view(B * H, N, N)
-
-
-class _GatedAttention(torch.autograd.Function):
-    """The GPSA core with a hand-written backward (see `gated_attention`).
-
-    gate and pos come in the map dtype (float32/64); qkv may be bfloat16/float16 (from an autocast
-    linear). The batched GEMMs run in `_gemm_dtype(qkv.dtype)` (qkv cast on the way in when that
-    differs, the output cast back on the way out), the softmax, the mixing and the maps' gradients
-    in the map dtype; the qkv gradient comes back in qkv's dtype and memory layout. Autocast is off
-    inside, so every op runs in the dtype chosen here.
-    """
-
-    @staticmethod
-    def forward(ctx, qkv: torch.Tensor, gate: torch.Tensor, pos: torch.Tensor, scale: float) -> torch.Tensor:
-        with torch.autocast('cpu', enabled=False):
-            qkv_gemm = _as_gemm(qkv)
-            out, soft, attn = _gated_attention_forward(qkv_gemm, gate, pos, scale)
-        ctx.save_for_backward(qkv_gemm, gate, pos, soft, attn)
-        ctx.scale = scale
-        ctx.in_dtype = qkv.dtype
-        # qkv's strides as empty_like keeps them (dense layouts only), for its gradient
-        ctx.in_strides = torch.empty_like(qkv, device='meta').stride()
-        return _as_output(out, qkv.dtype)
-
-    @staticmethod
-    def backward(ctx, d_out: torch.Tensor):
-        with torch.autocast('cpu', enabled=False):
-            return _GatedAttention._backward(ctx, d_out)
-
-    @staticmethod
-    def _backward(ctx, d_out: torch.Tensor):
-        qkv, gate, pos, soft, attn = ctx.saved_tensors
-        _, B, H, N, d = qkv.shape
-        q, k, v = qkv.view(3, B * H, N, d).unbind(0)
-        if d_out.dtype == qkv.dtype:
-            d_out = d_out.reshape(B * H, N, d)
-        else:  # cast and lay out for the batched GEMMs in one pass
-            d_out = torch.empty(B, H, N, d, dtype=qkv.dtype, device=qkv.device).copy_(d_out).view(B * H, N, d)
-        d_qkv = torch.empty_like(qkv)  # filled in place: no stacking copy afterwards
-        dq, dk, dv = d_qkv.view(3, B * H, N, d).unbind(0)
-        d_attn = torch.bmm(d_out, v.transpose(1, 2)).to(soft.dtype)  # dA (B*H, N, N), in the map dtype
-        torch.bmm(attn.transpose(1, 2), d_out, out=dv)
-        d_gate = d_pos = None
-        if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
-            d_attn_sum = d_attn.view(B, H, N, N).sum(0)  # (H, N, N)
-            if ctx.needs_input_grad[2]:
-                d_pos = d_attn_sum * gate.view(H, 1, 1)  # dA/dP = s
-            if ctx.needs_input_grad[1]:  # dA/ds = P - softmax(S)
-                soft_dot = torch.linalg.vecdot(d_attn.view(B, H, N * N), soft.view(B, H, N * N)).sum(0)  # (H,)
-                d_gate = (d_attn_sum * pos).sum((1, 2)) - soft_dot
-        # dS = softmax'(dA) * (1 - s) / sqrt(d), then in the GEMM dtype for dQ and dK
-        d_scores = torch._softmax_backward_data(d_attn, soft, -1, soft.dtype)  # (B*H, N, N)
-        del d_attn
-        d_scores.view(B, H, N, N).mul_(((1. - gate) * ctx.scale).view(H, 1, 1))
-        d_scores = d_scores.to(qkv.dtype)
-        torch.bmm(d_scores, k, out=dq)
-        torch.bmm(d_scores.transpose(1, 2), q, out=dk)
-        if ctx.in_dtype != d_qkv.dtype or ctx.in_strides != d_qkv.stride():
-            # back to qkv's dtype and layout (the linear's (B, N, 3, H, d)): one pass, and the
-            # linear's backward then reads it without a copy
-            d_in = torch.empty_strided(d_qkv.shape, ctx.in_strides, dtype=ctx.in_dtype, device=d_qkv.device)
-            d_qkv = d_in.copy_(d_qkv)
-        return d_qkv, d_gate, d_pos, None
-
-
-def gated_attention(qkv: torch.Tensor, gate: torch.Tensor, pos: torch.Tensor, scale: float) -> torch.Tensor:
-    """((1 - s) softmax(Q K^T * scale) + s P) @ V per head, differentiable in all three inputs.
-
-    qkv: (3, B, H, N, d), any strides (q, k, v stacked); gate: s (H,) in [0, 1]; pos: P (H, N, N),
-    shared by the batch. Returns (B, H, N, d) in qkv's dtype. Forms the B x H x N x N maps (saved
-    for the backward), so it is meant for the CPU, where that beats the fused kernels at GPSA's
-    sizes. Precision follows CPU autocast: for bfloat16/float16 qkv the softmax, the mixing with P
-    and the maps' gradients are float32; the batched GEMMs run in bfloat16 (accumulating in float32)
-    on a CPU that multiplies it natively (`cpu_has_native_bf16`), else in float32 (fp16, or
-    emulated bf16, where float32 GEMMs are the quicker ones).
-    """
-    dtype = _map_dtype(qkv.dtype)
-    gate, pos = gate.to(dtype), pos.to(dtype)
-    if not torch.is_grad_enabled() or not any(t.requires_grad for t in (qkv, gate, pos)):
-        with torch.autocast('cpu', enabled=False):
-            out = _gated_attention_inference(_as_gemm(qkv.transpose(1, 2)), gate, pos, scale)  # (H, B, N, d)
-            return _as_output(out.transpose(0, 1), qkv.dtype)
-    return _GatedAttention.apply(qkv, gate, pos, scale)
-
-
-def _gated_attention_inference(qkv: torch.Tensor, gate: torch.Tensor, pos: torch.Tensor, scale: float) -> torch.Tensor:
-    """`gated_attention` with nothing kept for a backward: the H*B x N x N maps updated in place
-    where the dtypes allow (one buffer in float32/64).
-
-    qkv: (3, H, B, N, d) contiguous in the GEMM dtype, heads first (see `GPSA._qkv_heads_first`);
-    gate and pos in the map dtype. Returns (H, B, N, d) in the GEMM dtype.
-    """
-    _, H, B, N, d = qkv.shape
-    q, k, v = qkv.view(3, H * B, N, d).unbind(0)
-    attn = torch.baddbmm(qkv.new_empty(H * B, N, N), q, k.transpose(1, 2), beta=0., alpha=scale)  # S
-    if attn.dtype == pos.dtype:
-        torch._softmax(attn, -1, False, out=attn)  # softmax(S), row by row in place
-        attn.view(H, B, N, N).lerp_(pos.unsqueeze(1), gate.view(H, 1, 1, 1))  # (1 - s) softmax(S) + s P
-    else:  # as the training core: the mix in the map dtype, written in the GEMM dtype
-        soft = torch.softmax(attn, -1, dtype=pos.dtype).view(H, B, N, N)
-        g = gate.view(H, 1, 1, 1)
-        torch.addcmul(g * pos.unsqueeze(1), soft, 1. - g, out=attn.view(H, B, N, N))
-    return torch.bmm(attn, v).view(H, B, N, d)
 
 
 @register_notrace_module  # reason: the rel_indices cache is Python control flow
@@ -445,7 +289,7 @@ class GPSA(nn.Module):
         """The explicit core (`gated_attention`): on the CPU, for training and inference alike, in
         float32/64 and in bfloat16/float16 (CPU autocast, or a model cast to that dtype); see the
         module doc. Elsewhere (CUDA) fused SDPA + P @ V."""
-        return x.device.type == 'cpu' and x.dtype in _CPU_CORE_DTYPES
+        return x.device.type == 'cpu' and x.dtype in CPU_CORE_DTYPES
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, N, C = x.shape
@@ -460,9 +304,9 @@ class GPSA(nn.Module):
         if self._use_gated_attention(x):
             gate = torch.sigmoid(self.gating_param)  # (H,)
             pos_attn = self.positional_attention(self._grid_for(N))  # P (H, N, N)
-            if not torch.is_grad_enabled() and x.dtype in _FULL_PRECISION and not torch.is_autocast_enabled('cpu'):
+            if not torch.is_grad_enabled() and x.dtype in FULL_PRECISION and not torch.is_autocast_enabled('cpu'):
                 # inference: q, k, v come out of their matmul already laid out for the core
-                out = _gated_attention_inference(self._qkv_heads_first(x), gate, pos_attn.to(x.dtype), self.scale)
+                out = attention_inference(self._qkv_heads_first(x), self.scale, gate, pos_attn.to(x.dtype))
                 out = out.permute(1, 2, 0, 3)  # (H, B, N, d) -> (B, N, H, d)
             else:
                 qkv = self._qkv(x).view(B, N, 3, H, d).permute(2, 0, 3, 1, 4)  # (3, B, H, N, d) view

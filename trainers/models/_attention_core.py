@@ -1,0 +1,207 @@
+"""The explicit attention core for the CPU: softmax(Q K^T * scale) @ V from the B x H x N x N maps,
+optionally mixed with a positional attention shared by the batch (GPSA: (1 - s) softmax + s P),
+with a hand-written backward.
+
+At the token counts of these models (N <= 197) the maps are small and the GEMMs batched, so on a
+2-core CPU this beats torch's fused attention kernels where its GEMMs can run in bf16 (CPU autocast
+on bf16 hardware; README, Performance): the whole attention layer, forward + backward, 1.3-1.4x;
+in float32 the two are even, so plain attention keeps the fused kernel there (`use_explicit_core`).
+GPSA runs this core on the CPU in every dtype: fused kernels have no positional term.
+
+Precision follows CPU autocast: for bfloat16/float16 qkv the softmax, the mixing with P and the
+maps' gradients are float32; the batched GEMMs run in bfloat16 (accumulating in float32) on a CPU
+that multiplies it natively (`cpu_has_native_bf16`), else in float32 (fp16, or emulated bf16, where
+float32 GEMMs are the quicker ones). No map is rounded twice.
+"""
+from typing import Optional, Tuple
+
+import torch
+
+from trainers._cpu import cpu_has_native_bf16
+
+__all__ = ['CPU_CORE_DTYPES', 'FULL_PRECISION', 'PLAIN_ATTENTION_ON_EXPLICIT_CORE', 'attention', 'attention_inference', 'gated_attention', 'use_explicit_core']
+
+FULL_PRECISION = (torch.float32, torch.float64)
+CPU_CORE_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+# False: plain attention (`MHSA`) keeps torch's fused kernel on the CPU in bf16 too (the benchmarks
+# time both side by side); GPSA is not affected
+PLAIN_ATTENTION_ON_EXPLICIT_CORE = True
+
+
+def gemm_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype of the core's batched GEMMs: float32/64 as given; bfloat16 as given on a CPU that
+    multiplies it natively (as autocast's own matmuls do; there its batched GEMMs at GPSA's sizes
+    run 3-5x faster than float32 ones: 1024 x 49 x 49 scores in 0.29 vs 1.57 ms on a 2-core AMD
+    EPYC with AVX512-BF16); float32 otherwise (emulated bf16 or fp16, slower than float32)."""
+    if dtype in FULL_PRECISION or (dtype == torch.bfloat16 and cpu_has_native_bf16()):
+        return dtype
+    return torch.float32
+
+
+def use_explicit_core(qkv: torch.Tensor) -> bool:
+    """Whether plain attention on `qkv` (the projection's output) is quicker through this core than
+    through torch's fused kernel: on the CPU when its GEMMs run in bf16 (see the module doc)."""
+    return (PLAIN_ATTENTION_ON_EXPLICIT_CORE and qkv.device.type == 'cpu' and qkv.dtype == torch.bfloat16
+            and gemm_dtype(qkv.dtype) == torch.bfloat16)
+
+
+def _map_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype of the softmax, the mixing with P and the maps' gradients: float64 for float64,
+    else float32 (as autocast keeps softmax in float32)."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def as_gemm(qkv: torch.Tensor) -> torch.Tensor:
+    """qkv contiguous in its GEMM dtype: the layout copy and any cast in one pass."""
+    dtype = gemm_dtype(qkv.dtype)
+    if qkv.dtype == dtype:
+        return qkv.contiguous()
+    return torch.empty(qkv.shape, dtype=dtype, device=qkv.device).copy_(qkv)
+
+
+def _as_output(out: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The core's (B, H, N, d) result in `dtype`: as computed when the dtypes agree, else cast in
+    one pass into a (B, N, H, d)-contiguous buffer (returned as its (B, H, N, d) view), so the
+    caller's transpose + reshape to (B, N, C) is free."""
+    if out.dtype == dtype:
+        return out
+    B, H, N, d = out.shape
+    return torch.empty(B, N, H, d, dtype=dtype, device=out.device).copy_(out.transpose(1, 2)).transpose(1, 2)
+
+
+def _attention_forward(qkv: torch.Tensor, gate: Optional[torch.Tensor], pos: Optional[torch.Tensor],
+                       scale: float) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(out (B, H, N, d), softmax(S) and A (B*H, N, N)) for `_Attention`'s inputs: qkv
+    (3, B, H, N, d) contiguous in the GEMM dtype (out and A come in it too); gate and pos (or
+    None: A = softmax(S)) in the map dtype, softmax(S) too."""
+    _, B, H, N, d = qkv.shape
+    q, k, v = qkv.view(3, B * H, N, d).unbind(0)  # (B*H, N, d) each
+    scores = torch.baddbmm(qkv.new_empty(B * H, N, N), q, k.transpose(1, 2), beta=0., alpha=scale)  # S
+    soft = torch.softmax(scores, dim=-1, dtype=_map_dtype(qkv.dtype))  # (B*H, N, N)
+    del scores
+    if pos is None:
+        attn = soft.to(qkv.dtype)  # (soft itself in float32/64)
+    else:
+        g = gate.view(H, 1, 1)
+        # A = s P + (1 - s) softmax(S), computed in the map dtype and written in the GEMM dtype
+        attn = torch.addcmul(g * pos, soft.view(B, H, N, N), 1. - g, out=qkv.new_empty(B, H, N, N))
+    out = torch.bmm(attn.view(B * H, N, N), v)  # (B*H, N, d)
+    return out.view(B, H, N, d), soft, attn.view(B * H, N, N)
+
+
+class _Attention(torch.autograd.Function):
+    """The core with a hand-written backward (see `attention` and `gated_attention`).
+
+    gate and pos (both None for plain attention) come in the map dtype (float32/64); qkv may be
+    bfloat16/float16 (from an autocast linear). The batched GEMMs run in `gemm_dtype(qkv.dtype)`
+    (qkv cast on the way in when that differs, the output cast back on the way out), the softmax,
+    the mixing and the maps' gradients in the map dtype; the qkv gradient comes back in qkv's dtype
+    and memory layout. Autocast is off inside, so every op runs in the dtype chosen here.
+    """
+
+    @staticmethod
+    def forward(ctx, qkv: torch.Tensor, gate: Optional[torch.Tensor], pos: Optional[torch.Tensor],
+                scale: float) -> torch.Tensor:
+        with torch.autocast('cpu', enabled=False):
+            qkv_gemm = as_gemm(qkv)
+            out, soft, attn = _attention_forward(qkv_gemm, gate, pos, scale)
+        ctx.save_for_backward(qkv_gemm, gate, pos, soft, attn)
+        ctx.scale = scale
+        ctx.in_dtype = qkv.dtype
+        # qkv's strides as empty_like keeps them (dense layouts only), for its gradient
+        ctx.in_strides = torch.empty_like(qkv, device='meta').stride()
+        return _as_output(out, qkv.dtype)
+
+    @staticmethod
+    def backward(ctx, d_out: torch.Tensor):
+        with torch.autocast('cpu', enabled=False):
+            return _Attention._backward(ctx, d_out)
+
+    @staticmethod
+    def _backward(ctx, d_out: torch.Tensor):
+        qkv, gate, pos, soft, attn = ctx.saved_tensors
+        _, B, H, N, d = qkv.shape
+        q, k, v = qkv.view(3, B * H, N, d).unbind(0)
+        if d_out.dtype == qkv.dtype:
+            d_out = d_out.reshape(B * H, N, d)
+        else:  # cast and lay out for the batched GEMMs in one pass
+            d_out = torch.empty(B, H, N, d, dtype=qkv.dtype, device=qkv.device).copy_(d_out).view(B * H, N, d)
+        d_qkv = torch.empty_like(qkv)  # filled in place: no stacking copy afterwards
+        dq, dk, dv = d_qkv.view(3, B * H, N, d).unbind(0)
+        d_attn = torch.bmm(d_out, v.transpose(1, 2)).to(soft.dtype)  # dA (B*H, N, N), in the map dtype
+        torch.bmm(attn.transpose(1, 2), d_out, out=dv)
+        d_gate = d_pos = None
+        if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
+            d_attn_sum = d_attn.view(B, H, N, N).sum(0)  # (H, N, N)
+            if ctx.needs_input_grad[2]:
+                d_pos = d_attn_sum * gate.view(H, 1, 1)  # dA/dP = s
+            if ctx.needs_input_grad[1]:  # dA/ds = P - softmax(S)
+                soft_dot = torch.linalg.vecdot(d_attn.view(B, H, N * N), soft.view(B, H, N * N)).sum(0)  # (H,)
+                d_gate = (d_attn_sum * pos).sum((1, 2)) - soft_dot
+        # dS = softmax'(dA) * (1 - s) * scale, then in the GEMM dtype for dQ and dK
+        d_scores = torch._softmax_backward_data(d_attn, soft, -1, soft.dtype)  # (B*H, N, N)
+        del d_attn
+        if gate is None:
+            d_scores.mul_(ctx.scale)
+        else:
+            d_scores.view(B, H, N, N).mul_(((1. - gate) * ctx.scale).view(H, 1, 1))
+        d_scores = d_scores.to(qkv.dtype)
+        torch.bmm(d_scores, k, out=dq)
+        torch.bmm(d_scores.transpose(1, 2), q, out=dk)
+        if ctx.in_dtype != d_qkv.dtype or ctx.in_strides != d_qkv.stride():
+            # back to qkv's dtype and layout (the linear's (B, N, 3, H, d)): one pass, and the
+            # linear's backward then reads it without a copy
+            d_in = torch.empty_strided(d_qkv.shape, ctx.in_strides, dtype=ctx.in_dtype, device=d_qkv.device)
+            d_qkv = d_in.copy_(d_qkv)
+        return d_qkv, d_gate, d_pos, None
+
+
+def _core(qkv: torch.Tensor, gate: Optional[torch.Tensor], pos: Optional[torch.Tensor], scale: float) -> torch.Tensor:
+    if not torch.is_grad_enabled() or not any(t is not None and t.requires_grad for t in (qkv, gate, pos)):
+        with torch.autocast('cpu', enabled=False):
+            out = attention_inference(as_gemm(qkv.transpose(1, 2)), scale, gate, pos)  # (H, B, N, d)
+            return _as_output(out.transpose(0, 1), qkv.dtype)
+    return _Attention.apply(qkv, gate, pos, scale)
+
+
+def attention(qkv: torch.Tensor, scale: float) -> torch.Tensor:
+    """softmax(Q K^T * scale) @ V per head, differentiable in qkv.
+
+    qkv: (3, B, H, N, d), any strides (q, k, v stacked, as a (B, N, 3, H, d) projection output
+    permuted). Returns (B, H, N, d) in qkv's dtype (see the module doc for the precision)."""
+    return _core(qkv, None, None, scale)
+
+
+def gated_attention(qkv: torch.Tensor, gate: torch.Tensor, pos: torch.Tensor, scale: float) -> torch.Tensor:
+    """((1 - s) softmax(Q K^T * scale) + s P) @ V per head, differentiable in all three inputs.
+
+    qkv: (3, B, H, N, d), any strides (q, k, v stacked); gate: s (H,) in [0, 1]; pos: P (H, N, N),
+    shared by the batch. Returns (B, H, N, d) in qkv's dtype. Forms the B x H x N x N maps (saved
+    for the backward), so it is meant for the CPU (see the module doc).
+    """
+    dtype = _map_dtype(qkv.dtype)
+    return _core(qkv, gate.to(dtype), pos.to(dtype), scale)
+
+
+def attention_inference(qkv: torch.Tensor, scale: float, gate: Optional[torch.Tensor] = None,
+                        pos: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The core with nothing kept for a backward: the H*B x N x N maps updated in place where the
+    dtypes allow (one buffer in float32/64).
+
+    qkv: (3, H, B, N, d) contiguous in the GEMM dtype, heads first (see `GPSA._qkv_heads_first`);
+    gate and pos in the map dtype, or None for plain attention. Returns (H, B, N, d) in the GEMM
+    dtype.
+    """
+    _, H, B, N, d = qkv.shape
+    q, k, v = qkv.view(3, H * B, N, d).unbind(0)
+    attn = torch.baddbmm(qkv.new_empty(H * B, N, N), q, k.transpose(1, 2), beta=0., alpha=scale)  # S
+    if pos is None:  # the softmax in float32 inside torch's kernel, written in the GEMM dtype
+        torch._softmax(attn, -1, False, out=attn)
+    elif attn.dtype == pos.dtype:
+        torch._softmax(attn, -1, False, out=attn)  # softmax(S), row by row in place
+        attn.view(H, B, N, N).lerp_(pos.unsqueeze(1), gate.view(H, 1, 1, 1))  # (1 - s) softmax(S) + s P
+    else:  # as the training core: the mix in the map dtype, written in the GEMM dtype
+        soft = torch.softmax(attn, -1, dtype=pos.dtype).view(H, B, N, N)
+        g = gate.view(H, 1, 1, 1)
+        torch.addcmul(g * pos.unsqueeze(1), soft, 1. - g, out=attn.view(H, B, N, N))
+    return torch.bmm(attn, v).view(H, B, N, d)
