@@ -19,7 +19,10 @@ import torch
 
 from trainers._cpu import cpu_has_native_bf16
 
-__all__ = ['CPU_CORE_DTYPES', 'FULL_PRECISION', 'PLAIN_ATTENTION_ON_EXPLICIT_CORE', 'attention', 'attention_inference', 'gated_attention', 'use_explicit_core']
+__all__ = [
+    'CPU_CORE_DTYPES', 'FULL_PRECISION', 'PLAIN_ATTENTION_ON_EXPLICIT_CORE', 'attention', 'attention_inference',
+    'gated_attention', 'use_explicit_core',
+]
 
 FULL_PRECISION = (torch.float32, torch.float64)
 CPU_CORE_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)

@@ -32,10 +32,11 @@ moves between `LocalityConViT` and timm's `ConVit` unchanged (same keys, same sh
   - the q, k and v projections are one matmul (the `qk` and `v` weights concatenated per call in
     training, once for inference like P; the parameters and state-dict keys stay timm's);
   - on the CPU (training and inference): `gated_attention` (`_attention_core`, shared with the
-    plain `MHSA` blocks), one autograd function for the attention core. Forward: S = Q K^T / sqrt(d) (one batched GEMM), softmax, the mixed
-    A = (1 - s) softmax(S) + s P (one pass, P broadcast over the batch), A @ V. Backward by hand
-    from the saved softmax and A: dV = A^T dO, dA = dO V^T, dS = (1 - s) / sqrt(d) * softmax'(dA),
-    dQ = dS K, dK = dS^T Q; the gate's and P's gradients from sum_b dA (skipped when frozen).
+    plain `MHSA` blocks), one autograd function for the attention core. Forward: S = Q K^T /
+    sqrt(d) (one batched GEMM), softmax, the mixed A = (1 - s) softmax(S) + s P (one pass, P
+    broadcast over the batch), A @ V. Backward by hand from the saved softmax and A: dV = A^T dO,
+    dA = dO V^T, dS = (1 - s) / sqrt(d) * softmax'(dA), dQ = dS K, dK = dS^T Q; the gate's and
+    P's gradients from sum_b dA (skipped when frozen).
     On a 2-core CPU this beats fused SDPA plus a separate P @ V: the maps are small (N <= 196)
     and the GEMMs batched. Without autograd the same core runs in place on one buffer, and (fp32/64,
     no autocast) q, k and v come out of one batched matmul already head-major, so the layout copy
