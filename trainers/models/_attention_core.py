@@ -45,7 +45,7 @@ def use_explicit_core(qkv: torch.Tensor) -> bool:
     """Whether plain attention on `qkv` (the projection's output) is quicker through this core than
     through torch's fused kernel: on the CPU when its GEMMs run in bf16 (see the module doc)."""
     return (PLAIN_ATTENTION_ON_EXPLICIT_CORE and qkv.device.type == 'cpu' and qkv.dtype == torch.bfloat16
-            and gemm_dtype(qkv.dtype) == torch.bfloat16)
+            and cpu_has_native_bf16())
 
 
 def _map_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -198,13 +198,12 @@ def attention_inference(qkv: torch.Tensor, scale: float, gate: Optional[torch.Te
     _, H, B, N, d = qkv.shape
     q, k, v = qkv.view(3, H * B, N, d).unbind(0)
     attn = torch.baddbmm(qkv.new_empty(H * B, N, N), q, k.transpose(1, 2), beta=0., alpha=scale)  # S
-    if pos is None:  # the softmax in float32 inside torch's kernel, written in the GEMM dtype
-        torch._softmax(attn, -1, False, out=attn)
-    elif attn.dtype == pos.dtype:
-        torch._softmax(attn, -1, False, out=attn)  # softmax(S), row by row in place
-        attn.view(H, B, N, N).lerp_(pos.unsqueeze(1), gate.view(H, 1, 1, 1))  # (1 - s) softmax(S) + s P
-    else:  # as the training core: the mix in the map dtype, written in the GEMM dtype
-        soft = torch.softmax(attn, -1, dtype=pos.dtype).view(H, B, N, N)
+    if pos is not None and attn.dtype != pos.dtype:  # as the training core: the mix in the map dtype,
+        soft = torch.softmax(attn, -1, dtype=pos.dtype).view(H, B, N, N)  # written in the GEMM dtype
         g = gate.view(H, 1, 1, 1)
         torch.addcmul(g * pos.unsqueeze(1), soft, 1. - g, out=attn.view(H, B, N, N))
+    else:  # softmax(S), row by row in place (bf16: computed in float32 inside torch's kernel)
+        torch._softmax(attn, -1, False, out=attn)
+        if pos is not None:
+            attn.view(H, B, N, N).lerp_(pos.unsqueeze(1), gate.view(H, 1, 1, 1))  # (1 - s) softmax(S) + s P
     return torch.bmm(attn, v).view(H, B, N, d)
