@@ -170,6 +170,19 @@ def _prepare_data(spec: SearchSpec, cache_dir: str | os.PathLike | None, out: Te
     return data
 
 
+def _prepare_cpu_kernel() -> None:
+    """Trials on this machine's CPU run the attention core's fused map kernel: built here (once per
+    machine and source, ~10 s) before any trial waits for it; where it cannot be built, one warning
+    says why and trials run the same passes as separate torch ops."""
+    import torch
+
+    if torch.cuda.is_available():
+        return  # trials here train on the GPU, which has its own kernels
+    from trainers.models import _attention_maps
+
+    _attention_maps.kernels()
+
+
 DASHBOARD_FLAG = "--allow-remote-dashboard"
 
 
@@ -313,6 +326,7 @@ def run_study(
     _check_experiment_dir(location)
     exp_dir = location.local  # with a URI: the staging folder, uploaded after every write
     data = _prepare_data(spec, cache_dir, out)
+    _prepare_cpu_kernel()
     _init_ray(address, dashboard_host, out)
 
     exp_dir.mkdir(parents=True, exist_ok=True)
@@ -510,6 +524,7 @@ def _resume(location: StudyLocation, *, address: str | None, cache_dir: str | os
     plain.pop("source", None)
     spec = from_dict(SearchSpec, plain, SpecLocation(str(meta_path)))
     data = _prepare_data(spec, cache_dir, out)
+    _prepare_cpu_kernel()
     _init_ray(address, dashboard_host, out)
     print(f"resuming study {spec.name} in {location}", file=out, flush=True)
     # The searcher, the scheduler and the store callback come back from Tune's own snapshot; the
