@@ -113,7 +113,6 @@ inline void softmax_row(const T* s, int64_t n, float* e, float& row_max, float& 
   row_inv = 1.f / _mm512_reduce_add_ps(sum);
 }
 
-
 // f.template operator()<T>() with T the C++ type of `dtype` (float32 or bfloat16)
 template <typename F>
 void dispatch(at::ScalarType dtype, F&& f) {
