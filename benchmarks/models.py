@@ -46,10 +46,10 @@ over without; only fp16/bf16 inference takes the kernel, so the other columns re
 On the CPU the convit and micro groups add "fused-MHSA ls_convit_*": the same model with its plain
 attention blocks on torch's fused kernel instead of the explicit core (which they take under bf16
 autocast on a CPU with bf16 GEMMs, `trainers/models/_attention_core.py`), and `explicit_core_gain`
-(with over without; the fp32 columns read about 1). They also add "separate-map-ops ls_convit_*":
-the same model with the attention core's passes over its maps as separate torch ops instead of the
-fused CPU kernel (`trainers/models/_attention_maps.py`, where it is built), and
-`fused_map_kernel_gain` (with over without).
+(with over without; the fp32 columns read about 1). They also add "torch-ops-core ls_convit_*":
+the same model with its attention core on torch ops instead of the fused CPU kernel
+(`trainers/models/_attention_kernel.py`, where it is built; bf16 only, so the fp32 columns read
+about 1), and `cpu_kernel_gain` (with over without).
 """
 
 from __future__ import annotations
@@ -63,13 +63,13 @@ import timm
 import torch
 
 import trainers.models  # noqa: F401  (registers the ls_* families)
-from trainers.models import _attention_core, _attention_maps, ls_convit
+from trainers.models import _attention_core, _attention_kernel, ls_convit
 from benchmarks._env import autocast, setup_process, sync, write_result
 
 IMAGENET = dict(num_classes=1000, in_chans=3)
 UNFUSED = "unfused "  # label prefix: ls_convit_tiny with GPSA's CUDA inference kernel off
 FUSED_MHSA = "fused-MHSA "  # label prefix: a CPU ls_convit with its plain attention on torch's fused kernel
-SEPARATE_MAP_OPS = "separate-map-ops "  # label prefix: a CPU ls_convit without the fused map kernel
+TORCH_OPS_CORE = "torch-ops-core "  # label prefix: a CPU ls_convit without the fused attention kernel
 
 
 def _converted(name: str, **kwargs) -> torch.nn.Module:
@@ -119,8 +119,8 @@ def _with_fused_mhsa(model: torch.nn.Module) -> torch.nn.Module:
     return _WithPathOff(model, _attention_core, "PLAIN_ATTENTION_ON_EXPLICIT_CORE")
 
 
-def _with_separate_map_ops(model: torch.nn.Module) -> torch.nn.Module:
-    return _WithPathOff(model, _attention_maps, "USE_FUSED_KERNEL")
+def _with_torch_ops_core(model: torch.nn.Module) -> torch.nn.Module:
+    return _WithPathOff(model, _attention_kernel, "USE_FUSED_KERNEL")
 
 
 def _group(name: str, *, cuda: bool = False
@@ -150,8 +150,8 @@ def _group(name: str, *, cuda: bool = False
             builders[UNFUSED + "ls_convit_tiny"] = lambda: _without_fused_cuda_kernel(pair()[1])
         else:
             builders[FUSED_MHSA + "ls_convit_tiny"] = lambda: _with_fused_mhsa(pair()[1])
-            if _attention_maps.kernels() is not None:
-                builders[SEPARATE_MAP_OPS + "ls_convit_tiny"] = lambda: _with_separate_map_ops(pair()[1])
+            if _attention_kernel.kernels() is not None:
+                builders[TORCH_OPS_CORE + "ls_convit_tiny"] = lambda: _with_torch_ops_core(pair()[1])
         return builders, "timm convit_tiny", (3, 224, 224), extra
     if name in ("tiny", "small"):
         deit = f"deit_{name}_patch16_224"
@@ -188,8 +188,8 @@ def _group(name: str, *, cuda: bool = False
                 return extra["convit_micro"]
             builders["ls_convit_micro"] = convit_micro
             builders[FUSED_MHSA + "ls_convit_micro"] = lambda: _with_fused_mhsa(convit_micro())
-            if _attention_maps.kernels() is not None:
-                builders[SEPARATE_MAP_OPS + "ls_convit_micro"] = lambda: _with_separate_map_ops(convit_micro())
+            if _attention_kernel.kernels() is not None:
+                builders[TORCH_OPS_CORE + "ls_convit_micro"] = lambda: _with_torch_ops_core(convit_micro())
         return builders, "deit micro (ls_convit_micro, 0 GPSA)", (1, 28, 28), extra
     raise ValueError(name)
 
@@ -304,7 +304,7 @@ def run_group(name: str, *, batch: int, repeats: int, warmup: int, device: str, 
             out["ours_over_deit"][f"{ours} +compile / {deit} +compile"] = pair_ratios(
                 out, f"{ours} +compile", f"{deit} +compile")
     for label in models:
-        for prefix, key in ((FUSED_MHSA, "explicit_core_gain"), (SEPARATE_MAP_OPS, "fused_map_kernel_gain")):
+        for prefix, key in ((FUSED_MHSA, "explicit_core_gain"), (TORCH_OPS_CORE, "cpu_kernel_gain")):
             if label.startswith(prefix):
                 out.setdefault(key, {})[label[len(prefix):]] = pair_ratios(out, label[len(prefix):], label)
     return out
@@ -346,8 +346,8 @@ def _print_group(group: str, batch: int, r: dict) -> None:
     for label, ratios in r.get("explicit_core_gain", {}).items():
         print(f"  {label}, plain attention on the explicit core / on the fused kernel: "
               + ", ".join(f"{key} {v:.2f}x" for key, v in ratios.items()))
-    for label, ratios in r.get("fused_map_kernel_gain", {}).items():
-        print(f"  {label}, the core's map passes on the fused kernel / as separate ops: "
+    for label, ratios in r.get("cpu_kernel_gain", {}).items():
+        print(f"  {label}, the attention core on the fused kernel / on torch ops: "
               + ", ".join(f"{key} {v:.2f}x" for key, v in ratios.items()))
 
 

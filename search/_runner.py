@@ -171,16 +171,18 @@ def _prepare_data(spec: SearchSpec, cache_dir: str | os.PathLike | None, out: Te
 
 
 def _prepare_cpu_kernel() -> None:
-    """Trials on this machine's CPU run the attention core's fused map kernel: built here (once per
-    machine and source, ~10 s) before any trial waits for it; where it cannot be built, one warning
-    says why and trials run the same passes as separate torch ops."""
+    """Trials on a CPU with bf16 hardware run the attention core's fused kernel: built here (once per
+    machine and source, ~15 s) before any trial waits for it; where it cannot be built, one warning
+    says why and trials run the core on torch ops."""
     import torch
 
-    if torch.cuda.is_available():
-        return  # trials here train on the GPU, which has its own kernels
-    from trainers.models import _attention_maps
+    from trainers._cpu import cpu_has_native_bf16
 
-    _attention_maps.kernels()
+    if torch.cuda.is_available() or not cpu_has_native_bf16():
+        return  # trials train on the GPU, or on a CPU whose core multiplies in float32 (no kernel)
+    from trainers.models import _attention_kernel
+
+    _attention_kernel.kernels()
 
 
 DASHBOARD_FLAG = "--allow-remote-dashboard"

@@ -15,7 +15,7 @@ from timm.models.convit import ConVit as TimmConVit
 
 import trainers.models  # noqa: F401  (registers ls_convit_* with timm)
 import trainers.models.ls_convit as ls_convit
-from trainers.models import _attention_core
+from trainers.models import _attention_core, _attention_kernel
 from trainers.models._attention_core import attention
 from trainers.models.ls_convit import GPSA, MHSA, LocalityConViT, gated_attention
 
@@ -56,8 +56,10 @@ def _rel(a, b):
 
 @pytest.fixture(params=[False, True], ids=['gemms_fp32', 'gemms_bf16'])
 def native_bf16(request, monkeypatch):
-    """Run the test as on a CPU without (False) and with (True) bf16 hardware."""
+    """Run the test as on a CPU without (False) and with (True) bf16 hardware, the core on its torch
+    ops (the fused kernel that replaces them with bf16 GEMMs: tests/test_attention_kernel.py)."""
     monkeypatch.setattr(_attention_core, 'cpu_has_native_bf16', lambda: request.param)
+    monkeypatch.setattr(_attention_kernel, 'USE_FUSED_KERNEL', False)
     return request.param
 
 

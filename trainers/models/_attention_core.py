@@ -11,16 +11,19 @@ GPSA runs this core on the CPU in every dtype: fused kernels have no positional 
 Precision follows CPU autocast: for bfloat16/float16 qkv the softmax, the mixing with P and the
 maps' gradients are float32; the batched GEMMs run in bfloat16 (accumulating in float32) on a CPU
 that multiplies it natively (`cpu_has_native_bf16`), else in float32 (fp16, or emulated bf16, where
-float32 GEMMs are the quicker ones). No map is rounded twice. With bf16 GEMMs the passes over the
-maps between them (softmax, mix, casts; their backward) run as one fused kernel per direction where
-it is built (`_attention_maps`), else as separate torch ops.
+float32 GEMMs are the quicker ones). No map is rounded twice.
+
+With bf16 GEMMs the whole core, forward and backward, runs as one fused kernel per direction where
+it is built (`_attention_kernel`: the maps formed per (batch, head) in cache and recomputed in the
+backward rather than kept, q, k, v read in the projection's layout); elsewhere, and where the
+kernel cannot be built, on the torch ops below.
 """
 from typing import Optional, Tuple
 
 import torch
 
 from trainers._cpu import cpu_has_native_bf16
-from trainers.models import _attention_maps
+from trainers.models import _attention_kernel
 
 __all__ = [
     'CPU_CORE_DTYPES', 'FULL_PRECISION', 'PLAIN_ATTENTION_ON_EXPLICIT_CORE', 'attention', 'attention_inference',
@@ -76,32 +79,39 @@ def _as_output(out: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def _attention_forward(qkv: torch.Tensor, gate: Optional[torch.Tensor], pos: Optional[torch.Tensor],
-                       scale: float) -> Tuple[torch.Tensor, torch.Tensor, Tuple[torch.Tensor, ...]]:
-    """(out (B, H, N, d), A (B*H, N, N), what the backward needs to form softmax(S)) for
-    `_Attention`'s inputs: qkv (3, B, H, N, d) contiguous in the GEMM dtype (out and A come in it
-    too); gate and pos (or None: A = softmax(S)) in the map dtype.
-
-    On the fused kernel (`_attention_maps`) that is (S, its rows' max, 1 / sum), from which the
-    backward recomputes softmax(S) bit for bit; otherwise (softmax(S),) in the map dtype."""
+                       scale: float) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(out (B, H, N, d), softmax(S) and A (B*H, N, N)) for `_Attention`'s inputs: qkv
+    (3, B, H, N, d) contiguous in the GEMM dtype (out and A come in it too); gate and pos (or
+    None: A = softmax(S)) in the map dtype, softmax(S) too."""
     _, B, H, N, d = qkv.shape
     q, k, v = qkv.view(3, B * H, N, d).unbind(0)  # (B*H, N, d) each
     scores = torch.baddbmm(qkv.new_empty(B * H, N, N), q, k.transpose(1, 2), beta=0., alpha=scale)  # S
-    if _attention_maps.usable(scores.dtype, N):
-        attn, row_max, row_inv = _attention_maps.kernels().maps_forward(
-            scores, gate, None if pos is None else pos.contiguous(), H, False, True, False)
-        softmax_from = (scores, row_max, row_inv)
+    soft = torch.softmax(scores, dim=-1, dtype=_map_dtype(qkv.dtype))  # (B*H, N, N)
+    del scores
+    if pos is None:
+        attn = soft.to(qkv.dtype)  # (soft itself in float32/64)
     else:
-        soft = torch.softmax(scores, dim=-1, dtype=_map_dtype(qkv.dtype))  # (B*H, N, N)
-        del scores
-        if pos is None:
-            attn = soft.to(qkv.dtype)  # (soft itself in float32/64)
-        else:
-            g = gate.view(H, 1, 1)
-            # A = s P + (1 - s) softmax(S), computed in the map dtype and written in the GEMM dtype
-            attn = torch.addcmul(g * pos, soft.view(B, H, N, N), 1. - g, out=qkv.new_empty(B, H, N, N))
-        softmax_from = (soft,)
+        g = gate.view(H, 1, 1)
+        # A = s P + (1 - s) softmax(S), computed in the map dtype and written in the GEMM dtype
+        attn = torch.addcmul(g * pos, soft.view(B, H, N, N), 1. - g, out=qkv.new_empty(B, H, N, N))
     out = torch.bmm(attn.view(B * H, N, N), v)  # (B*H, N, d)
-    return out.view(B, H, N, d), attn.view(B * H, N, N), softmax_from
+    return out.view(B, H, N, d), soft, attn.view(B * H, N, N)
+
+
+def _on_kernel(qkv: torch.Tensor) -> bool:
+    """Whether the core runs on the fused kernel for this qkv: bf16 GEMMs, the kernel usable."""
+    return gemm_dtype(qkv.dtype) == torch.bfloat16 and _attention_kernel.usable(qkv)
+
+
+def _kernel_forward(qkv: torch.Tensor, gate: Optional[torch.Tensor], pos: Optional[torch.Tensor], scale: float,
+                    keep_stats: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(out (B, H, N, d), the rows' max and 1 / sum, or empty) on the fused kernel, for bf16 qkv in
+    its own strides. out is the (B, H, N, d) view of a (B, N, H, d)-contiguous buffer, so the
+    caller's transpose + reshape to (B, N, C) is free."""
+    _, B, H, N, d = qkv.shape
+    out = qkv.new_empty(B, N, H, d).transpose(1, 2)
+    row_max, row_inv = _attention_kernel.kernels().attention_forward(qkv, gate, pos, scale, out, keep_stats)
+    return out, row_max, row_inv
 
 
 class _Attention(torch.autograd.Function):
@@ -111,30 +121,55 @@ class _Attention(torch.autograd.Function):
     bfloat16/float16 (from an autocast linear). The batched GEMMs run in `gemm_dtype(qkv.dtype)`
     (qkv cast on the way in when that differs, the output cast back on the way out), the softmax,
     the mixing and the maps' gradients in the map dtype; the qkv gradient comes back in qkv's dtype
-    and memory layout. Autocast is off inside, so every op runs in the dtype chosen here.
+    and memory layout. Autocast is off inside, so every op runs in the dtype chosen here. On the
+    fused kernel (`_on_kernel`) only qkv and two numbers per map row are kept for the backward.
     """
 
     @staticmethod
     def forward(ctx, qkv: torch.Tensor, gate: Optional[torch.Tensor], pos: Optional[torch.Tensor],
                 scale: float) -> torch.Tensor:
-        with torch.autocast('cpu', enabled=False):
-            qkv_gemm = as_gemm(qkv)
-            out, attn, softmax_from = _attention_forward(qkv_gemm, gate, pos, scale)
-        ctx.save_for_backward(qkv_gemm, gate, pos, attn, *softmax_from)
         ctx.scale = scale
         ctx.in_dtype = qkv.dtype
         # qkv's strides as empty_like keeps them (dense layouts only), for its gradient
         ctx.in_strides = torch.empty_like(qkv, device='meta').stride()
+        ctx.on_kernel = _on_kernel(qkv)
+        if ctx.on_kernel:
+            out, row_max, row_inv = _kernel_forward(qkv, gate, pos, scale, keep_stats=True)
+            ctx.save_for_backward(qkv, gate, pos, row_max, row_inv)
+            return out
+        with torch.autocast('cpu', enabled=False):
+            qkv_gemm = as_gemm(qkv)
+            out, soft, attn = _attention_forward(qkv_gemm, gate, pos, scale)
+        ctx.save_for_backward(qkv_gemm, gate, pos, soft, attn)
         return _as_output(out, qkv.dtype)
 
     @staticmethod
     def backward(ctx, d_out: torch.Tensor):
+        if ctx.on_kernel:
+            return _Attention._kernel_backward(ctx, d_out)
         with torch.autocast('cpu', enabled=False):
             return _Attention._backward(ctx, d_out)
 
     @staticmethod
+    def _kernel_backward(ctx, d_out: torch.Tensor):
+        qkv, gate, pos, row_max, row_inv = ctx.saved_tensors
+        H = qkv.shape[2]
+        d_qkv = torch.empty_strided(qkv.shape, ctx.in_strides, dtype=qkv.dtype, device=qkv.device)
+        coef = ctx.scale * (torch.ones(H) if gate is None else 1. - gate)  # dS's factor per head
+        gate_grads = ctx.needs_input_grad[1] or ctx.needs_input_grad[2]
+        d_attn_sum, soft_dot = _attention_kernel.kernels().attention_backward(
+            _attention_kernel.d_out_for_kernel(d_out), qkv, gate, pos, row_max, row_inv, coef, ctx.scale, d_qkv,
+            gate_grads)  # sum_b dA (H, N, N) and sum <dA, softmax(S)> per head, for the gate's grads
+        d_gate = d_pos = None
+        if ctx.needs_input_grad[2]:
+            d_pos = d_attn_sum * gate.view(H, 1, 1)  # dA/dP = s
+        if ctx.needs_input_grad[1]:  # dA/ds = P - softmax(S)
+            d_gate = (d_attn_sum * pos).sum((1, 2)) - soft_dot
+        return d_qkv, d_gate, d_pos, None
+
+    @staticmethod
     def _backward(ctx, d_out: torch.Tensor):
-        qkv, gate, pos, attn, *softmax_from = ctx.saved_tensors
+        qkv, gate, pos, soft, attn = ctx.saved_tensors
         _, B, H, N, d = qkv.shape
         q, k, v = qkv.view(3, B * H, N, d).unbind(0)
         if d_out.dtype == qkv.dtype:
@@ -143,33 +178,24 @@ class _Attention(torch.autograd.Function):
             d_out = torch.empty(B, H, N, d, dtype=qkv.dtype, device=qkv.device).copy_(d_out).view(B * H, N, d)
         d_qkv = torch.empty_like(qkv)  # filled in place: no stacking copy afterwards
         dq, dk, dv = d_qkv.view(3, B * H, N, d).unbind(0)
-        d_attn = torch.bmm(d_out, v.transpose(1, 2))  # dA (B*H, N, N), in the GEMM dtype
+        d_attn = torch.bmm(d_out, v.transpose(1, 2)).to(soft.dtype)  # dA (B*H, N, N), in the map dtype
         torch.bmm(attn.transpose(1, 2), d_out, out=dv)
-        gate_grads = ctx.needs_input_grad[1] or ctx.needs_input_grad[2]
-        # dS = softmax'(dA) * (1 - s) * scale, in the GEMM dtype for dQ and dK; with the gate's
-        # grads sum_b dA (H, N, N) and sum <dA, softmax(S)> per head (dA/ds = P - softmax(S))
-        if len(softmax_from) == 3:  # the fused kernel: softmax(S) recomputed from S and its rows
-            coef = ctx.scale * (torch.ones(H) if gate is None else 1. - gate)  # (H,) float32
-            d_scores, d_attn_sum, soft_dot = _attention_maps.kernels().maps_backward(
-                d_attn, *softmax_from, coef, H, False, gate_grads)
-        else:
-            soft, = softmax_from
-            d_attn = d_attn.to(soft.dtype)  # in the map dtype
-            if gate_grads:
-                d_attn_sum = d_attn.view(B, H, N, N).sum(0)  # (H, N, N)
-                soft_dot = torch.linalg.vecdot(d_attn.view(B, H, N * N), soft.view(B, H, N * N)).sum(0)  # (H,)
-            d_scores = torch._softmax_backward_data(d_attn, soft, -1, soft.dtype)  # (B*H, N, N)
-            del d_attn
-            if gate is None:
-                d_scores.mul_(ctx.scale)
-            else:
-                d_scores.view(B, H, N, N).mul_(((1. - gate) * ctx.scale).view(H, 1, 1))
-            d_scores = d_scores.to(qkv.dtype)
         d_gate = d_pos = None
-        if ctx.needs_input_grad[2]:
-            d_pos = d_attn_sum * gate.view(H, 1, 1)  # dA/dP = s
-        if ctx.needs_input_grad[1]:
-            d_gate = (d_attn_sum * pos).sum((1, 2)) - soft_dot
+        if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
+            d_attn_sum = d_attn.view(B, H, N, N).sum(0)  # (H, N, N)
+            if ctx.needs_input_grad[2]:
+                d_pos = d_attn_sum * gate.view(H, 1, 1)  # dA/dP = s
+            if ctx.needs_input_grad[1]:  # dA/ds = P - softmax(S)
+                soft_dot = torch.linalg.vecdot(d_attn.view(B, H, N * N), soft.view(B, H, N * N)).sum(0)  # (H,)
+                d_gate = (d_attn_sum * pos).sum((1, 2)) - soft_dot
+        # dS = softmax'(dA) * (1 - s) * scale, then in the GEMM dtype for dQ and dK
+        d_scores = torch._softmax_backward_data(d_attn, soft, -1, soft.dtype)  # (B*H, N, N)
+        del d_attn
+        if gate is None:
+            d_scores.mul_(ctx.scale)
+        else:
+            d_scores.view(B, H, N, N).mul_(((1. - gate) * ctx.scale).view(H, 1, 1))
+        d_scores = d_scores.to(qkv.dtype)
         torch.bmm(d_scores, k, out=dq)
         torch.bmm(d_scores.transpose(1, 2), q, out=dk)
         if ctx.in_dtype != d_qkv.dtype or ctx.in_strides != d_qkv.stride():
@@ -182,6 +208,8 @@ class _Attention(torch.autograd.Function):
 
 def _core(qkv: torch.Tensor, gate: Optional[torch.Tensor], pos: Optional[torch.Tensor], scale: float) -> torch.Tensor:
     if not torch.is_grad_enabled() or not any(t is not None and t.requires_grad for t in (qkv, gate, pos)):
+        if _on_kernel(qkv):
+            return _kernel_forward(qkv, gate, pos, scale, keep_stats=False)[0]
         with torch.autocast('cpu', enabled=False):
             out = attention_inference(as_gemm(qkv.transpose(1, 2)), scale, gate, pos)  # (H, B, N, d)
             return _as_output(out.transpose(0, 1), qkv.dtype)
@@ -204,7 +232,7 @@ def gated_attention(qkv: torch.Tensor, gate: torch.Tensor, pos: torch.Tensor, sc
     for the backward), so it is meant for the CPU (see the module doc).
     """
     dtype = _map_dtype(qkv.dtype)
-    return _core(qkv, gate.to(dtype), pos.to(dtype), scale)
+    return _core(qkv, gate.to(dtype).contiguous(), pos.to(dtype).contiguous(), scale)
 
 
 def attention_inference(qkv: torch.Tensor, scale: float, gate: Optional[torch.Tensor] = None,
@@ -219,11 +247,7 @@ def attention_inference(qkv: torch.Tensor, scale: float, gate: Optional[torch.Te
     _, H, B, N, d = qkv.shape
     q, k, v = qkv.view(3, H * B, N, d).unbind(0)
     attn = torch.baddbmm(qkv.new_empty(H * B, N, N), q, k.transpose(1, 2), beta=0., alpha=scale)  # S
-    if _attention_maps.usable(attn.dtype, N) and (pos is None or pos.dtype == torch.float32):
-        # softmax and the mix in one pass, row by row in place
-        _attention_maps.kernels().maps_forward(
-            attn, gate, None if pos is None else pos.contiguous(), H, True, False, True)
-    elif pos is not None and attn.dtype != pos.dtype:  # as the training core: the mix in the map dtype,
+    if pos is not None and attn.dtype != pos.dtype:  # as the training core: the mix in the map dtype,
         soft = torch.softmax(attn, -1, dtype=pos.dtype).view(H, B, N, N)  # written in the GEMM dtype
         g = gate.view(H, 1, 1, 1)
         torch.addcmul(g * pos.unsqueeze(1), soft, 1. - g, out=attn.view(H, B, N, N))

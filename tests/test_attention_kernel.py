@@ -1,0 +1,307 @@
+"""The fused CPU attention kernel (`trainers/models/_attention_kernel.py`, `csrc/attention_core.cpp`):
+it builds where it should; its outputs, gradients and the gate's sums match the papers' formulas in
+float64 for every token count its vector tails can meet, several head dims, the projection's
+strided layout and a contiguous one; the core gives the same outputs and gradients on it as on
+torch ops. Where it cannot be built the core falls back with one warning saying why, and
+concurrent first uses build it once."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import timm
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import trainers.models  # noqa: F401  (registers ls_convit_* with timm)
+
+from trainers.models import _attention_core, _attention_kernel
+
+REPO = Path(__file__).resolve().parents[1]
+CAN_BUILD = (sys.platform == "linux" and torch.backends.cpu.get_cpu_capability().startswith("AVX512")
+             and getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)()
+             and os.environ.get("LOCALITY_SEARCH_CPU_KERNELS", "1") != "0")
+WHY_NOT = "the fused attention kernel needs Linux and an AVX512-BF16 CPU"
+needs_kernel = pytest.mark.skipif(not CAN_BUILD, reason=WHY_NOT)
+
+
+@pytest.fixture(scope="module")
+def ops():
+    if not CAN_BUILD:
+        pytest.skip(WHY_NOT)
+    kernels = _attention_kernel.kernels()
+    assert kernels is not None, f"the kernel did not build on an AVX512-BF16 CPU: {_attention_kernel.build_error()}"
+    return kernels
+
+
+def _inputs(batch, heads, tokens, dim, gated, layout, seed=0):
+    """bf16 qkv (3, B, H, N, d) as the projection's (B, N, 3, H, d) output permuted, or contiguous;
+    gate and pos (float32, or None); an upstream gradient for out."""
+    gen = torch.Generator().manual_seed(seed)
+    if layout == "projection":
+        qkv = torch.randn(batch, tokens, 3, heads, dim, generator=gen).bfloat16().permute(2, 0, 3, 1, 4)
+    else:
+        qkv = torch.randn(3, batch, heads, tokens, dim, generator=gen).bfloat16()
+    gate = torch.rand(heads, generator=gen) if gated else None
+    pos = torch.softmax(torch.randn(heads, tokens, tokens, generator=gen), -1) if gated else None
+    d_out = torch.randn(batch, heads, tokens, dim, generator=gen).bfloat16()
+    return qkv, gate, pos, d_out
+
+
+def _reference(qkv, gate, pos, scale):
+    """out and the maps in float64 from the same (bf16) inputs, differentiable."""
+    q, k, v = qkv.unbind(0)
+    scores = q @ k.transpose(-1, -2) * scale
+    soft = torch.softmax(scores, -1)
+    attn = soft if pos is None else (1 - gate.view(-1, 1, 1)) * soft + gate.view(-1, 1, 1) * pos
+    return attn @ v, scores, soft
+
+
+def _relative(a, b):
+    return ((a.double() - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
+
+
+TOKENS = [1, 15, 16, 17, 49, 50, 65, 197]  # tails of 1..16 lanes, ConViT's 49/50, 65 and 197
+DIMS = [8, 24, 64, 72]  # head dims of 1..5 vectors: the GEMMs' column blocks and their tails
+
+
+@needs_kernel
+@pytest.mark.parametrize("gated", [True, False])
+@pytest.mark.parametrize("dim", DIMS)
+@pytest.mark.parametrize("tokens", TOKENS)
+def test_forward_and_backward_match_float64(ops, tokens, dim, gated):
+    batch, heads, scale = 3, 4, dim ** -0.5
+    qkv, gate, pos, d_out = _inputs(batch, heads, tokens, dim, gated, "projection")
+    out = torch.empty(batch, tokens, heads, dim, dtype=torch.bfloat16).transpose(1, 2)
+    row_max, row_inv = ops.attention_forward(qkv, gate, pos, scale, out, True)
+
+    qkv64 = qkv.double().requires_grad_()
+    gate64 = gate.double().requires_grad_() if gated else None
+    pos64 = pos.double().requires_grad_() if gated else None
+    out64, scores64, soft64 = _reference(qkv64, gate64, pos64, scale)
+    # bf16 rounds A, then out: within 1% of the largest output
+    assert _relative(out, out64.detach()) < 1e-2
+    # the rows' statistics the backward recomputes the maps from
+    torch.testing.assert_close(row_max.double(), scores64.detach().amax(-1).flatten(), atol=1e-5, rtol=1e-5)
+    sums = torch.exp(scores64.detach() - scores64.detach().amax(-1, keepdim=True)).sum(-1).flatten()
+    torch.testing.assert_close(row_inv.double(), 1 / sums, atol=0, rtol=1e-5)
+    # inference: the same output, nothing kept
+    again = torch.empty_like(out)
+    empty_max, empty_inv = ops.attention_forward(qkv, gate, pos, scale, again, False)
+    assert torch.equal(again, out) and empty_max.numel() == empty_inv.numel() == 0
+
+    out64.backward(d_out.double())
+    d_qkv = torch.empty_like(qkv)  # the projection's layout, as qkv
+    coef = scale * (torch.ones(heads) if gate is None else 1 - gate)
+    d_attn_sum, dots = ops.attention_backward(d_out, qkv, gate, pos, row_max, row_inv, coef, scale, d_qkv, gated)
+    assert d_qkv.stride() == qkv.stride()
+    assert _relative(d_qkv, qkv64.grad) < 1.5e-2  # dS and the products rounded to bf16
+    if gated:  # sum_b dA and sum <dA, soft> per head: float32 from the bf16 inputs, no rounding
+        d_attn = d_out.double() @ qkv.double()[2].transpose(-1, -2)
+        torch.testing.assert_close(d_attn_sum.double(), d_attn.sum(0), atol=1e-4, rtol=1e-5)
+        torch.testing.assert_close(dots.double(), (d_attn * soft64.detach()).sum((0, 2, 3)), atol=1e-4, rtol=1e-5)
+        # and so the gate's and P's gradients, as the core forms them
+        torch.testing.assert_close((d_attn_sum * gate.view(-1, 1, 1)).double(), pos64.grad, atol=1e-4, rtol=1e-5)
+        d_gate = (d_attn_sum * pos).sum((1, 2)) - dots
+        torch.testing.assert_close(d_gate.double(), gate64.grad, atol=1e-3, rtol=1e-4)
+    # without the sums: the same d_qkv, nothing else
+    alone = torch.empty_like(qkv)
+    empty_sum, empty_dots = ops.attention_backward(d_out, qkv, gate, pos, row_max, row_inv, coef, scale, alone, False)
+    assert torch.equal(alone, d_qkv) and empty_sum.numel() == empty_dots.numel() == 0
+
+
+@needs_kernel
+def test_any_layout_gives_the_same_bits(ops):
+    """The projection's strided layout and a contiguous copy: the same output and gradients."""
+    qkv, gate, pos, d_out = _inputs(2, 4, 49, 24, True, "projection")
+    results = []
+    for q in (qkv, qkv.contiguous()):
+        out = torch.empty(2, 4, 49, 24, dtype=torch.bfloat16)
+        stats = ops.attention_forward(q, gate, pos, 0.2, out, True)
+        d_qkv = torch.empty_like(q)
+        ops.attention_backward(d_out, q, gate, pos, *stats, 0.2 * (1 - gate), 0.2, d_qkv, False)
+        results.append((out, d_qkv))
+    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
+
+
+@needs_kernel
+def test_nan_stays_in_its_row(ops):
+    qkv, gate, pos, _ = _inputs(2, 4, 49, 24, True, "contiguous")
+    qkv[0, 1, 2, 7, 3] = float("nan")  # q of batch 1, head 2, token 7
+    out = torch.empty(2, 4, 49, 24, dtype=torch.bfloat16)
+    ops.attention_forward(qkv, gate, pos, 0.2, out, False)
+    assert out[1, 2, 7].isnan().all()
+    out[1, 2, 7] = 0
+    assert out.isfinite().all()
+
+
+@needs_kernel
+def test_bad_inputs_are_refused_with_a_message(ops):
+    qkv, gate, pos, _ = _inputs(2, 4, 9, 8, True, "contiguous")
+    out = torch.empty(2, 4, 9, 8, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="bfloat16"):
+        ops.attention_forward(qkv.float(), gate, pos, 0.2, out, True)
+    with pytest.raises(RuntimeError, match="unit stride along d"):
+        ops.attention_forward(qkv.transpose(3, 4), gate, pos, 0.2, out, True)
+    with pytest.raises(RuntimeError, match="even head dim"):
+        ops.attention_forward(qkv[..., :7], gate, pos, 0.2, out[..., :7], True)  # even strides, odd d
+    with pytest.raises(RuntimeError, match="pos"):
+        ops.attention_forward(qkv, gate, pos[:, :8], 0.2, out, True)
+    with pytest.raises(RuntimeError, match="come together"):
+        ops.attention_forward(qkv, gate, None, 0.2, out, True)
+    with pytest.raises(RuntimeError, match="out"):
+        ops.attention_forward(qkv, gate, pos, 0.2, out[:1], True)
+
+
+@pytest.fixture(params=[True, False], ids=["fused_kernel", "torch_ops"])
+def fused_kernel(request, monkeypatch):
+    if request.param and not CAN_BUILD:
+        pytest.skip(WHY_NOT)
+    monkeypatch.setattr(_attention_kernel, "USE_FUSED_KERNEL", request.param)
+    return request.param
+
+
+@pytest.mark.parametrize("gemm_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("gated", [True, False])
+def test_core_outputs_and_gradients_match_float64_on_either_path(fused_kernel, gemm_dtype, gated, monkeypatch):
+    """gated_attention / attention against the formulas in float64, with the kernel and without,
+    from the projection's layout; the gradient comes back in that layout."""
+    monkeypatch.setattr(_attention_core, "cpu_has_native_bf16", lambda: True)  # bf16 GEMMs, any CPU
+    B, H, N, d = 3, 4, 49, 8
+    gen = torch.Generator().manual_seed(0)
+    projection = torch.randn(B, N, 3, H, d, generator=gen, dtype=torch.float64)
+    qkv64 = projection.permute(2, 0, 3, 1, 4)
+    gate64 = torch.rand(H, generator=gen, dtype=torch.float64)
+    pos64 = torch.softmax(torch.randn(H, N, N, generator=gen, dtype=torch.float64), -1)
+    w = torch.randn(B, H, N, d, generator=gen, dtype=torch.float64)
+    scale = d ** -0.5
+
+    inputs64 = [qkv64.detach().requires_grad_(), gate64.requires_grad_(), pos64.requires_grad_()]
+    out64 = _reference(*inputs64, scale)[0] if gated else _reference(inputs64[0], None, None, scale)[0]
+    (out64 * w).sum().backward()
+    expected = [out64.detach(), inputs64[0].grad] + ([t.grad for t in inputs64[1:]] if gated else [])
+
+    qkv = projection.to(gemm_dtype).permute(2, 0, 3, 1, 4).requires_grad_()
+    gate = gate64.detach().float().requires_grad_()
+    pos = pos64.detach().float().requires_grad_()
+    out = _attention_core.gated_attention(qkv, gate, pos, scale) if gated else _attention_core.attention(qkv, scale)
+    (out.double() * w).sum().backward()
+    assert qkv.grad.stride() == qkv.stride()  # the linear's backward reads it as it is
+    got = [out.detach(), qkv.grad] + ([gate.grad, pos.grad] if gated else [])
+    tol = 2e-5 if gemm_dtype == torch.float32 else 3e-2
+    for name, a, b in zip(["out", "d_qkv", "d_gate", "d_pos"], got, expected):
+        err = _relative(a, b)
+        assert err < tol, f"{name}: relative error {err:.1e} (kernel {fused_kernel}, {gemm_dtype})"
+
+
+@needs_kernel
+@pytest.mark.parametrize("gated", [True, False])
+def test_inference_on_the_kernel_matches_torch_ops(ops, gated, monkeypatch):
+    monkeypatch.setattr(_attention_core, "cpu_has_native_bf16", lambda: True)
+    qkv, gate, pos, _ = _inputs(5, 4, 50, 8, gated, "projection", seed=2)
+    with torch.no_grad():
+        run = (lambda: _attention_core.gated_attention(qkv, gate, pos, 0.3)) if gated else (
+            lambda: _attention_core.attention(qkv, 0.3))
+        fused = run()
+        monkeypatch.setattr(_attention_kernel, "USE_FUSED_KERNEL", False)
+        separate = run()
+    # the same up to where bf16 roundings land (torch's GEMM rounds S to bf16, the kernel keeps it
+    # in float32)
+    torch.testing.assert_close(fused.float(), separate.float(), atol=3e-2, rtol=0)
+
+
+class _CustomOps(TorchDispatchMode):
+    """Records the locality_search ops dispatched inside it."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace == "locality_search":
+            self.seen.add(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+@needs_kernel
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+@pytest.mark.parametrize("train", [True, False])
+def test_convit_runs_the_kernel_exactly_where_its_gemms_are_bf16(ops, precision, train, monkeypatch):
+    """GPSA and plain attention blocks under bf16 autocast with bf16 GEMMs: the kernel, forward and
+    backward; in float32: torch ops (the kernel multiplies bf16 only)."""
+    monkeypatch.setattr(_attention_core, "cpu_has_native_bf16", lambda: True)
+    torch.manual_seed(0)
+    model = timm.create_model("ls_convit_nano").train(train)
+    x = torch.randn(4, 1, 28, 28)
+    with _CustomOps() as recorder, torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+        with torch.set_grad_enabled(train):
+            loss = model(x).float().sum()
+        if train:
+            loss.backward()
+    if precision == "fp32":
+        assert recorder.seen == set()
+    else:
+        assert recorder.seen == ({"attention_forward", "attention_backward"} if train else {"attention_forward"})
+
+
+def _python(code: str, env: dict, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env={**os.environ, **env},
+                          cwd=cwd, capture_output=True, text=True, timeout=600)
+
+
+PROBE = """
+    import warnings
+    warnings.simplefilter("error")  # the fallback's warning would fail the probe
+    from trainers.models import _attention_kernel
+    print("kernel" if _attention_kernel.kernels() is not None else "fallback", _attention_kernel.build_error())
+"""
+
+
+def test_switched_off_by_the_environment_without_a_warning(tmp_path):
+    done = _python(PROBE, {"LOCALITY_SEARCH_CPU_KERNELS": "0", "XDG_CACHE_HOME": str(tmp_path),
+                           "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[0] == "fallback" and not list(tmp_path.iterdir())
+
+
+def test_without_a_compiler_the_core_warns_once_and_falls_back(tmp_path):
+    code = """
+        import shutil, warnings
+        shutil.which = lambda name, *a, **k: None  # no g++ / c++ on PATH
+        import torch
+        from trainers.models import _attention_core, _attention_kernel
+        _attention_core.cpu_has_native_bf16 = lambda: True  # bf16 GEMMs: where the kernel would run
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            qkv = torch.randn(3, 2, 4, 9, 8).bfloat16().requires_grad_()
+            out = _attention_core.gated_attention(qkv, torch.rand(4), torch.rand(4, 9, 9), 0.3)
+            out.sum().backward()
+            _attention_core.attention(qkv, 0.3).sum().backward()
+        messages = [str(w.message) for w in caught if "fused CPU attention kernel" in str(w.message)]
+        print(len(messages), messages[0] if messages else "")
+    """
+    done = _python(code, {"XDG_CACHE_HOME": str(tmp_path), "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0, done.stderr
+    count, message = done.stdout.split(" ", 1)
+    if CAN_BUILD:
+        assert count == "1" and "no C++ compiler (install g++" in message, done.stdout
+    else:
+        assert count == "1", done.stdout
+
+
+@needs_kernel
+def test_concurrent_first_uses_build_once_and_both_load(tmp_path):
+    env = {"XDG_CACHE_HOME": str(tmp_path), "PYTHONPATH": str(REPO)}
+    procs = [subprocess.Popen([sys.executable, "-c", textwrap.dedent(PROBE)], env={**os.environ, **env}, cwd=REPO,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=600) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0 and out.split()[0] == "kernel", err
+    built = list((tmp_path / "locality-search" / "kernels").glob("*.so"))
+    assert len(built) == 1
+    leftovers = [p.name for p in built[0].parent.iterdir() if p.suffix not in (".so", ".lock")]
+    assert leftovers == []  # no half-written library or scratch folder left behind

@@ -1,0 +1,458 @@
+// The CPU attention core in bf16 as one fused kernel per direction: for each (batch, head) its
+// N x N maps are formed, used and dropped in the core's cache-sized buffers, the GEMMs run on
+// AVX512-BF16 dot products, and q, k, v, the output and the gradients are read and written in
+// whatever strides the caller has (the projection's (B, N, 3, H, d) output, permuted), so there is
+// no layout copy either. trainers/models/_attention_kernel.py builds and loads this file.
+//
+// Forward, per (batch b, head h), with q, k, v (N x d, bf16):
+//     S = scale q k^T                             (float32, from bf16 products)
+//     soft = softmax(S) per row                   (float32; each row's max and 1 / sum kept)
+//     A = (1 - s_h) soft + s_h P[h]  (GPSA) or A = soft, rounded to bf16
+//     out = A v                                   (rounded to bf16)
+// Backward, from dO and the same inputs, recomputing S, soft and A bit for bit from the rows' max
+// and 1 / sum rather than keeping B x H x N x N maps from the forward:
+//     dA = dO v^T,  dV = A^T dO
+//     dS = c_h soft (dA - <dA, soft>) with c_h = (1 - s_h) scale (plain attention: scale)
+//     dQ = dS k,  dK = dS^T q
+//     and, for the gate and P's gradients, sum_b dA (H x N x N) and sum_{b, i} <dA_i, soft_i> per head.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#if !defined(__AVX512F__) || !defined(__AVX512BW__) || !defined(__AVX512VL__) || !defined(__AVX512BF16__)
+#error "attention_core.cpp needs AVX-512 (F, BW, VL, BF16); _attention_kernel.py builds it only where the CPU has them"
+#endif
+
+namespace {
+
+using bf16 = at::BFloat16;
+
+constexpr int64_t kMaxTokens = 1024;
+constexpr int64_t kLanes = 16;
+
+inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+inline __mmask16 tail_mask(int64_t j, int64_t n) {
+  const int64_t left = n - j;
+  return left >= kLanes ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << left) - 1u);
+}
+
+inline void store_bf16(bf16* p, __m512 v, __mmask16 m) {  // round to nearest even, as torch casts
+  _mm256_mask_storeu_epi16(p, m, reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v)));
+}
+
+// exp(x) for x <= 0 (scores minus their row's max), within 2 ulp of expf: Cephes' polynomial on
+// x - n ln 2, then scaled by 2^n
+inline __m512 exp_nonpositive(__m512 x) {
+  x = _mm512_max_ps(_mm512_set1_ps(-87.3f), x);  // NaN in, NaN out (max returns its second operand)
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.f)));
+  return _mm512_scalef_ps(p, n);
+}
+
+// ---- GEMMs on bf16 pairs --------------------------------------------------------------------
+// Operands are 32-bit words holding two bf16 along the reduction: C[r][col] = sum_p <A(r, p), B[p][col]>
+// with A(r, p) = a[r * am + p * ap] (any strides: a row-major matrix, or a transposed one) and B's
+// rows `ldb` words apart, columns in vector lanes (`vnni` layout). Columns are padded to 16.
+
+template <int MR, int NV>
+inline void gemm_tile(const uint32_t* a, int64_t am, int64_t ap, const uint32_t* b, int64_t ldb, int64_t pairs,
+                      float* c, int64_t ldc, float alpha) {
+  __m512 acc[MR][NV];
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_setzero_ps();
+  for (int64_t p = 0; p < pairs; ++p) {
+    __m512bh bv[NV];
+    for (int v = 0; v < NV; ++v) bv[v] = (__m512bh)_mm512_loadu_si512(b + p * ldb + v * kLanes);
+    for (int r = 0; r < MR; ++r) {
+      const __m512bh av = (__m512bh)_mm512_set1_epi32(static_cast<int>(a[r * am + p * ap]));
+      for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], av, bv[v]);
+    }
+  }
+  const __m512 va = _mm512_set1_ps(alpha);
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < NV; ++v) _mm512_storeu_ps(c + r * ldc + v * kLanes, _mm512_mul_ps(acc[r][v], va));
+}
+
+template <int NV>
+constexpr int kTileRows = NV == 4 ? 6 : NV == 3 ? 8 : 12;  // MR x NV accumulators + NV + 1 of 32 registers
+
+template <int NV, int MR = 1>
+inline void gemm_tail(int64_t rows, const uint32_t* a, int64_t am, int64_t ap, const uint32_t* b, int64_t ldb,
+                      int64_t pairs, float* c, int64_t ldc, float alpha) {
+  if constexpr (MR < kTileRows<NV>) {
+    if (rows == MR) return gemm_tile<MR, NV>(a, am, ap, b, ldb, pairs, c, ldc, alpha);
+    gemm_tail<NV, MR + 1>(rows, a, am, ap, b, ldb, pairs, c, ldc, alpha);
+  }
+}
+
+template <int NV>
+void gemm_columns(int64_t m, const uint32_t* a, int64_t am, int64_t ap, const uint32_t* b, int64_t ldb,
+                  int64_t pairs, float* c, int64_t ldc, float alpha) {
+  constexpr int MR = kTileRows<NV>;
+  int64_t r = 0;
+  for (; r + MR <= m; r += MR) gemm_tile<MR, NV>(a + r * am, am, ap, b, ldb, pairs, c + r * ldc, ldc, alpha);
+  if (r < m) gemm_tail<NV>(m - r, a + r * am, am, ap, b, ldb, pairs, c + r * ldc, ldc, alpha);
+}
+
+// C (m rows, ldc floats apart; 16 * vectors columns) = alpha * A B
+void gemm(int64_t m, int64_t vectors, const uint32_t* a, int64_t am, int64_t ap, const uint32_t* b, int64_t ldb,
+          int64_t pairs, float* c, int64_t ldc, float alpha = 1.f) {
+  for (int64_t v = 0; v < vectors; v += 4) {
+    const uint32_t* bv = b + v * kLanes;
+    float* cv = c + v * kLanes;
+    switch (std::min<int64_t>(4, vectors - v)) {
+      case 4: gemm_columns<4>(m, a, am, ap, bv, ldb, pairs, cv, ldc, alpha); break;
+      case 3: gemm_columns<3>(m, a, am, ap, bv, ldb, pairs, cv, ldc, alpha); break;
+      case 2: gemm_columns<2>(m, a, am, ap, bv, ldb, pairs, cv, ldc, alpha); break;
+      default: gemm_columns<1>(m, a, am, ap, bv, ldb, pairs, cv, ldc, alpha); break;
+    }
+  }
+}
+
+inline const uint32_t* words(const bf16* p) { return reinterpret_cast<const uint32_t*>(p); }
+
+// dst[p][c] = (x[2p][c], x[2p+1][c]) for p < ceil(n / 2) and c < cols rounded up to 16; zero past n
+// rows and cols. x's rows are `stride` elements apart. Makes x the B operand of x^T-free products
+// (A x), and its words at [p][j] the A operand of x^T products (x^T B) read with am = 1, ap = ld.
+void interleave_rows(const bf16* x, int64_t stride, int64_t n, int64_t cols, uint32_t* dst, int64_t ld) {
+  alignas(64) static const uint16_t order[32] = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23,
+                                                 8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+  const __m512i idx = _mm512_load_si512(order);
+  for (int64_t p = 0; 2 * p < n; ++p) {
+    const bf16* r0 = x + 2 * p * stride;
+    const bf16* r1 = 2 * p + 1 < n ? r0 + stride : nullptr;
+    for (int64_t c = 0; c < cols; c += kLanes) {
+      const __mmask16 k = tail_mask(c, cols);
+      const __m256i lo = _mm256_maskz_loadu_epi16(k, r0 + c);
+      const __m256i hi = r1 == nullptr ? _mm256_setzero_si256() : _mm256_maskz_loadu_epi16(k, r1 + c);
+      const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+      _mm512_storeu_si512(dst + p * ld + c, _mm512_permutexvar_epi16(idx, both));
+    }
+  }
+}
+
+// dst[p][j] = (x[j][2p], x[j][2p+1]) for p < pairs and j < n rounded up to 16 (zero past n): x^T as the
+// B operand of x^T products (S = q k^T, dA = dO v^T)
+void transpose_words(const bf16* x, int64_t stride, int64_t n, int64_t pairs, uint32_t* dst, int64_t ld) {
+  const int* base = reinterpret_cast<const int*>(x);
+  const int64_t row_words = stride / 2;
+  const __m512i rows = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                          _mm512_set1_epi32(static_cast<int>(row_words)));
+  for (int64_t j = 0; j < n; j += kLanes) {
+    const __mmask16 k = tail_mask(j, n);
+    const int* block = base + j * row_words;
+    for (int64_t p = 0; p < pairs; ++p)
+      _mm512_storeu_si512(dst + p * ld + j,
+                          _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), k, rows, block + p, 4));
+  }
+}
+
+// ---- one (batch, head) -------------------------------------------------------------------------
+
+struct Dims {
+  int64_t batch, heads, tokens, dim;
+  int64_t tokens_pad, dim_pad, pairs;  // N and d rounded up to 16; ceil(N / 2) pairs of tokens
+  Dims(int64_t B, int64_t H, int64_t N, int64_t d)
+      : batch(B), heads(H), tokens(N), dim(d), tokens_pad(round_up(N, kLanes)), dim_pad(round_up(d, kLanes)),
+        pairs((N + 1) / 2) {}
+};
+
+// A strided bf16 matrix: row i at base + i * stride
+struct Rows {
+  bf16* base;
+  int64_t stride;
+};
+
+// A (batch, head)'s q, k, v in a (3, B, H, N, d) view with unit stride along d
+struct Heads {
+  bf16* base;
+  at::IntArrayRef strides;
+  Rows at(int64_t which, int64_t b, int64_t h) const {
+    return {base + which * strides[0] + b * strides[1] + h * strides[2], strides[3]};
+  }
+};
+
+// One thread's buffers, N x N maps with rows tokens_pad apart
+struct Buffers {
+  std::vector<float> scores, d_attn, out;  // S then soft; dA; an N x d product before its rounding
+  std::vector<bf16> attn, d_scores;        // A; dS (rows zero past N up to tokens_pad)
+  std::vector<uint32_t> keys_t, values_t, rows_i, maps_i;
+  alignas(64) float e[kMaxTokens + kLanes];
+  explicit Buffers(const Dims& D)
+      : scores(D.tokens * D.tokens_pad), d_attn(D.tokens * D.tokens_pad), out(D.tokens * D.dim_pad),
+        attn(D.tokens * D.tokens_pad), d_scores(D.tokens * D.tokens_pad), keys_t(D.dim / 2 * D.tokens_pad),
+        values_t(D.dim / 2 * D.tokens_pad), rows_i(D.pairs * D.dim_pad), maps_i(D.pairs * D.tokens_pad) {}
+};
+
+// rows x d of buf.out, rounded to bf16, into a strided matrix
+void store_rows(const Dims& D, const float* src, Rows dst) {
+  for (int64_t i = 0; i < D.tokens; ++i)
+    for (int64_t c = 0; c < D.dim; c += kLanes)
+      store_bf16(dst.base + i * dst.stride + c, _mm512_loadu_ps(src + i * D.dim_pad + c), tail_mask(c, D.dim));
+}
+
+// x (N x d) @ y where y's B operand is `b` (pairs x dim_pad words), rounded into dst
+void product_into(const Dims& D, const uint32_t* a, int64_t am, int64_t ap, const uint32_t* b, Buffers& buf,
+                  Rows dst) {
+  gemm(D.tokens, D.dim_pad / kLanes, a, am, ap, b, D.dim_pad, D.pairs, buf.out.data(), D.dim_pad);
+  store_rows(D, buf.out.data(), dst);
+}
+
+// S = scale q k^T, then row by row soft and A into buf.attn (bf16, zero past N). Forward
+// (recompute false): each row's max and 1 / sum into row_max and row_inv when they are given.
+// Backward (recompute true): soft from them, bit for bit as the forward had it, left in buf.scores.
+void form_maps(const Dims& D, Rows q, Rows k, float scale, const float* gate, const float* pos, int64_t h,
+               Buffers& buf, float* row_max, float* row_inv, bool recompute) {
+  const int64_t N = D.tokens, ld = D.tokens_pad, n_even = round_up(N, 2);
+  transpose_words(k.base, k.stride, N, D.dim / 2, buf.keys_t.data(), ld);
+  gemm(N, ld / kLanes, words(q.base), q.stride / 2, 1, buf.keys_t.data(), ld, D.dim / 2, buf.scores.data(), ld,
+       scale);
+  float* e = buf.e;
+  const float g = pos == nullptr ? 0.f : gate[h];
+  const __m512 vg = _mm512_set1_ps(g), vc = _mm512_set1_ps(1.f - g);
+  for (int64_t i = 0; i < N; ++i) {
+    float* s = buf.scores.data() + i * ld;
+    __m512 vmax;
+    if (recompute) {
+      vmax = _mm512_set1_ps(row_max[i]);
+    } else {
+      __m512 m = _mm512_set1_ps(-INFINITY);
+      for (int64_t j = 0; j < N; j += kLanes) {
+        const __mmask16 k = tail_mask(j, N);
+        m = _mm512_mask_max_ps(m, k, m, _mm512_maskz_loadu_ps(k, s + j));
+      }
+      vmax = _mm512_set1_ps(_mm512_reduce_max_ps(m));
+    }
+    __m512 sum = _mm512_setzero_ps();
+    for (int64_t j = 0; j < N; j += kLanes) {  // e = exp(S - max), zero past N
+      const __mmask16 k = tail_mask(j, N);
+      const __m512 ej = _mm512_maskz_mov_ps(k, exp_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + j), vmax)));
+      sum = _mm512_add_ps(sum, ej);
+      _mm512_store_ps(e + j, ej);
+    }
+    float inv;
+    if (recompute) {
+      inv = row_inv[i];
+    } else {
+      inv = 1.f / _mm512_reduce_add_ps(sum);
+      if (row_max != nullptr) {
+        row_max[i] = _mm512_cvtss_f32(vmax);
+        row_inv[i] = inv;
+      }
+    }
+    const __m512 vinv = _mm512_set1_ps(inv);
+    const float* p = pos == nullptr ? nullptr : pos + (h * N + i) * N;
+    bf16* a = buf.attn.data() + i * ld;
+    for (int64_t j = 0; j < n_even; j += kLanes) {  // through N rounded up to even: A's last pair is whole
+      const __m512 soft = _mm512_mul_ps(_mm512_load_ps(e + j), vinv);
+      if (recompute) _mm512_storeu_ps(s + j, soft);
+      const __m512 mixed =
+          p == nullptr ? soft : _mm512_fmadd_ps(vc, soft, _mm512_mul_ps(vg, _mm512_maskz_loadu_ps(tail_mask(j, N), p + j)));
+      store_bf16(a + j, mixed, tail_mask(j, n_even));
+    }
+  }
+}
+
+void forward_map(const Dims& D, const Heads& qkv, int64_t b, int64_t h, float scale, const float* gate,
+                 const float* pos, Rows out, Buffers& buf, float* row_max, float* row_inv) {
+  const Rows v = qkv.at(2, b, h);
+  form_maps(D, qkv.at(0, b, h), qkv.at(1, b, h), scale, gate, pos, h, buf, row_max, row_inv, false);
+  interleave_rows(v.base, v.stride, D.tokens, D.dim, buf.rows_i.data(), D.dim_pad);
+  product_into(D, words(buf.attn.data()), D.tokens_pad / 2, 1, buf.rows_i.data(), buf, out);  // A v
+}
+
+// sum_rows: this thread's sum_b dA (H x N x N, or null); head_dot: its sum <dA, soft> for head h
+void backward_map(const Dims& D, const Heads& qkv, const Heads& d_qkv, Rows d_out, int64_t b, int64_t h, float scale,
+                  const float* gate, const float* pos, const float* row_max, const float* row_inv, float coef,
+                  Buffers& buf, float* sum_rows, double* head_dot) {
+  const int64_t N = D.tokens, ld = D.tokens_pad, n_even = round_up(N, 2);
+  const Rows q = qkv.at(0, b, h), k = qkv.at(1, b, h), v = qkv.at(2, b, h);
+  form_maps(D, q, k, scale, gate, pos, h, buf, const_cast<float*>(row_max), const_cast<float*>(row_inv), true);
+  // dA = dO v^T (N x N, float32)
+  transpose_words(v.base, v.stride, N, D.dim / 2, buf.values_t.data(), ld);
+  gemm(N, ld / kLanes, words(d_out.base), d_out.stride / 2, 1, buf.values_t.data(), ld, D.dim / 2,
+       buf.d_attn.data(), ld);
+  // dS = coef soft (dA - <dA, soft>) row by row, in bf16 (zero past N); the gate's sums
+  const __m512 vc = _mm512_set1_ps(coef);
+  for (int64_t i = 0; i < N; ++i) {
+    const float* s = buf.scores.data() + i * ld;
+    const float* da = buf.d_attn.data() + i * ld;
+    float* acc = sum_rows == nullptr ? nullptr : sum_rows + (h * N + i) * N;
+    __m512 vdot = _mm512_setzero_ps();
+    for (int64_t j = 0; j < N; j += kLanes) {
+      const __mmask16 k = tail_mask(j, N);
+      const __m512 dv = _mm512_maskz_loadu_ps(k, da + j);
+      vdot = _mm512_fmadd_ps(dv, _mm512_maskz_loadu_ps(k, s + j), vdot);
+      // unmasked: past N the lanes add 0 to the next row (the accumulator ends in kLanes of padding)
+      if (acc != nullptr) _mm512_storeu_ps(acc + j, _mm512_add_ps(_mm512_loadu_ps(acc + j), dv));
+    }
+    const float dot = _mm512_reduce_add_ps(vdot);
+    if (head_dot != nullptr) *head_dot += dot;
+    const __m512 vd = _mm512_set1_ps(dot);
+    bf16* ds = buf.d_scores.data() + i * ld;
+    for (int64_t j = 0; j < n_even; j += kLanes) {
+      const __mmask16 k = tail_mask(j, N);
+      const __m512 g = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, s + j), _mm512_sub_ps(_mm512_maskz_loadu_ps(k, da + j), vd));
+      store_bf16(ds + j, _mm512_mul_ps(vc, g), tail_mask(j, n_even));
+    }
+  }
+  // dV = A^T dO
+  interleave_rows(buf.attn.data(), ld, N, N, buf.maps_i.data(), ld);
+  interleave_rows(d_out.base, d_out.stride, N, D.dim, buf.rows_i.data(), D.dim_pad);
+  product_into(D, buf.maps_i.data(), 1, ld, buf.rows_i.data(), buf, d_qkv.at(2, b, h));
+  // dQ = dS k
+  interleave_rows(k.base, k.stride, N, D.dim, buf.rows_i.data(), D.dim_pad);
+  product_into(D, words(buf.d_scores.data()), ld / 2, 1, buf.rows_i.data(), buf, d_qkv.at(0, b, h));
+  // dK = dS^T q
+  interleave_rows(buf.d_scores.data(), ld, N, N, buf.maps_i.data(), ld);
+  interleave_rows(q.base, q.stride, N, D.dim, buf.rows_i.data(), D.dim_pad);
+  product_into(D, buf.maps_i.data(), 1, ld, buf.rows_i.data(), buf, d_qkv.at(1, b, h));
+}
+
+// ---- the ops ------------------------------------------------------------------------------------
+
+// qkv-like (3, B, H, N, d) or out-like (B, H, N, d) bf16 with unit stride along d and 32-bit aligned rows
+void check_view(const at::Tensor& t, int64_t dims, const char* what) {
+  TORCH_CHECK(t.dim() == dims && t.scalar_type() == at::kBFloat16, what, ": a ", dims, "-d bfloat16 tensor, got ",
+              t.scalar_type(), " ", t.sizes());
+  TORCH_CHECK(t.stride(dims - 1) == 1 && reinterpret_cast<uintptr_t>(t.data_ptr()) % 4 == 0,
+              what, ": unit stride along d and rows at even offsets, got strides ", t.strides());
+  for (int64_t i = 0; i + 1 < dims; ++i) TORCH_CHECK(t.stride(i) % 2 == 0, what, ": even strides, got ", t.strides());
+}
+
+Dims dims_of(const at::Tensor& qkv) {
+  check_view(qkv, 5, "qkv");
+  TORCH_CHECK(qkv.size(0) == 3, "qkv: (3, B, H, N, d), got ", qkv.sizes());
+  const Dims D(qkv.size(1), qkv.size(2), qkv.size(3), qkv.size(4));
+  TORCH_CHECK(D.tokens >= 1 && D.tokens <= kMaxTokens, "qkv: 1 <= N <= ", kMaxTokens, ", got ", D.tokens);
+  TORCH_CHECK(D.dim >= 2 && D.dim % 2 == 0, "qkv: an even head dim, got ", D.dim);
+  return D;
+}
+
+void check_out(const at::Tensor& t, const Dims& D, const char* what) {
+  check_view(t, 4, what);
+  TORCH_CHECK(t.sizes() == at::IntArrayRef({D.batch, D.heads, D.tokens, D.dim}), what, ": (B, H, N, d) = (",
+              D.batch, ", ", D.heads, ", ", D.tokens, ", ", D.dim, "), got ", t.sizes());
+}
+
+void check_floats(const at::Tensor& t, at::IntArrayRef sizes, const char* what) {
+  TORCH_CHECK(t.scalar_type() == at::kFloat && t.is_contiguous() && t.sizes() == sizes,
+              what, ": float32, contiguous, of size ", sizes, ", got ", t.scalar_type(), " ", t.sizes());
+}
+
+void check_mix(const c10::optional<at::Tensor>& gate, const c10::optional<at::Tensor>& pos, const Dims& D) {
+  TORCH_CHECK(gate.has_value() == pos.has_value(), "attention: gate and pos come together");
+  if (pos.has_value()) {
+    check_floats(*gate, {D.heads}, "gate");
+    check_floats(*pos, {D.heads, D.tokens, D.tokens}, "pos");
+  }
+}
+
+// Writes out (B, H, N, d), any strides as check_view; returns each row's max and 1 / sum
+// ((B*H*N,) float32 each, batch-major), or empty tensors without `keep_stats` (inference)
+std::vector<at::Tensor> attention_forward(const at::Tensor& qkv, const c10::optional<at::Tensor>& gate,
+                                          const c10::optional<at::Tensor>& pos, double scale, const at::Tensor& out,
+                                          bool keep_stats) {
+  const Dims D = dims_of(qkv);
+  check_out(out, D, "out");
+  check_mix(gate, pos, D);
+  const int64_t rows = D.batch * D.heads * D.tokens;
+  const at::TensorOptions floats = qkv.options().dtype(at::kFloat);
+  at::Tensor row_max = at::empty({keep_stats ? rows : 0}, floats);
+  at::Tensor row_inv = at::empty({keep_stats ? rows : 0}, floats);
+  const Heads heads{qkv.data_ptr<bf16>(), qkv.strides()};
+  const float* g = pos.has_value() ? gate->data_ptr<float>() : nullptr;
+  const float* p = pos.has_value() ? pos->data_ptr<float>() : nullptr;
+  float* mx = keep_stats ? row_max.data_ptr<float>() : nullptr;
+  float* inv = keep_stats ? row_inv.data_ptr<float>() : nullptr;
+  bf16* o = out.data_ptr<bf16>();
+  at::parallel_for(0, D.batch * D.heads, 4, [&](int64_t begin, int64_t end) {
+    Buffers buf(D);
+    for (int64_t m = begin; m < end; ++m) {
+      const int64_t b = m / D.heads, h = m % D.heads;
+      const Rows out_rows{o + b * out.stride(0) + h * out.stride(1), out.stride(2)};
+      forward_map(D, heads, b, h, static_cast<float>(scale), g, p, out_rows, buf,
+                  keep_stats ? mx + m * D.tokens : nullptr, keep_stats ? inv + m * D.tokens : nullptr);
+    }
+  });
+  return {row_max, row_inv};
+}
+
+// Writes d_qkv (strides as qkv's may be, its own); returns sum_b dA (H, N, N) and sum <dA, soft> per
+// head (H), float32, or empty tensors without `sums`
+std::vector<at::Tensor> attention_backward(const at::Tensor& d_out, const at::Tensor& qkv,
+                                           const c10::optional<at::Tensor>& gate, const c10::optional<at::Tensor>& pos,
+                                           const at::Tensor& row_max, const at::Tensor& row_inv, const at::Tensor& coef,
+                                           double scale, const at::Tensor& d_qkv, bool sums) {
+  const Dims D = dims_of(qkv);
+  check_out(d_out, D, "d_out");
+  check_view(d_qkv, 5, "d_qkv");
+  TORCH_CHECK(d_qkv.sizes() == qkv.sizes(), "d_qkv: qkv's size ", qkv.sizes(), ", got ", d_qkv.sizes());
+  check_mix(gate, pos, D);
+  const int64_t H = D.heads, N = D.tokens, maps = D.batch * H;
+  check_floats(row_max, {maps * N}, "row_max");
+  check_floats(row_inv, {maps * N}, "row_inv");
+  check_floats(coef, {H}, "coef");
+  const Heads heads{qkv.data_ptr<bf16>(), qkv.strides()}, d_heads{d_qkv.data_ptr<bf16>(), d_qkv.strides()};
+  const float* g = pos.has_value() ? gate->data_ptr<float>() : nullptr;
+  const float* p = pos.has_value() ? pos->data_ptr<float>() : nullptr;
+  const float* mx = row_max.data_ptr<float>();
+  const float* inv = row_inv.data_ptr<float>();
+  const float* c = coef.data_ptr<float>();
+  bf16* dout = d_out.data_ptr<bf16>();
+  // the maps in one contiguous chunk per thread, each chunk with its own sums (added afterwards): no
+  // two tasks add into the same memory, and the sums do not depend on scheduling
+  const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), maps));
+  const int64_t sum_size = H * N * N + kLanes;  // one chunk's, padded for unmasked stores
+  at::Tensor dA_sums = at::zeros({sums ? chunks : 0, sum_size}, row_max.options());
+  at::Tensor dots = at::zeros({sums ? chunks : 0, H}, row_max.options());
+  at::parallel_for(0, chunks, 1, [&](int64_t first, int64_t last) {
+    Buffers buf(D);
+    std::vector<double> head_dots(H, 0.);  // kept here: the chunks' rows of `dots` share cache lines
+    for (int64_t chunk = first; chunk < last; ++chunk) {
+      std::fill(head_dots.begin(), head_dots.end(), 0.);
+      float* sum_rows = sums ? dA_sums.data_ptr<float>() + chunk * sum_size : nullptr;
+      for (int64_t m = maps * chunk / chunks; m < maps * (chunk + 1) / chunks; ++m) {
+        const int64_t b = m / H, h = m % H;
+        const Rows d_out_rows{dout + b * d_out.stride(0) + h * d_out.stride(1), d_out.stride(2)};
+        backward_map(D, heads, d_heads, d_out_rows, b, h, static_cast<float>(scale), g, p, mx + m * N, inv + m * N,
+                     c[h], buf, sum_rows, sums ? &head_dots[h] : nullptr);
+      }
+      if (sums)
+        for (int64_t h = 0; h < H; ++h) dots.data_ptr<float>()[chunk * H + h] = static_cast<float>(head_dots[h]);
+    }
+  });
+  if (!sums) return {dA_sums, dots};
+  return {dA_sums.sum(0).narrow(0, 0, H * N * N).view({H, N, N}), dots.sum(0)};
+}
+
+}  // namespace
+
+TORCH_LIBRARY(locality_search, m) {
+  m.def("attention_forward(Tensor qkv, Tensor? gate, Tensor? pos, float scale, Tensor(a!) out, bool keep_stats) "
+        "-> Tensor[]");
+  m.def("attention_backward(Tensor d_out, Tensor qkv, Tensor? gate, Tensor? pos, Tensor row_max, Tensor row_inv, "
+        "Tensor coef, float scale, Tensor(a!) d_qkv, bool sums) -> Tensor[]");
+}
+
+TORCH_LIBRARY_IMPL(locality_search, CPU, m) {
+  m.impl("attention_forward", &attention_forward);
+  m.impl("attention_backward", &attention_backward);
+}
