@@ -143,7 +143,7 @@ def usable(qkv: torch.Tensor) -> bool:
     The caller makes sure the core's GEMMs run in bfloat16 (`_attention_core.gemm_dtype`)."""
     _, _, _, tokens, dim = qkv.shape
     return (USE_FUSED_KERNEL and qkv.dtype == torch.bfloat16 and qkv.device.type == "cpu" and dim % 2 == 0
-            and 1 <= tokens <= MAX_TOKENS and _kernel_layout(qkv) and not torch.compiler.is_compiling()
+            and 1 <= tokens <= MAX_TOKENS and not torch.compiler.is_compiling() and _kernel_layout(qkv)
             and kernels() is not None)
 
 
