@@ -1,6 +1,9 @@
 """Where a benchmark ran, and one JSON file per benchmark and device.
 
     write_result("gpsa_layer", {...})  ->  benchmarks/results/gpsa_layer-<device-slug>.json
+
+On a CPU the slug also names the instruction set torch's kernels use ("amd-epyc-avx512",
+"amd-epyc-avx2"): a VM's model name alone can be the same for CPUs generations apart.
 """
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ import torch
 
 from trainers._cpu import cpu_has_native_bf16
 
-__all__ = ["environment", "write_result", "RESULTS_DIR", "setup_process", "sync", "autocast"]
+__all__ = ["environment", "result_slug", "write_result", "bf16_by_default", "RESULTS_DIR", "setup_process", "sync", "autocast"]
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
@@ -43,6 +46,17 @@ def autocast(device: torch.device, precision: str) -> contextlib.AbstractContext
     if precision == "fp32":
         return contextlib.nullcontext()
     return torch.autocast(device.type, dtype=torch.bfloat16)
+
+
+def bf16_by_default(device: str | torch.device) -> tuple[bool, str]:
+    """Whether a benchmark times bf16 columns unless told: on CUDA and on CPUs with bf16 hardware.
+    Elsewhere oneDNN emulates bf16 about 16x slower than fp32: timing it would take the run's
+    time and tell nothing. The second value says why it is off ("" when on)."""
+    device = torch.device(device)
+    if device.type == "cuda" or cpu_has_native_bf16():
+        return True, ""
+    return False, (f"{_cpu_name()} has no bf16 hardware ({torch.backends.cpu.get_cpu_capability()}); "
+                   "bf16 is emulated there, about 16x slower than fp32")
 
 
 def setup_process(*, retain_memory: bool = True) -> bool:
@@ -99,8 +113,16 @@ def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "unknown"
 
 
+def result_slug(env: dict[str, Any]) -> str:
+    """The device part of a result's file name: the device's name, and on a CPU its ISA level."""
+    slug = _slug(env["device_name"])
+    if env["device"] == "cpu" and env.get("cpu_capability"):
+        slug += "-" + _slug(env["cpu_capability"])
+    return slug
+
+
 def write_result(name: str, payload: dict[str, Any], device: str | torch.device = "cpu") -> Path:
-    """Write payload + environment + UTC timestamp to benchmarks/results/<name>-<device-slug>.json."""
+    """Write payload + environment + UTC timestamp to benchmarks/results/<name>-<result_slug>.json."""
     env = environment(device)
     record = {
         "name": name,
@@ -109,6 +131,6 @@ def write_result(name: str, payload: dict[str, Any], device: str | torch.device 
         "timestamp_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    path = RESULTS_DIR / f"{name}-{_slug(env['device_name'])}.json"
+    path = RESULTS_DIR / f"{name}-{result_slug(env)}.json"
     path.write_text(json.dumps(record, indent=2, sort_keys=False) + "\n", encoding="utf-8")
     return path

@@ -8,7 +8,8 @@ timed alternately (timm, ours, timm, ours, ...) after a warm-up, so drifts in ma
 both alike. Reports the median of each and the ratio timm / ours (> 1: ours is faster), and writes
 benchmarks/results/gpsa_layer-<device>.json.
 
-bf16 column (on by default on the CPU; --no-bf16 skips it): the same two layers, fp32 weights and
+bf16 column (on by default on CUDA and on a CPU with bf16 hardware; --no-bf16 skips it, --bf16
+forces it where bf16 is emulated): the same two layers, fp32 weights and
 input, each under `torch.autocast(device, dtype=torch.bfloat16)` (as the trainer's `precision:
 bf16`), timed in the same rotation (timm fp32, ours fp32, timm bf16, ours bf16, ...). Three ratios:
   ratio_timm_over_ours            fp32 vs fp32 (like for like; the original key)
@@ -34,7 +35,7 @@ from typing import Callable
 import torch
 from timm.models.convit import GPSA as TimmGPSA
 
-from benchmarks._env import autocast, setup_process, sync, write_result
+from benchmarks._env import autocast, bf16_by_default, setup_process, sync, write_result
 from trainers.models import _attention_kernel
 from trainers.models.ls_convit import GPSA
 
@@ -163,8 +164,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--device", action="append", choices=["cpu", "cuda"],
                         help="repeatable; default: cpu, plus cuda when available")
-    parser.add_argument("--no-bf16", action="store_true",
-                        help="fp32 only (default: also both layers under bf16 autocast, same rotation)")
+    parser.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
+                        help="also both layers under bf16 autocast, same rotation (default: where bf16 is "
+                             "native: CUDA, CPUs with bf16 hardware); --no-bf16: fp32 only")
     parser.add_argument("--glibc-default-malloc", action="store_true",
                         help="leave glibc's trim/mmap thresholds alone (default: keep freed memory, as the trainer does)")
     args = parser.parse_args(argv)
@@ -173,8 +175,11 @@ def main(argv: list[str] | None = None) -> None:
     for device in devices:
         if device == "cuda" and not torch.cuda.is_available():
             parser.error("--device cuda: no CUDA device is available here")
+        bf16, why_not = (args.bf16, "") if args.bf16 is not None else bf16_by_default(device)
+        if why_not:
+            print(f"[{device}] no bf16 column: {why_not} (--bf16 times it anyway)")
         result = run(batch=args.batch, tokens=args.tokens, dim=args.dim, heads=args.heads,
-                     repeats=args.repeats, warmup=args.warmup, device=device, bf16=not args.no_bf16)
+                     repeats=args.repeats, warmup=args.warmup, device=device, bf16=bf16)
         path = write_result("gpsa_layer", result, device=device)
         med = result["median_s"]
         print(f"[{device}] batch={args.batch} tokens={args.tokens} dim={args.dim} heads={args.heads} "

@@ -24,7 +24,8 @@ to the group's baseline (> 1: faster); and `median_host_s`, the time until the s
 idle device (on CUDA, what it takes to enqueue the batch: near the wall time, the model is
 host-bound). Writes benchmarks/results/models-<device>.json.
 
-bf16 columns (default; --no-bf16 skips them): every model also runs under
+bf16 columns (default on CUDA and on CPUs with bf16 hardware, not where bf16 is emulated;
+--no-bf16 skips them, --precisions fp32 bf16 forces them): every model also runs under
 `torch.autocast(device, dtype=torch.bfloat16)` (fp32 weights and input, as the trainer's
 `precision: bf16`), in the same rotation as its fp32 runs (all models fp32, then all bf16, per
 repeat). The fp32 numbers keep their keys (`inference`, `train`, `ours_over_timm_convit`); bf16
@@ -64,7 +65,7 @@ import torch
 
 import trainers.models  # noqa: F401  (registers the ls_* families)
 from trainers.models import _attention_core, _attention_kernel, ls_convit
-from benchmarks._env import autocast, setup_process, sync, write_result
+from benchmarks._env import autocast, bf16_by_default, setup_process, sync, write_result
 
 IMAGENET = dict(num_classes=1000, in_chans=3)
 UNFUSED = "unfused "  # label prefix: ls_convit_tiny with GPSA's CUDA inference kernel off
@@ -364,7 +365,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-bf16", action="store_true",
                         help="fp32 only (default: every model also under bf16 autocast, same rotation)")
     parser.add_argument("--precisions", nargs="+", choices=["fp32", "bf16"],
-                        help="the precision columns to time (default: fp32 bf16; --no-bf16: fp32)")
+                        help="the precision columns to time (default: fp32 bf16 where bf16 is native, else fp32; "
+                             "--no-bf16: fp32)")
     parser.add_argument("--compile", nargs="+", default=[], metavar="SUBSTRING",
                         help="also time a torch.compile'd copy of each model whose label contains one of these")
     parser.add_argument("--result-name", default="models",
@@ -377,7 +379,10 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--device cuda: no CUDA device is available here")
     if args.precisions and args.no_bf16:
         parser.error("--no-bf16 and --precisions: give one of them")
-    precisions = tuple(dict.fromkeys(args.precisions or (["fp32"] if args.no_bf16 else ["fp32", "bf16"])))
+    bf16, why_not = (False, "") if args.no_bf16 else bf16_by_default(args.device)
+    if why_not and not args.precisions:
+        print(f"no bf16 columns: {why_not} (--precisions fp32 bf16 times them anyway)")
+    precisions = tuple(dict.fromkeys(args.precisions or (["fp32", "bf16"] if bf16 else ["fp32"])))
     default_batch = DEFAULT_BATCH_CUDA if args.device == "cuda" else DEFAULT_BATCH
     results = {}
     for group in args.groups:
