@@ -518,3 +518,37 @@ def test_a_failing_loader_thread_raises_instead_of_hanging(synthetic, monkeypatc
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
+
+
+def test_ffcv_rgb_images_round_trip_with_its_image_modes_as_a_plain_dict(tmp_path):
+    """trainers.data._ffcv hands FFCV's import a plain dict for its numba.typed.Dict of image modes
+    (6-10 s of numba compilation per process saved); FFCV's RGB field, which reads it when it writes
+    and when its decoder generates code, still round-trips images, and numba's Dict is put back."""
+    import numba.typed
+
+    from trainers.data._ffcv import ffcv
+
+    f = ffcv()
+    from ffcv.fields.decoders import IntDecoder, SimpleRGBImageDecoder
+    from ffcv.transforms import ToTensor
+
+    modes = f.fields.rgb_image.IMAGE_MODES
+    assert type(modes) is dict and modes == {"jpg": 0, "raw": 1}  # not compiled by numba
+    assert numba.typed.Dict is not dict and numba.typed.Dict.__module__.startswith("numba.")
+    images = np.random.default_rng(0).integers(0, 256, (6, 8, 8, 3), dtype=np.uint8)
+
+    class Images:
+        def __len__(self):
+            return len(images)
+
+        def __getitem__(self, i):
+            return images[i], i
+
+    path = str(tmp_path / "rgb.beton")
+    fields = {"image": f.fields.RGBImageField(write_mode="raw"), "label": f.fields.IntField()}
+    f.writer.DatasetWriter(path, fields, num_workers=1).from_indexed_dataset(Images())
+    loader = f.loader.Loader(path, batch_size=6, num_workers=1, order=f.loader.OrderOption.SEQUENTIAL,
+                             pipelines={"image": [SimpleRGBImageDecoder(), ToTensor()],
+                                        "label": [IntDecoder(), ToTensor()]})
+    (x, y), = list(loader)
+    assert np.array_equal(x.numpy(), images) and y.flatten().tolist() == list(range(6))

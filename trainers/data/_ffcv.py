@@ -8,14 +8,35 @@ FFCV is dormant; two of its habits would hurt a trainer that shares the process 
   We keep torch's thread count as it was and let ``Compiler.set_num_threads`` set only numba's
   (thread-local) pool, clamped to what numba has (FFCV would raise for more workers than cores).
 - ``DatasetWriter`` draws a tqdm progress bar per file; we log instead.
+
+And one habit that costs every process 6-10 s on a 2-core VM (the driver, each trial's worker):
+``ffcv.fields.rgb_image`` fills a ``numba.typed.Dict`` (``IMAGE_MODES``, 'jpg' -> 0, 'raw' -> 1) at
+import, and numba compiles that dict's methods, uncached, before the import returns. FFCV reads it
+only from Python (the writer, and the decoders' ``generate_code`` before they compile), so a plain
+dict does the same; we hand FFCV's import ``dict`` in place of ``numba.typed.Dict``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import types
+from typing import Iterator
 
 _ffcv: types.ModuleType | None = None
+
+
+@contextlib.contextmanager
+def _plain_dict_as_numba_typed_dict() -> Iterator[None]:
+    """``from numba.typed import Dict`` gives ``dict`` while FFCV imports (see above)."""
+    import numba.typed
+
+    typed_dict = numba.typed.Dict
+    numba.typed.Dict = dict
+    try:
+        yield
+    finally:
+        numba.typed.Dict = typed_dict
 
 
 def ffcv() -> types.ModuleType:
@@ -27,12 +48,13 @@ def ffcv() -> types.ModuleType:
 
     threads = torch.get_num_threads()
     try:
-        import ffcv as module
-        import ffcv.fields  # noqa: F401
-        import ffcv.loader  # noqa: F401
-        import ffcv.transforms  # noqa: F401
-        import ffcv.writer
-        from ffcv.pipeline.compiler import Compiler
+        with _plain_dict_as_numba_typed_dict():
+            import ffcv as module
+            import ffcv.fields  # noqa: F401
+            import ffcv.loader  # noqa: F401
+            import ffcv.transforms  # noqa: F401
+            import ffcv.writer
+            from ffcv.pipeline.compiler import Compiler
     finally:
         torch.set_num_threads(threads)
 
