@@ -16,9 +16,10 @@ bf16`), timed in the same rotation (timm fp32, ours fp32, timm bf16, ours bf16, 
   ratio_timm_over_ours_bf16       bf16 vs bf16 (like for like)
   ratio_timm_fp32_over_ours_bf16  timm in fp32 vs ours in bf16: a PRECISION CHANGE, not like for like
 
-Ours on torch ops (same rotation, each precision, CPU, where the kernel is built): the same layer
-with its attention core on torch ops instead of the fused kernel
-(`trainers/models/_attention_kernel.py`, bf16 only): `ratio_fused_kernel_gain` = torch ops / fused.
+Ours on torch ops (same rotation, each precision, CPU, where a kernel is built): the same layer
+with its attention core on torch ops instead of the fused kernels
+(`trainers/models/_attention_kernel.py`: float32, and bf16 on bf16 hardware):
+`ratio_fused_kernel_gain[_bf16]` = torch ops / fused.
 
 The floor (same rotation, each precision): our layer's projections alone, forward + backward (the
 q/k/v matmul and the output projection, with the shapes and upstream gradients the layer has). They
@@ -103,10 +104,12 @@ def run(*, batch: int, tokens: int, dim: int, heads: int, repeats: int, warmup: 
         "ours": lambda precision: _step(ours, x, precision),
         "floor": lambda precision: _projections_step(ours, x, z, precision),
     }
-    fused_kernel = dev.type == "cpu" and _attention_kernel.kernels() is not None
-    if fused_kernel:
-        steps["ours_torch_ops"] = lambda precision: _torch_ops_step(ours, x, precision)
     precisions = ["fp32", "bf16"] if bf16 else ["fp32"]
+    kernel_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}
+    fused_kernel = {precision: dev.type == "cpu" and _attention_kernel.kernels(kernel_dtype[precision]) is not None
+                    for precision in precisions}
+    if any(fused_kernel.values()):
+        steps["ours_torch_ops"] = lambda precision: _torch_ops_step(ours, x, precision)
     contenders = [(precision, name) for precision in precisions for name in steps]  # the rotation
     for _ in range(warmup):
         for precision, name in contenders:
@@ -128,9 +131,10 @@ def run(*, batch: int, tokens: int, dim: int, heads: int, repeats: int, warmup: 
         "ratio_bound": med["fp32"]["timm"] / med["fp32"]["floor"],
         "max_abs_output_diff": max_abs_diff,
         "fused_kernel": fused_kernel if dev.type == "cpu" else None,
-        "fused_kernel_unavailable_because": None if dev.type != "cpu" else _attention_kernel.build_error(),
+        "fused_kernel_unavailable_because": None if dev.type != "cpu" else {
+            precision: _attention_kernel.build_error(kernel_dtype[precision]) for precision in precisions},
     }
-    if fused_kernel:
+    if fused_kernel["fp32"]:
         out["ratio_fused_kernel_gain"] = med["fp32"]["ours_torch_ops"] / med["fp32"]["ours"]
     if bf16:
         out.update({
@@ -142,7 +146,7 @@ def run(*, batch: int, tokens: int, dim: int, heads: int, repeats: int, warmup: 
             "ratio_bound_bf16": med["bf16"]["timm"] / med["bf16"]["floor"],
             "max_abs_output_diff_bf16": max_abs_diff_bf16,
             **({"ratio_fused_kernel_gain_bf16": med["bf16"]["ours_torch_ops"] / med["bf16"]["ours"]}
-               if fused_kernel else {}),
+               if fused_kernel["bf16"] else {}),
             "max_abs_output_bf16": max_abs_out,
             "ratios": {
                 "fp32 timm / fp32 ours (like for like)": med["fp32"]["timm"] / med["fp32"]["ours"],
@@ -194,7 +198,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"  ours with the core on torch ops: {med['ours_torch_ops'] * 1e3:8.2f} ms -> "
                   f"fused kernel gain {result['ratio_fused_kernel_gain']:.2f}x")
         elif device == "cpu":
-            print(f"  (the fused attention kernel is not built here: {result['fused_kernel_unavailable_because']})")
+            print(f"  (the fused attention kernel is not built here: {result['fused_kernel_unavailable_because']['fp32']})")
         if "median_s_bf16" in result:
             mb = result["median_s_bf16"]
             print(f"  timm GPSA  fwd+bwd median, bf16 autocast: {mb['timm'] * 1e3:8.2f} ms")

@@ -48,9 +48,9 @@ On the CPU the convit and micro groups add "fused-MHSA ls_convit_*": the same mo
 attention blocks on torch's fused kernel instead of the explicit core (which they take under bf16
 autocast on a CPU with bf16 GEMMs, `trainers/models/_attention_core.py`), and `explicit_core_gain`
 (with over without; the fp32 columns read about 1). They also add "torch-ops-core ls_convit_*":
-the same model with its attention core on torch ops instead of the fused CPU kernel
-(`trainers/models/_attention_kernel.py`, where it is built; bf16 only, so the fp32 columns read
-about 1), and `cpu_kernel_gain` (with over without).
+the same model with its attention core on torch ops instead of the fused CPU kernels
+(`trainers/models/_attention_kernel.py`, where they are built: float32, and bf16 on bf16 hardware),
+and `cpu_kernel_gain` (with over without).
 """
 
 from __future__ import annotations
@@ -71,6 +71,11 @@ IMAGENET = dict(num_classes=1000, in_chans=3)
 UNFUSED = "unfused "  # label prefix: ls_convit_tiny with GPSA's CUDA inference kernel off
 FUSED_MHSA = "fused-MHSA "  # label prefix: a CPU ls_convit with its plain attention on torch's fused kernel
 TORCH_OPS_CORE = "torch-ops-core "  # label prefix: a CPU ls_convit without the fused attention kernel
+
+
+def _any_cpu_kernel() -> bool:
+    """Whether the attention core has a fused CPU kernel here in some dtype (float32, bf16)."""
+    return any(_attention_kernel.kernels(dtype) is not None for dtype in _attention_kernel.DTYPES)
 
 
 def _converted(name: str, **kwargs) -> torch.nn.Module:
@@ -151,7 +156,7 @@ def _group(name: str, *, cuda: bool = False
             builders[UNFUSED + "ls_convit_tiny"] = lambda: _without_fused_cuda_kernel(pair()[1])
         else:
             builders[FUSED_MHSA + "ls_convit_tiny"] = lambda: _with_fused_mhsa(pair()[1])
-            if _attention_kernel.kernels() is not None:
+            if _any_cpu_kernel():
                 builders[TORCH_OPS_CORE + "ls_convit_tiny"] = lambda: _with_torch_ops_core(pair()[1])
         return builders, "timm convit_tiny", (3, 224, 224), extra
     if name in ("tiny", "small"):
@@ -189,7 +194,7 @@ def _group(name: str, *, cuda: bool = False
                 return extra["convit_micro"]
             builders["ls_convit_micro"] = convit_micro
             builders[FUSED_MHSA + "ls_convit_micro"] = lambda: _with_fused_mhsa(convit_micro())
-            if _attention_kernel.kernels() is not None:
+            if _any_cpu_kernel():
                 builders[TORCH_OPS_CORE + "ls_convit_micro"] = lambda: _with_torch_ops_core(convit_micro())
         return builders, "deit micro (ls_convit_micro, 0 GPSA)", (1, 28, 28), extra
     raise ValueError(name)

@@ -171,18 +171,20 @@ def _prepare_data(spec: SearchSpec, cache_dir: str | os.PathLike | None, out: Te
 
 
 def _prepare_cpu_kernel() -> None:
-    """Trials on a CPU with bf16 hardware run the attention core's fused kernel: built here (once per
-    machine and source, ~15 s) before any trial waits for it; where it cannot be built, one warning
-    says why and trials run the core on torch ops."""
+    """Trials on a CPU run the attention core's fused kernels: float32 everywhere, bf16 on a CPU with
+    bf16 hardware; built here (once per machine and source, ~15-25 s each) before any trial waits
+    for them; where one cannot be built, one warning says why and trials run the core on torch ops."""
     import torch
 
     from trainers._cpu import cpu_has_native_bf16
 
-    if torch.cuda.is_available() or not cpu_has_native_bf16():
-        return  # trials train on the GPU, or on a CPU whose core multiplies in float32 (no kernel)
+    if torch.cuda.is_available():
+        return  # trials train on the GPU
     from trainers.models import _attention_kernel
 
-    _attention_kernel.kernels()
+    _attention_kernel.kernels(torch.float32)
+    if cpu_has_native_bf16():
+        _attention_kernel.kernels(torch.bfloat16)
 
 
 DASHBOARD_FLAG = "--allow-remote-dashboard"

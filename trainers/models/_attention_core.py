@@ -13,10 +13,10 @@ maps' gradients are float32; the batched GEMMs run in bfloat16 (accumulating in 
 that multiplies it natively (`cpu_has_native_bf16`), else in float32 (fp16, or emulated bf16, where
 float32 GEMMs are the quicker ones). No map is rounded twice.
 
-With bf16 GEMMs the whole core, forward and backward, runs as one fused kernel per direction where
-it is built (`_attention_kernel`: the maps formed per (batch, head) in cache and recomputed in the
-backward rather than kept, q, k, v read in the projection's layout); elsewhere, and where the
-kernel cannot be built, on the torch ops below.
+With bf16 GEMMs, and in float32, the whole core, forward and backward, runs as one fused kernel
+per direction where it is built (`_attention_kernel`: the maps formed per (batch, head) in cache and
+recomputed in the backward rather than kept, q, k, v read in the projection's layout); elsewhere
+(float64, fp16, emulated bf16), and where the kernel cannot be built, on the torch ops below.
 """
 from typing import Optional, Tuple
 
@@ -99,18 +99,19 @@ def _attention_forward(qkv: torch.Tensor, gate: Optional[torch.Tensor], pos: Opt
 
 
 def _on_kernel(qkv: torch.Tensor) -> bool:
-    """Whether the core runs on the fused kernel for this qkv: bf16 GEMMs, the kernel usable."""
-    return gemm_dtype(qkv.dtype) == torch.bfloat16 and _attention_kernel.usable(qkv)
+    """Whether the core runs on a fused kernel for this qkv: its GEMMs in qkv's dtype (bf16 on
+    bf16 hardware, or float32), that dtype's kernel usable."""
+    return gemm_dtype(qkv.dtype) == qkv.dtype and _attention_kernel.usable(qkv)
 
 
 def _kernel_forward(qkv: torch.Tensor, gate: Optional[torch.Tensor], pos: Optional[torch.Tensor], scale: float,
                     keep_stats: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(out (B, H, N, d), the rows' max and 1 / sum, or empty) on the fused kernel, for bf16 qkv in
-    its own strides. out is the (B, H, N, d) view of a (B, N, H, d)-contiguous buffer, so the
+    """(out (B, H, N, d), the rows' max and 1 / sum, or empty) on the fused kernel, for bf16 or
+    float32 qkv in its own strides. out is the (B, H, N, d) view of a (B, N, H, d)-contiguous buffer, so the
     caller's transpose + reshape to (B, N, C) is free."""
     _, B, H, N, d = qkv.shape
     out = qkv.new_empty(B, N, H, d).transpose(1, 2)
-    row_max, row_inv = _attention_kernel.kernels().attention_forward(qkv, gate, pos, scale, out, keep_stats)
+    row_max, row_inv = _attention_kernel.kernels(qkv.dtype).attention_forward(qkv, gate, pos, scale, out, keep_stats)
     return out, row_max, row_inv
 
 
@@ -157,8 +158,8 @@ class _Attention(torch.autograd.Function):
         d_qkv = torch.empty_strided(qkv.shape, ctx.in_strides, dtype=qkv.dtype, device=qkv.device)
         coef = ctx.scale * (torch.ones(H) if gate is None else 1. - gate)  # dS's factor per head
         gate_grads = ctx.needs_input_grad[1] or ctx.needs_input_grad[2]
-        d_attn_sum, soft_dot = _attention_kernel.kernels().attention_backward(
-            _attention_kernel.d_out_for_kernel(d_out), qkv, gate, pos, row_max, row_inv, coef, ctx.scale, d_qkv,
+        d_attn_sum, soft_dot = _attention_kernel.kernels(qkv.dtype).attention_backward(
+            _attention_kernel.d_out_for_kernel(d_out, qkv.dtype), qkv, gate, pos, row_max, row_inv, coef, ctx.scale, d_qkv,
             gate_grads)  # sum_b dA (H, N, N) and sum <dA, softmax(S)> per head, for the gate's grads
         d_gate = d_pos = None
         if ctx.needs_input_grad[2]:

@@ -1,24 +1,29 @@
-"""The CPU attention core in bf16 as one fused kernel per direction (`csrc/attention_core.cpp`):
-per (batch, head) the scores, softmax, GPSA's mix with its positional attention and the product
-with v forward; the maps' recomputation, the four products of the backward, the softmax backward and
-the gate's sums backward. The N x N maps never leave the kernel's cache-sized buffers (the backward
-recomputes them from two numbers per row instead of keeping them), its GEMMs run on AVX512-BF16
-dot products, and it reads q, k, v and writes the output and the gradients in the caller's strides,
-so the projection's (B, N, 3, H, d) output needs no layout copy.
+"""The CPU attention core as one fused kernel per direction, in bf16 (`csrc/attention_core.cpp`,
+AVX512-BF16) and in float32 (`csrc/attention_core_fp32.cpp`, AVX2 + FMA, or AVX-512): per (batch,
+head) the scores, softmax, GPSA's mix with its positional attention and the product with v
+forward; the maps' recomputation, the four products of the backward, the softmax backward and the
+gate's sums backward. The N x N maps never leave the kernel's cache-sized buffers (the backward
+recomputes them from two numbers per row instead of keeping them), its GEMMs are register-tiled
+SIMD loops (AVX512-BF16 dot products in bf16, FMAs in float32), and it reads q, k, v and writes the
+output and the gradients in the caller's strides, so the projection's (B, N, 3, H, d) output needs
+no layout copy.
 
 The core (`_attention_core`) runs on it wherever its GEMMs run in bfloat16 (CPU autocast on a CPU
-with bf16 hardware, as `precision: auto` trains there): the GPSA layer and the whole models faster
-than on the core's torch ops (README, Performance; the benchmarks time both side by side).
+with bf16 hardware, as `precision: auto` trains there) or in float32 (fp32 training and inference,
+as `auto` trains on CPUs without bf16 hardware): the GPSA layer and the whole models faster than on
+the core's torch ops (README, Performance; the benchmarks time both side by side).
 
-Built on first use with the C++ compiler that FFCV's build needs too, for CPUs with AVX512-BF16,
-into ``$XDG_CACHE_HOME/locality-search/kernels`` (one file per source, torch and instruction set;
-built once per machine, ~15 s, under a file lock so concurrent trials wait for one build), and
-loaded as ``torch.ops.locality_search``. Where it cannot be built (no compiler, another OS) the core
-runs on torch ops, with one warning saying why; ``LOCALITY_SEARCH_CPU_KERNELS=0`` chooses that path
+Built on first use with the C++ compiler that FFCV's build needs too, into
+``$XDG_CACHE_HOME/locality-search/kernels`` (one file per source, torch and instruction set; built
+once per machine, ~15-25 s each, under a file lock so concurrent trials wait for one build), and
+loaded as ``torch.ops.locality_search`` (bf16) and ``torch.ops.locality_search_fp32``. Where one
+cannot be built (no compiler, another OS, a CPU without its instructions) the core runs on torch
+ops in that dtype, with one warning saying why; ``LOCALITY_SEARCH_CPU_KERNELS=0`` chooses that path
 outright.
 """
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import functools
 import hashlib
@@ -30,15 +35,14 @@ import sys
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
 from trainers._atomic import atomic_write
 
-__all__ = ["MAX_TOKENS", "USE_FUSED_KERNEL", "build_error", "d_out_for_kernel", "kernels", "usable"]
+__all__ = ["DTYPES", "MAX_TOKENS", "USE_FUSED_KERNEL", "available", "build_error", "d_out_for_kernel", "kernels", "usable"]
 
-SOURCE = Path(__file__).with_name("csrc") / "attention_core.cpp"
 MAX_TOKENS = 1024  # the kernel's row buffer (kMaxTokens)
 _DISABLE_ENV = "LOCALITY_SEARCH_CPU_KERNELS"
 # False: the core runs on torch ops (the benchmarks time both side by side)
@@ -49,8 +53,8 @@ def _cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "locality-search" / "kernels"
 
 
-def _isa_flags() -> Optional[list[str]]:
-    """The -m flags for this CPU, or None where it lacks the AVX-512 subsets the kernel needs."""
+def _bf16_isa_flags() -> Optional[list[str]]:
+    """The -m flags for the bf16 kernel on this CPU, or None where it lacks the AVX-512 subsets it needs."""
     if not torch.backends.cpu.get_cpu_capability().startswith("AVX512"):
         return None  # torch's own dispatch level: AVX-512 F, BW, VL and DQ present and enabled
     if not getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)():
@@ -58,35 +62,62 @@ def _isa_flags() -> Optional[list[str]]:
     return ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16", "-mfma"]
 
 
-def _compile_command(compiler: str, output: Path, isa: list[str]) -> list[str]:
+def _fp32_isa_flags() -> Optional[list[str]]:
+    """The flags for the float32 kernel: 16 lanes with AVX-512, 8 with AVX2 (torch's AVX2 level
+    implies FMA), None below that. FMA contraction on: the source writes a * b + c."""
+    capability = torch.backends.cpu.get_cpu_capability()
+    if capability.startswith("AVX512"):
+        return ["-mavx512f", "-mavx2", "-mfma", "-ffp-contract=fast"]
+    if capability == "AVX2":
+        return ["-mavx2", "-mfma", "-ffp-contract=fast"]
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Kernel:
+    source: Path
+    namespace: str  # torch.ops.<namespace>
+    isa_flags: Callable[[], Optional[list[str]]]
+    needs: str  # what isa_flags looks for, for the message where it finds none
+
+
+_CSRC = Path(__file__).with_name("csrc")
+_KERNELS = {
+    torch.bfloat16: _Kernel(_CSRC / "attention_core.cpp", "locality_search", _bf16_isa_flags, "AVX512-BF16"),
+    torch.float32: _Kernel(_CSRC / "attention_core_fp32.cpp", "locality_search_fp32", _fp32_isa_flags, "AVX2 and FMA"),
+}
+DTYPES = tuple(_KERNELS)  # the dtypes the core has a kernel for
+
+
+def _compile_command(compiler: str, source: Path, output: Path, isa: list[str]) -> list[str]:
     torch_dir = Path(torch.__file__).parent
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
     return [
-        compiler, str(SOURCE), "-o", str(output), "-shared", "-fPIC", "-O3", "-std=c++20", "-fopenmp", *isa,
+        compiler, str(source), "-o", str(output), "-shared", "-fPIC", "-O3", "-std=c++20", "-fopenmp", *isa,
         f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
         "-isystem", str(torch_dir / "include"), "-isystem", str(torch_dir / "include" / "torch" / "csrc" / "api" / "include"),
         f"-L{torch_dir / 'lib'}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{torch_dir / 'lib'}",
     ]
 
 
-def _build() -> Path:
+def _build(kernel: _Kernel) -> Path:
     """The compiled library's path, building it unless a build for this source, torch and
     instruction set is cached. Raises RuntimeError saying why it cannot be built."""
     if os.environ.get(_DISABLE_ENV, "1").strip() == "0":
         raise RuntimeError(f"{_DISABLE_ENV}=0")
     if sys.platform != "linux" or platform.machine() not in ("x86_64", "AMD64"):
         raise RuntimeError(f"built for Linux on x86-64 only, not {sys.platform} on {platform.machine()}")
-    isa = _isa_flags()
+    isa = kernel.isa_flags()
     if isa is None:
-        raise RuntimeError("this CPU has no AVX512-BF16 (torch dispatches "
+        raise RuntimeError(f"this CPU has no {kernel.needs} (torch dispatches "
                            f"{torch.backends.cpu.get_cpu_capability()})")
     compiler = shutil.which("g++") or shutil.which("c++")
     if compiler is None:
         raise RuntimeError("no C++ compiler (install g++; ./with-deps does)")
-    source = SOURCE.read_bytes()
+    source = kernel.source.read_bytes() + b"".join(h.read_bytes() for h in sorted(_CSRC.glob("*.h")))  # + includes
     key = hashlib.sha256(b"\0".join([source, torch.__version__.encode(), " ".join(isa).encode(),
                                      compiler.encode()])).hexdigest()[:16]
-    library = _cache_dir() / f"attention_core-{key}.so"
+    library = _cache_dir() / f"{kernel.source.stem}-{key}.so"
     if library.exists():
         return library
     library.parent.mkdir(parents=True, exist_ok=True)
@@ -96,58 +127,66 @@ def _build() -> Path:
             return library
         with tempfile.TemporaryDirectory(dir=library.parent) as scratch:
             output = Path(scratch) / library.name
-            done = subprocess.run(_compile_command(compiler, output, isa), capture_output=True, text=True,
+            done = subprocess.run(_compile_command(compiler, kernel.source, output, isa), capture_output=True, text=True,
                                   timeout=600)
             if done.returncode != 0:
                 first_error = next((line for line in done.stderr.splitlines() if "error" in line),
                                    done.stderr.strip()[-300:])
-                raise RuntimeError(f"compiling {SOURCE.name} failed: {first_error}")
+                raise RuntimeError(f"compiling {kernel.source.name} failed: {first_error}")
             atomic_write(library, lambda handle: handle.write(output.read_bytes()))
     return library
 
 
-_build_error: Optional[str] = None
+_build_errors: dict[torch.dtype, str] = {}
 
 
 @functools.lru_cache(maxsize=None)
-def kernels() -> Optional[Any]:
-    """``torch.ops.locality_search`` with ``attention_forward`` and ``attention_backward`` loaded, or None
-    where the kernel cannot be built here (`build_error` says why; warned once)."""
-    global _build_error
+def kernels(dtype: torch.dtype = torch.bfloat16) -> Optional[Any]:
+    """The ops of the `dtype` kernel (``attention_forward`` and ``attention_backward``, loaded), or
+    None where it cannot be built here (`build_error` says why; warned once)."""
+    kernel = _KERNELS[dtype]
     try:
-        torch.ops.load_library(str(_build()))
+        torch.ops.load_library(str(_build(kernel)))
     except (RuntimeError, OSError, subprocess.TimeoutExpired) as error:
-        _build_error = str(error)
+        _build_errors[dtype] = str(error)
         if os.environ.get(_DISABLE_ENV, "1").strip() != "0":
-            warnings.warn(f"the fused CPU attention kernel is not used ({error}); the attention core "
-                          "runs on torch ops, slower", RuntimeWarning, stacklevel=2)
+            warnings.warn(f"the fused CPU attention kernel ({str(dtype).removeprefix('torch.')}) is not used ({error}); "
+                          "the attention core runs on torch ops, slower", RuntimeWarning, stacklevel=2)
         return None
-    return torch.ops.locality_search
+    return getattr(torch.ops, kernel.namespace)
 
 
-def build_error() -> Optional[str]:
-    """Why `kernels()` is None (after it was called), else None."""
-    return _build_error
+def build_error(dtype: torch.dtype = torch.bfloat16) -> Optional[str]:
+    """Why `kernels(dtype)` is None (after it was called), else None."""
+    return _build_errors.get(dtype)
 
 
 def _kernel_layout(t: torch.Tensor) -> bool:
-    """Unit stride along the head dim and 32-bit aligned rows: the kernel reads bf16 pairs."""
-    return (t.stride(-1) == 1 and all(stride % 2 == 0 for stride in t.stride()[:-1])
-            and t.data_ptr() % 4 == 0)
+    """Unit stride along the head dim; in bf16 also 32-bit aligned rows: that kernel reads bf16 pairs."""
+    if t.stride(-1) != 1:
+        return False
+    return t.dtype != torch.bfloat16 or (all(stride % 2 == 0 for stride in t.stride()[:-1]) and t.data_ptr() % 4 == 0)
+
+
+def available(dtype: torch.dtype, tokens: int) -> bool:
+    """Whether a CPU core in `dtype` over `tokens` tokens can run on a kernel here (as `usable`,
+    before qkv exists: the layout and head dim aside)."""
+    return (USE_FUSED_KERNEL and dtype in _KERNELS and 1 <= tokens <= MAX_TOKENS
+            and not torch.compiler.is_compiling() and kernels(dtype) is not None)
 
 
 def usable(qkv: torch.Tensor) -> bool:
-    """Whether the core runs on the kernel for `qkv` ((3, B, H, N, d), the projection's output
-    permuted): bfloat16 on the CPU, an even head dim, at most MAX_TOKENS tokens, a layout it reads
-    in place, outside torch.compile (which traces the torch ops instead), the kernel built here.
-    The caller makes sure the core's GEMMs run in bfloat16 (`_attention_core.gemm_dtype`)."""
+    """Whether the core runs on a kernel for `qkv` ((3, B, H, N, d), the projection's output
+    permuted): bfloat16 (with an even head dim) or float32 on the CPU, at most MAX_TOKENS tokens, a
+    layout it reads in place, outside torch.compile (which traces the torch ops instead), the
+    kernel built here. The caller makes sure the core's GEMMs run in qkv's dtype
+    (`_attention_core.gemm_dtype`)."""
     _, _, _, tokens, dim = qkv.shape
-    return (USE_FUSED_KERNEL and qkv.dtype == torch.bfloat16 and qkv.device.type == "cpu" and dim % 2 == 0
-            and 1 <= tokens <= MAX_TOKENS and not torch.compiler.is_compiling() and _kernel_layout(qkv)
-            and kernels() is not None)
+    return (qkv.device.type == "cpu" and (dim % 2 == 0 or qkv.dtype != torch.bfloat16)
+            and not torch.compiler.is_compiling() and _kernel_layout(qkv) and available(qkv.dtype, tokens))
 
 
-def d_out_for_kernel(d_out: torch.Tensor) -> torch.Tensor:
-    """The output's gradient in bfloat16, in a layout the kernel reads (as it comes, usually)."""
-    d_out = d_out.to(torch.bfloat16)
+def d_out_for_kernel(d_out: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The output's gradient in the kernel's dtype, in a layout it reads (as it comes, usually)."""
+    d_out = d_out.to(dtype)
     return d_out if _kernel_layout(d_out) else d_out.contiguous()

@@ -76,7 +76,7 @@ from timm.layers import DropPath, LayerNorm, Mlp, PatchEmbed, calculate_drop_pat
 from timm.models import generate_default_cfgs, register_model
 from timm.models._features_fx import register_notrace_module
 
-from trainers.models import _gpsa_triton
+from trainers.models import _attention_kernel, _gpsa_triton
 from trainers.models._attention_core import CPU_CORE_DTYPES, FULL_PRECISION, attention_inference, gated_attention
 from trainers.models._common import (
     MHSA, GridSize, _build_without_weights, _cfg, _check_int, _check_real, _fashion_mnist_cfg, _gated_param_groups,
@@ -305,8 +305,10 @@ class GPSA(nn.Module):
         if self._use_gated_attention(x):
             gate = torch.sigmoid(self.gating_param)  # (H,)
             pos_attn = self.positional_attention(self._grid_for(N))  # P (H, N, N)
-            if not torch.is_grad_enabled() and x.dtype in FULL_PRECISION and not torch.is_autocast_enabled('cpu'):
-                # inference: q, k, v come out of their matmul already laid out for the core
+            if (not torch.is_grad_enabled() and x.dtype in FULL_PRECISION and not torch.is_autocast_enabled('cpu')
+                    and not _attention_kernel.available(x.dtype, N)):
+                # inference on torch ops: q, k, v come out of their matmul already laid out for
+                # them (the fused kernel reads the projection's layout as it is)
                 out = attention_inference(self._qkv_heads_first(x), self.scale, gate, pos_attn.to(x.dtype))
                 out = out.permute(1, 2, 0, 3)  # (H, B, N, d) -> (B, N, H, d)
             else:

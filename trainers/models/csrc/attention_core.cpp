@@ -326,133 +326,20 @@ void backward_map(const Dims& D, const Heads& qkv, const Heads& d_qkv, Rows d_ou
   product_into(D, buf.maps_i.data(), 1, ld, buf.rows_i.data(), buf, d_qkv.at(1, b, h));
 }
 
-// ---- the ops ------------------------------------------------------------------------------------
+// ---- what the ops (attention_ops.h) need besides ---------------------------------------------
 
-// qkv-like (3, B, H, N, d) or out-like (B, H, N, d) bf16 with unit stride along d and 32-bit aligned rows
-void check_view(const at::Tensor& t, int64_t dims, const char* what) {
-  TORCH_CHECK(t.dim() == dims && t.scalar_type() == at::kBFloat16, what, ": a ", dims, "-d bfloat16 tensor, got ",
-              t.scalar_type(), " ", t.sizes());
-  TORCH_CHECK(t.stride(dims - 1) == 1 && reinterpret_cast<uintptr_t>(t.data_ptr()) % 4 == 0,
-              what, ": unit stride along d and rows at even offsets, got strides ", t.strides());
+using Element = bf16;
+constexpr at::ScalarType kElement = at::kBFloat16;
+
+// 32-bit aligned rows: the kernel reads bf16 pairs as words
+void check_layout(const at::Tensor& t, int64_t dims, const char* what) {
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 4 == 0, what, ": rows at even offsets");
   for (int64_t i = 0; i + 1 < dims; ++i) TORCH_CHECK(t.stride(i) % 2 == 0, what, ": even strides, got ", t.strides());
 }
 
-Dims dims_of(const at::Tensor& qkv) {
-  check_view(qkv, 5, "qkv");
-  TORCH_CHECK(qkv.size(0) == 3, "qkv: (3, B, H, N, d), got ", qkv.sizes());
-  const Dims D(qkv.size(1), qkv.size(2), qkv.size(3), qkv.size(4));
-  TORCH_CHECK(D.tokens >= 1 && D.tokens <= kMaxTokens, "qkv: 1 <= N <= ", kMaxTokens, ", got ", D.tokens);
-  TORCH_CHECK(D.dim >= 2 && D.dim % 2 == 0, "qkv: an even head dim, got ", D.dim);
-  return D;
-}
-
-void check_out(const at::Tensor& t, const Dims& D, const char* what) {
-  check_view(t, 4, what);
-  TORCH_CHECK(t.sizes() == at::IntArrayRef({D.batch, D.heads, D.tokens, D.dim}), what, ": (B, H, N, d) = (",
-              D.batch, ", ", D.heads, ", ", D.tokens, ", ", D.dim, "), got ", t.sizes());
-}
-
-void check_floats(const at::Tensor& t, at::IntArrayRef sizes, const char* what) {
-  TORCH_CHECK(t.scalar_type() == at::kFloat && t.is_contiguous() && t.sizes() == sizes,
-              what, ": float32, contiguous, of size ", sizes, ", got ", t.scalar_type(), " ", t.sizes());
-}
-
-void check_mix(const c10::optional<at::Tensor>& gate, const c10::optional<at::Tensor>& pos, const Dims& D) {
-  TORCH_CHECK(gate.has_value() == pos.has_value(), "attention: gate and pos come together");
-  if (pos.has_value()) {
-    check_floats(*gate, {D.heads}, "gate");
-    check_floats(*pos, {D.heads, D.tokens, D.tokens}, "pos");
-  }
-}
-
-// Writes out (B, H, N, d), any strides as check_view; returns each row's max and 1 / sum
-// ((B*H*N,) float32 each, batch-major), or empty tensors without `keep_stats` (inference)
-std::vector<at::Tensor> attention_forward(const at::Tensor& qkv, const c10::optional<at::Tensor>& gate,
-                                          const c10::optional<at::Tensor>& pos, double scale, const at::Tensor& out,
-                                          bool keep_stats) {
-  const Dims D = dims_of(qkv);
-  check_out(out, D, "out");
-  check_mix(gate, pos, D);
-  const int64_t rows = D.batch * D.heads * D.tokens;
-  const at::TensorOptions floats = qkv.options().dtype(at::kFloat);
-  at::Tensor row_max = at::empty({keep_stats ? rows : 0}, floats);
-  at::Tensor row_inv = at::empty({keep_stats ? rows : 0}, floats);
-  const Heads heads{qkv.data_ptr<bf16>(), qkv.strides()};
-  const float* g = pos.has_value() ? gate->data_ptr<float>() : nullptr;
-  const float* p = pos.has_value() ? pos->data_ptr<float>() : nullptr;
-  float* mx = keep_stats ? row_max.data_ptr<float>() : nullptr;
-  float* inv = keep_stats ? row_inv.data_ptr<float>() : nullptr;
-  bf16* o = out.data_ptr<bf16>();
-  at::parallel_for(0, D.batch * D.heads, 4, [&](int64_t begin, int64_t end) {
-    Buffers buf(D);
-    for (int64_t m = begin; m < end; ++m) {
-      const int64_t b = m / D.heads, h = m % D.heads;
-      const Rows out_rows{o + b * out.stride(0) + h * out.stride(1), out.stride(2)};
-      forward_map(D, heads, b, h, static_cast<float>(scale), g, p, out_rows, buf,
-                  keep_stats ? mx + m * D.tokens : nullptr, keep_stats ? inv + m * D.tokens : nullptr);
-    }
-  });
-  return {row_max, row_inv};
-}
-
-// Writes d_qkv (strides as qkv's may be, its own); returns sum_b dA (H, N, N) and sum <dA, soft> per
-// head (H), float32, or empty tensors without `sums`
-std::vector<at::Tensor> attention_backward(const at::Tensor& d_out, const at::Tensor& qkv,
-                                           const c10::optional<at::Tensor>& gate, const c10::optional<at::Tensor>& pos,
-                                           const at::Tensor& row_max, const at::Tensor& row_inv, const at::Tensor& coef,
-                                           double scale, const at::Tensor& d_qkv, bool sums) {
-  const Dims D = dims_of(qkv);
-  check_out(d_out, D, "d_out");
-  check_view(d_qkv, 5, "d_qkv");
-  TORCH_CHECK(d_qkv.sizes() == qkv.sizes(), "d_qkv: qkv's size ", qkv.sizes(), ", got ", d_qkv.sizes());
-  check_mix(gate, pos, D);
-  const int64_t H = D.heads, N = D.tokens, maps = D.batch * H;
-  check_floats(row_max, {maps * N}, "row_max");
-  check_floats(row_inv, {maps * N}, "row_inv");
-  check_floats(coef, {H}, "coef");
-  const Heads heads{qkv.data_ptr<bf16>(), qkv.strides()}, d_heads{d_qkv.data_ptr<bf16>(), d_qkv.strides()};
-  const float* g = pos.has_value() ? gate->data_ptr<float>() : nullptr;
-  const float* p = pos.has_value() ? pos->data_ptr<float>() : nullptr;
-  const float* mx = row_max.data_ptr<float>();
-  const float* inv = row_inv.data_ptr<float>();
-  const float* c = coef.data_ptr<float>();
-  bf16* dout = d_out.data_ptr<bf16>();
-  // the maps in one contiguous chunk per thread, each chunk with its own sums (added afterwards): no
-  // two tasks add into the same memory, and the sums do not depend on scheduling
-  const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), maps));
-  const int64_t sum_size = H * N * N + kLanes;  // one chunk's, padded for unmasked stores
-  at::Tensor dA_sums = at::zeros({sums ? chunks : 0, sum_size}, row_max.options());
-  at::Tensor dots = at::zeros({sums ? chunks : 0, H}, row_max.options());
-  at::parallel_for(0, chunks, 1, [&](int64_t first, int64_t last) {
-    Buffers buf(D);
-    std::vector<double> head_dots(H, 0.);  // kept here: the chunks' rows of `dots` share cache lines
-    for (int64_t chunk = first; chunk < last; ++chunk) {
-      std::fill(head_dots.begin(), head_dots.end(), 0.);
-      float* sum_rows = sums ? dA_sums.data_ptr<float>() + chunk * sum_size : nullptr;
-      for (int64_t m = maps * chunk / chunks; m < maps * (chunk + 1) / chunks; ++m) {
-        const int64_t b = m / H, h = m % H;
-        const Rows d_out_rows{dout + b * d_out.stride(0) + h * d_out.stride(1), d_out.stride(2)};
-        backward_map(D, heads, d_heads, d_out_rows, b, h, static_cast<float>(scale), g, p, mx + m * N, inv + m * N,
-                     c[h], buf, sum_rows, sums ? &head_dots[h] : nullptr);
-      }
-      if (sums)
-        for (int64_t h = 0; h < H; ++h) dots.data_ptr<float>()[chunk * H + h] = static_cast<float>(head_dots[h]);
-    }
-  });
-  if (!sums) return {dA_sums, dots};
-  return {dA_sums.sum(0).narrow(0, 0, H * N * N).view({H, N, N}), dots.sum(0)};
-}
+void check_dims(const Dims& D) { TORCH_CHECK(D.dim >= 2 && D.dim % 2 == 0, "qkv: an even head dim, got ", D.dim); }
 
 }  // namespace
 
-TORCH_LIBRARY(locality_search, m) {
-  m.def("attention_forward(Tensor qkv, Tensor? gate, Tensor? pos, float scale, Tensor(a!) out, bool keep_stats) "
-        "-> Tensor[]");
-  m.def("attention_backward(Tensor d_out, Tensor qkv, Tensor? gate, Tensor? pos, Tensor row_max, Tensor row_inv, "
-        "Tensor coef, float scale, Tensor(a!) d_qkv, bool sums) -> Tensor[]");
-}
-
-TORCH_LIBRARY_IMPL(locality_search, CPU, m) {
-  m.impl("attention_forward", &attention_forward);
-  m.impl("attention_backward", &attention_backward);
-}
+#define ATTENTION_LIBRARY locality_search
+#include "attention_ops.h"

@@ -1,0 +1,342 @@
+// The CPU attention core in float32 as one fused kernel per direction: the float32 sibling of
+// attention_core.cpp (bf16, AVX512-BF16), same algorithm, same ops, for any x86-64 CPU with AVX2
+// and FMA. Written with GCC vector extensions, W lanes wide: 16 where the build has AVX-512F, else
+// 8. trainers/models/_attention_kernel.py builds and loads this file.
+//
+// Forward, per (batch b, head h), with q, k, v (N x d, float32):
+//     S = scale q k^T
+//     soft = softmax(S) per row                   (each row's max and 1 / sum kept)
+//     A = (1 - s_h) soft + s_h P[h]  (GPSA) or A = soft
+//     out = A v
+// Backward, from dO and the same inputs, recomputing S, soft and A bit for bit from the rows' max
+// and 1 / sum rather than keeping B x H x N x N maps from the forward:
+//     dA = dO v^T,  dV = A^T dO
+//     dS = c_h soft (dA - <dA, soft>) with c_h = (1 - s_h) scale (plain attention: scale)
+//     dQ = dS k,  dK = dS^T q
+//     and, for the gate and P's gradients, sum_b dA (H x N x N) and sum_{b, i} <dA_i, soft_i> per head.
+// q, k, v, dO are copied per (batch, head) into padded buffers (N x d: small next to the N x N x d
+// products), so the products run on whole vectors with no tail handling.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#if !defined(__AVX2__) || !defined(__FMA__)
+#error "attention_core_fp32.cpp needs AVX2 and FMA; _attention_kernel.py builds it only where the CPU has them"
+#endif
+
+namespace {
+
+#if defined(__AVX512F__)
+constexpr int kLanes = 16;
+constexpr int kRegisters = 32;
+#else
+constexpr int kLanes = 8;
+constexpr int kRegisters = 16;
+#endif
+typedef float vec __attribute__((vector_size(kLanes * 4), aligned(4)));  // unaligned loads and stores
+typedef int32_t ivec __attribute__((vector_size(kLanes * 4)));
+
+constexpr int64_t kMaxTokens = 1024;
+
+inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+inline vec load(const float* p) { return *reinterpret_cast<const vec*>(p); }
+inline void store(float* p, vec v) { *reinterpret_cast<vec*>(p) = v; }
+inline vec splat(float x) {  // one vbroadcastss (GCC builds `vec{} + x` with an add, a loop with inserts)
+#if defined(__AVX512F__)
+  return reinterpret_cast<vec>(_mm512_set1_ps(x));
+#else
+  return reinterpret_cast<vec>(_mm256_set1_ps(x));
+#endif
+}
+
+// n floats (memcpy: an inline vector loop measured 1.4x slower on the whole kernel)
+inline void copy_row(float* dst, const float* src, int64_t n) { std::memcpy(dst, src, n * sizeof(float)); }
+
+inline ivec lane_index() {
+  ivec v;
+  for (int i = 0; i < kLanes; ++i) v[i] = i;
+  return v;
+}
+
+inline float reduce_add(vec v) {
+  float s = 0.f;
+  for (int i = 0; i < kLanes; ++i) s += v[i];
+  return s;
+}
+
+inline float reduce_max(vec v) {
+  float m = v[0];
+  for (int i = 1; i < kLanes; ++i) m = std::max(m, v[i]);
+  return m;
+}
+
+// exp(x) for x <= 0 (scores minus their row's max), within 2 ulp of expf: Cephes' polynomial on
+// x - n ln 2 (n rounded to nearest by the 1.5 * 2^23 trick), then scaled by 2^n through the exponent
+inline vec exp_nonpositive(vec x) {
+  x = x < splat(-87.3f) ? splat(-87.3f) : x;  // NaN fails the comparison: NaN in, NaN out
+  const vec shifter = splat(12582912.f);
+  const vec t = x * splat(1.44269504088896341f) + shifter;
+  const vec n = t - shifter;
+  vec r = x - n * splat(0.693359375f);
+  r = r + n * splat(2.12194440e-4f);
+  vec p = splat(1.9875691500e-4f);
+  p = p * r + splat(1.3981999507e-3f);
+  p = p * r + splat(8.3334519073e-3f);
+  p = p * r + splat(4.1665795894e-2f);
+  p = p * r + splat(1.6666665459e-1f);
+  p = p * r + splat(5.0000001201e-1f);
+  p = (p * r) * r + (r + splat(1.f));
+  const ivec bits = (reinterpret_cast<const ivec&>(t) - 0x4B400000 + 127) << 23;  // 2^n
+  return p * reinterpret_cast<const vec&>(bits);
+}
+
+// ---- GEMMs ----------------------------------------------------------------------------------
+// C[r][col] = alpha sum_p A(r, p) B[p][col] with A(r, p) = a[r * am + p * ap] (any strides: a
+// row-major matrix, or a transposed one) and B's rows `ldb` floats apart, its columns in lanes.
+
+template <int MR, int NV>
+inline void gemm_tile(const float* a, int64_t am, int64_t ap, const float* b, int64_t ldb, int64_t depth, float* c,
+                      int64_t ldc, float alpha) {
+  vec acc[MR][NV];
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < NV; ++v) acc[r][v] = vec{};
+  for (int64_t p = 0; p < depth; ++p) {
+    vec bv[NV];
+    for (int v = 0; v < NV; ++v) bv[v] = load(b + p * ldb + v * kLanes);
+    for (int r = 0; r < MR; ++r) {
+      const vec av = splat(a[r * am + p * ap]);
+      for (int v = 0; v < NV; ++v) acc[r][v] += av * bv[v];
+    }
+  }
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < NV; ++v) store(c + r * ldc + v * kLanes, acc[r][v] * alpha);
+}
+
+constexpr int kMaxVectors = kRegisters == 32 ? 4 : 3;
+
+template <int NV>
+constexpr int kTileRows = (kRegisters - NV - 1) / NV > 12 ? 12 : (kRegisters - NV - 1) / NV;
+
+template <int NV, int MR = 1>
+inline void gemm_tail(int64_t rows, const float* a, int64_t am, int64_t ap, const float* b, int64_t ldb,
+                      int64_t depth, float* c, int64_t ldc, float alpha) {
+  if constexpr (MR < kTileRows<NV>) {
+    if (rows == MR) return gemm_tile<MR, NV>(a, am, ap, b, ldb, depth, c, ldc, alpha);
+    gemm_tail<NV, MR + 1>(rows, a, am, ap, b, ldb, depth, c, ldc, alpha);
+  }
+}
+
+template <int NV>
+void gemm_columns(int64_t m, const float* a, int64_t am, int64_t ap, const float* b, int64_t ldb, int64_t depth,
+                  float* c, int64_t ldc, float alpha) {
+  constexpr int MR = kTileRows<NV>;
+  int64_t r = 0;
+  for (; r + MR <= m; r += MR) gemm_tile<MR, NV>(a + r * am, am, ap, b, ldb, depth, c + r * ldc, ldc, alpha);
+  if (r < m) gemm_tail<NV>(m - r, a + r * am, am, ap, b, ldb, depth, c + r * ldc, ldc, alpha);
+}
+
+// C (m rows, ldc floats apart; kLanes * vectors columns) = alpha * A B, depth terms per element
+void gemm(int64_t m, int64_t vectors, const float* a, int64_t am, int64_t ap, const float* b, int64_t ldb,
+          int64_t depth, float* c, int64_t ldc, float alpha = 1.f) {
+  for (int64_t v = 0; v < vectors; v += kMaxVectors) {
+    const float* bv = b + v * kLanes;
+    float* cv = c + v * kLanes;
+    switch (std::min<int64_t>(kMaxVectors, vectors - v)) {
+#if defined(__AVX512F__)
+      case 4: gemm_columns<4>(m, a, am, ap, bv, ldb, depth, cv, ldc, alpha); break;
+#endif
+      case 3: gemm_columns<3>(m, a, am, ap, bv, ldb, depth, cv, ldc, alpha); break;
+      case 2: gemm_columns<2>(m, a, am, ap, bv, ldb, depth, cv, ldc, alpha); break;
+      default: gemm_columns<1>(m, a, am, ap, bv, ldb, depth, cv, ldc, alpha); break;
+    }
+  }
+}
+
+// ---- one (batch, head) -------------------------------------------------------------------------
+
+struct Dims {
+  int64_t batch, heads, tokens, dim;
+  int64_t tokens_pad, dim_pad;  // N and d rounded up to kLanes
+  Dims(int64_t B, int64_t H, int64_t N, int64_t d)
+      : batch(B), heads(H), tokens(N), dim(d), tokens_pad(round_up(N, kLanes)), dim_pad(round_up(d, kLanes)) {}
+};
+
+// A strided float32 matrix: row i at base + i * stride
+struct Rows {
+  float* base;
+  int64_t stride;
+};
+
+// A (batch, head)'s q, k, v in a (3, B, H, N, d) view with unit stride along d
+struct Heads {
+  float* base;
+  at::IntArrayRef strides;
+  Rows at(int64_t which, int64_t b, int64_t h) const {
+    return {base + which * strides[0] + b * strides[1] + h * strides[2], strides[3]};
+  }
+};
+
+// One thread's buffers: N x N maps with rows tokens_pad apart, N x d matrices dim_pad apart (zero
+// padded), d x N transposes tokens_pad apart
+struct Buffers {
+  std::vector<float> scores, attn, d_attn, d_scores;  // S then soft; A; dA; dS
+  std::vector<float> q, k, v, d_out, out, keys_t, values_t;
+  alignas(64) float e[kMaxTokens + kLanes];
+  explicit Buffers(const Dims& D)
+      : scores(D.tokens * D.tokens_pad), attn(D.tokens * D.tokens_pad), d_attn(D.tokens * D.tokens_pad),
+        d_scores(D.tokens * D.tokens_pad), q(D.tokens * D.dim_pad), k(D.tokens * D.dim_pad),
+        v(D.tokens * D.dim_pad), d_out(D.tokens * D.dim_pad), out(D.tokens * D.dim_pad),
+        keys_t(D.dim * D.tokens_pad), values_t(D.dim * D.tokens_pad) {}
+};
+
+// src (N x d, strided) into dst (N x dim_pad, zero past d); and its transpose into dst_t when given
+void gather(const Dims& D, Rows src, float* dst, float* dst_t = nullptr) {
+  for (int64_t i = 0; i < D.tokens; ++i) {
+    const float* row = src.base + i * src.stride;
+    copy_row(dst + i * D.dim_pad, row, D.dim);
+    for (int64_t c = D.dim; c < D.dim_pad; ++c) dst[i * D.dim_pad + c] = 0.f;
+    if (dst_t != nullptr)
+      for (int64_t c = 0; c < D.dim; ++c) dst_t[c * D.tokens_pad + i] = row[c];
+  }
+  if (dst_t != nullptr)
+    for (int64_t c = 0; c < D.dim; ++c) std::fill(dst_t + c * D.tokens_pad + D.tokens, dst_t + (c + 1) * D.tokens_pad, 0.f);
+}
+
+// N x d of buf.out into a strided matrix
+void scatter(const Dims& D, const float* src, Rows dst) {
+  for (int64_t i = 0; i < D.tokens; ++i) copy_row(dst.base + i * dst.stride, src + i * D.dim_pad, D.dim);
+}
+
+// (N x N map, am / ap strides) @ (N x dim_pad) into dst
+void product_into(const Dims& D, const float* a, int64_t am, int64_t ap, const float* b, Buffers& buf, Rows dst) {
+  gemm(D.tokens, D.dim_pad / kLanes, a, am, ap, b, D.dim_pad, D.tokens, buf.out.data(), D.dim_pad);
+  scatter(D, buf.out.data(), dst);
+}
+
+// S = scale q k^T from buf.q and buf.keys_t, then row by row soft and A into buf.attn (zero past N).
+// Forward (recompute false): each row's max and 1 / sum into row_max and row_inv when they are given.
+// Backward (recompute true): soft from them, bit for bit as the forward had it, left in buf.scores.
+void form_maps(const Dims& D, float scale, const float* gate, const float* pos, int64_t h, Buffers& buf,
+               float* row_max, float* row_inv, bool recompute) {
+  const int64_t N = D.tokens, ld = D.tokens_pad;
+  gemm(N, ld / kLanes, buf.q.data(), D.dim_pad, 1, buf.keys_t.data(), ld, D.dim, buf.scores.data(), ld, scale);
+  float* e = buf.e;
+  const float g = pos == nullptr ? 0.f : gate[h];
+  const vec vg = splat(g), vc = splat(1.f - g);
+  const ivec lanes = lane_index();
+  const int n = static_cast<int>(N);
+  for (int64_t i = 0; i < N; ++i) {
+    float* s = buf.scores.data() + i * ld;
+    float mx;
+    if (recompute) {
+      mx = row_max[i];
+    } else {
+      vec m = splat(-INFINITY);
+      for (int64_t j = 0; j < ld; j += kLanes) {
+        const vec sj = load(s + j);
+        m = (lanes + static_cast<int>(j) < n) & (sj > m) ? sj : m;
+      }
+      mx = reduce_max(m);
+    }
+    const vec vmax = splat(mx);
+    vec sum = vec{};
+    for (int64_t j = 0; j < ld; j += kLanes) {  // e = exp(S - max), zero past N
+      const vec ej = lanes + static_cast<int>(j) < n ? exp_nonpositive(load(s + j) - vmax) : vec{};
+      sum += ej;
+      store(e + j, ej);
+    }
+    float inv;
+    if (recompute) {
+      inv = row_inv[i];
+    } else {
+      inv = 1.f / reduce_add(sum);
+      if (row_max != nullptr) {
+        row_max[i] = mx;
+        row_inv[i] = inv;
+      }
+    }
+    const vec vinv = splat(inv);
+    const float* p = pos == nullptr ? nullptr : pos + (h * N + i) * N;
+    float* a = buf.attn.data() + i * ld;
+    for (int64_t j = 0; j < ld; j += kLanes) {
+      const vec soft = load(e + j) * vinv;  // zero past N
+      if (recompute) store(s + j, soft);
+      if (p == nullptr) {
+        store(a + j, soft);
+      } else {
+        vec pj = vec{};
+        if (j + kLanes <= N) {
+          pj = load(p + j);
+        } else {
+          for (int64_t l = 0; j + l < N; ++l) pj[l] = p[j + l];
+        }
+        store(a + j, vc * soft + vg * pj);
+      }
+    }
+  }
+}
+
+void forward_map(const Dims& D, const Heads& qkv, int64_t b, int64_t h, float scale, const float* gate,
+                 const float* pos, Rows out, Buffers& buf, float* row_max, float* row_inv) {
+  gather(D, qkv.at(0, b, h), buf.q.data());
+  gather(D, qkv.at(1, b, h), buf.k.data(), buf.keys_t.data());
+  gather(D, qkv.at(2, b, h), buf.v.data());
+  form_maps(D, scale, gate, pos, h, buf, row_max, row_inv, false);
+  product_into(D, buf.attn.data(), D.tokens_pad, 1, buf.v.data(), buf, out);  // A v
+}
+
+// sum_rows: this thread's sum_b dA (H x N x N, or null); head_dot: its sum <dA, soft> for head h
+void backward_map(const Dims& D, const Heads& qkv, const Heads& d_qkv, Rows d_out, int64_t b, int64_t h, float scale,
+                  const float* gate, const float* pos, const float* row_max, const float* row_inv, float coef,
+                  Buffers& buf, float* sum_rows, double* head_dot) {
+  const int64_t N = D.tokens, ld = D.tokens_pad;
+  gather(D, qkv.at(0, b, h), buf.q.data());
+  gather(D, qkv.at(1, b, h), buf.k.data(), buf.keys_t.data());
+  gather(D, qkv.at(2, b, h), buf.v.data(), buf.values_t.data());
+  gather(D, d_out, buf.d_out.data());
+  form_maps(D, scale, gate, pos, h, buf, const_cast<float*>(row_max), const_cast<float*>(row_inv), true);
+  // dA = dO v^T (N x N)
+  gemm(N, ld / kLanes, buf.d_out.data(), D.dim_pad, 1, buf.values_t.data(), ld, D.dim, buf.d_attn.data(), ld);
+  // dS = coef soft (dA - <dA, soft>) row by row (zero past N: soft is); the gate's sums
+  const vec vc = splat(coef);
+  for (int64_t i = 0; i < N; ++i) {
+    const float* s = buf.scores.data() + i * ld;
+    const float* da = buf.d_attn.data() + i * ld;
+    vec vdot = vec{};
+    for (int64_t j = 0; j < ld; j += kLanes) vdot += load(da + j) * load(s + j);  // soft is zero past N
+    if (sum_rows != nullptr) {
+      float* acc = sum_rows + (h * N + i) * N;
+      for (int64_t j = 0; j < N; ++j) acc[j] += da[j];
+    }
+    const float dot = reduce_add(vdot);
+    if (head_dot != nullptr) *head_dot += dot;
+    const vec vd = splat(dot);
+    float* ds = buf.d_scores.data() + i * ld;
+    for (int64_t j = 0; j < ld; j += kLanes) store(ds + j, vc * (load(s + j) * (load(da + j) - vd)));
+  }
+  product_into(D, buf.attn.data(), 1, ld, buf.d_out.data(), buf, d_qkv.at(2, b, h));      // dV = A^T dO
+  product_into(D, buf.d_scores.data(), ld, 1, buf.k.data(), buf, d_qkv.at(0, b, h));      // dQ = dS k
+  product_into(D, buf.d_scores.data(), 1, ld, buf.q.data(), buf, d_qkv.at(1, b, h));      // dK = dS^T q
+}
+
+// ---- what the ops (attention_ops.h) need besides ---------------------------------------------
+
+using Element = float;
+constexpr at::ScalarType kElement = at::kFloat;
+
+void check_layout(const at::Tensor&, int64_t, const char*) {}  // any strides
+
+void check_dims(const Dims& D) { TORCH_CHECK(D.dim >= 1, "qkv: a head dim of at least 1, got ", D.dim); }
+
+}  // namespace
+
+#define ATTENTION_LIBRARY locality_search_fp32
+#include "attention_ops.h"

@@ -1,0 +1,144 @@
+// The two ops around a kernel's per-(batch, head) functions: argument checks, the threading, the
+// gate's sums per thread chunk, and their registration with torch. Shared by attention_core.cpp
+// (bf16) and attention_core_fp32.cpp (float32), each of which includes it last, having defined in
+// its anonymous namespace: Element and kElement (its element type), kLanes, kMaxTokens, Dims,
+// Rows, Heads, Buffers, forward_map, backward_map, check_layout (what it needs of a view beyond
+// unit stride along d) and check_dims (of the sizes); and ATTENTION_LIBRARY, the ops' namespace.
+#pragma once
+
+namespace {
+
+// ---- the ops ------------------------------------------------------------------------------------
+
+// qkv-like (3, B, H, N, d) or out-like (B, H, N, d) in the kernel's dtype with unit stride along d
+void check_view(const at::Tensor& t, int64_t dims, const char* what) {
+  TORCH_CHECK(t.dim() == dims && t.scalar_type() == kElement, what, ": a ", dims, "-d ",
+              kElement == at::kBFloat16 ? "bfloat16" : "float32",
+              " tensor, got ", t.scalar_type(), " ", t.sizes());
+  TORCH_CHECK(t.stride(dims - 1) == 1, what, ": unit stride along d, got strides ", t.strides());
+  check_layout(t, dims, what);
+}
+
+Dims dims_of(const at::Tensor& qkv) {
+  check_view(qkv, 5, "qkv");
+  TORCH_CHECK(qkv.size(0) == 3, "qkv: (3, B, H, N, d), got ", qkv.sizes());
+  const Dims D(qkv.size(1), qkv.size(2), qkv.size(3), qkv.size(4));
+  TORCH_CHECK(D.tokens >= 1 && D.tokens <= kMaxTokens, "qkv: 1 <= N <= ", kMaxTokens, ", got ", D.tokens);
+  check_dims(D);
+  return D;
+}
+
+void check_out(const at::Tensor& t, const Dims& D, const char* what) {
+  check_view(t, 4, what);
+  TORCH_CHECK(t.sizes() == at::IntArrayRef({D.batch, D.heads, D.tokens, D.dim}), what, ": (B, H, N, d) = (",
+              D.batch, ", ", D.heads, ", ", D.tokens, ", ", D.dim, "), got ", t.sizes());
+}
+
+void check_floats(const at::Tensor& t, at::IntArrayRef sizes, const char* what) {
+  TORCH_CHECK(t.scalar_type() == at::kFloat && t.is_contiguous() && t.sizes() == sizes,
+              what, ": float32, contiguous, of size ", sizes, ", got ", t.scalar_type(), " ", t.sizes());
+}
+
+void check_mix(const c10::optional<at::Tensor>& gate, const c10::optional<at::Tensor>& pos, const Dims& D) {
+  TORCH_CHECK(gate.has_value() == pos.has_value(), "attention: gate and pos come together");
+  if (pos.has_value()) {
+    check_floats(*gate, {D.heads}, "gate");
+    check_floats(*pos, {D.heads, D.tokens, D.tokens}, "pos");
+  }
+}
+
+// Writes out (B, H, N, d), any strides as check_view; returns each row's max and 1 / sum
+// ((B*H*N,) float32 each, batch-major), or empty tensors without `keep_stats` (inference)
+std::vector<at::Tensor> attention_forward(const at::Tensor& qkv, const c10::optional<at::Tensor>& gate,
+                                          const c10::optional<at::Tensor>& pos, double scale, const at::Tensor& out,
+                                          bool keep_stats) {
+  const Dims D = dims_of(qkv);
+  check_out(out, D, "out");
+  check_mix(gate, pos, D);
+  const int64_t rows = D.batch * D.heads * D.tokens;
+  const at::TensorOptions floats = qkv.options().dtype(at::kFloat);
+  at::Tensor row_max = at::empty({keep_stats ? rows : 0}, floats);
+  at::Tensor row_inv = at::empty({keep_stats ? rows : 0}, floats);
+  const Heads heads{qkv.data_ptr<Element>(), qkv.strides()};
+  const float* g = pos.has_value() ? gate->data_ptr<float>() : nullptr;
+  const float* p = pos.has_value() ? pos->data_ptr<float>() : nullptr;
+  float* mx = keep_stats ? row_max.data_ptr<float>() : nullptr;
+  float* inv = keep_stats ? row_inv.data_ptr<float>() : nullptr;
+  Element* o = out.data_ptr<Element>();
+  at::parallel_for(0, D.batch * D.heads, 4, [&](int64_t begin, int64_t end) {
+    Buffers buf(D);
+    for (int64_t m = begin; m < end; ++m) {
+      const int64_t b = m / D.heads, h = m % D.heads;
+      const Rows out_rows{o + b * out.stride(0) + h * out.stride(1), out.stride(2)};
+      forward_map(D, heads, b, h, static_cast<float>(scale), g, p, out_rows, buf,
+                  keep_stats ? mx + m * D.tokens : nullptr, keep_stats ? inv + m * D.tokens : nullptr);
+    }
+  });
+  return {row_max, row_inv};
+}
+
+// Writes d_qkv (strides as qkv's may be, its own); returns sum_b dA (H, N, N) and sum <dA, soft> per
+// head (H), float32, or empty tensors without `sums`
+std::vector<at::Tensor> attention_backward(const at::Tensor& d_out, const at::Tensor& qkv,
+                                           const c10::optional<at::Tensor>& gate, const c10::optional<at::Tensor>& pos,
+                                           const at::Tensor& row_max, const at::Tensor& row_inv, const at::Tensor& coef,
+                                           double scale, const at::Tensor& d_qkv, bool sums) {
+  const Dims D = dims_of(qkv);
+  check_out(d_out, D, "d_out");
+  check_view(d_qkv, 5, "d_qkv");
+  TORCH_CHECK(d_qkv.sizes() == qkv.sizes(), "d_qkv: qkv's size ", qkv.sizes(), ", got ", d_qkv.sizes());
+  check_mix(gate, pos, D);
+  const int64_t H = D.heads, N = D.tokens, maps = D.batch * H;
+  check_floats(row_max, {maps * N}, "row_max");
+  check_floats(row_inv, {maps * N}, "row_inv");
+  check_floats(coef, {H}, "coef");
+  const Heads heads{qkv.data_ptr<Element>(), qkv.strides()}, d_heads{d_qkv.data_ptr<Element>(), d_qkv.strides()};
+  const float* g = pos.has_value() ? gate->data_ptr<float>() : nullptr;
+  const float* p = pos.has_value() ? pos->data_ptr<float>() : nullptr;
+  const float* mx = row_max.data_ptr<float>();
+  const float* inv = row_inv.data_ptr<float>();
+  const float* c = coef.data_ptr<float>();
+  Element* dout = d_out.data_ptr<Element>();
+  // the maps in one contiguous chunk per thread, each chunk with its own sums (added afterwards): no
+  // two tasks add into the same memory, and the sums do not depend on scheduling
+  const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), maps));
+  const int64_t sum_size = H * N * N + kLanes;  // one chunk's, padded for unmasked stores
+  at::Tensor dA_sums = at::zeros({sums ? chunks : 0, sum_size}, row_max.options());
+  at::Tensor dots = at::zeros({sums ? chunks : 0, H}, row_max.options());
+  at::parallel_for(0, chunks, 1, [&](int64_t first, int64_t last) {
+    Buffers buf(D);
+    std::vector<double> head_dots(H, 0.);  // kept here: the chunks' rows of `dots` share cache lines
+    for (int64_t chunk = first; chunk < last; ++chunk) {
+      std::fill(head_dots.begin(), head_dots.end(), 0.);
+      float* sum_rows = sums ? dA_sums.data_ptr<float>() + chunk * sum_size : nullptr;
+      for (int64_t m = maps * chunk / chunks; m < maps * (chunk + 1) / chunks; ++m) {
+        const int64_t b = m / H, h = m % H;
+        const Rows d_out_rows{dout + b * d_out.stride(0) + h * d_out.stride(1), d_out.stride(2)};
+        backward_map(D, heads, d_heads, d_out_rows, b, h, static_cast<float>(scale), g, p, mx + m * N, inv + m * N,
+                     c[h], buf, sum_rows, sums ? &head_dots[h] : nullptr);
+      }
+      if (sums)
+        for (int64_t h = 0; h < H; ++h) dots.data_ptr<float>()[chunk * H + h] = static_cast<float>(head_dots[h]);
+    }
+  });
+  if (!sums) return {dA_sums, dots};
+  return {dA_sums.sum(0).narrow(0, 0, H * N * N).view({H, N, N}), dots.sum(0)};
+}
+
+}  // namespace
+
+// TORCH_LIBRARY pastes its namespace argument unexpanded: expand ATTENTION_LIBRARY first
+#define ATTENTION_TORCH_LIBRARY(ns, m) TORCH_LIBRARY(ns, m)
+#define ATTENTION_TORCH_LIBRARY_IMPL(ns, key, m) TORCH_LIBRARY_IMPL(ns, key, m)
+
+ATTENTION_TORCH_LIBRARY(ATTENTION_LIBRARY, m) {
+  m.def("attention_forward(Tensor qkv, Tensor? gate, Tensor? pos, float scale, Tensor(a!) out, bool keep_stats) "
+        "-> Tensor[]");
+  m.def("attention_backward(Tensor d_out, Tensor qkv, Tensor? gate, Tensor? pos, Tensor row_max, Tensor row_inv, "
+        "Tensor coef, float scale, Tensor(a!) d_qkv, bool sums) -> Tensor[]");
+}
+
+ATTENTION_TORCH_LIBRARY_IMPL(ATTENTION_LIBRARY, CPU, m) {
+  m.impl("attention_forward", &attention_forward);
+  m.impl("attention_backward", &attention_backward);
+}
