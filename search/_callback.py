@@ -138,9 +138,11 @@ class StoreCallback(PrintingCallback):
             reason = "error"
             error = "non-finite objective: " + ", ".join(nonfinite_objectives(result, metrics=self.objective_keys))
         else:
-            timed_out = self.time_limit_s is not None and time.monotonic() - self._study_start >= self.time_limit_s
-            reason = "time_limit" if timed_out else "scheduler"
+            reason = "time_limit" if self._timed_out() else "scheduler"
         self._finish(trial, state=state, stop_reason=reason, error=error)
+
+    def _timed_out(self) -> bool:
+        return self.time_limit_s is not None and time.monotonic() - self._study_start >= self.time_limit_s
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         # Tune has just written the error (with its traceback) to the trial's local folder; its
@@ -154,6 +156,13 @@ class StoreCallback(PrintingCallback):
         self._finish(trial, state="FAILED", stop_reason="error", error=error_line(error))
 
     def on_experiment_end(self, trials: list, **info: Any) -> None:
+        if self._timed_out():
+            # Tune stops the trials still running when the time budget runs out without an
+            # on_trial_complete: recorded here, as the time limit's, with the epochs they ran
+            recorded = {row["trial_id"] for row in self.store.trials}
+            for trial in trials:
+                if trial.trial_id in self._started and trial.trial_id not in recorded:
+                    self._finish(trial, state="PRUNED", stop_reason="time_limit", error=None)
         self.store.flush()
 
     # -- rows -------------------------------------------------------------------------------

@@ -110,3 +110,40 @@ def test_every_ending_is_recorded_with_its_state(tmp_path):
     assert told == {k: EXPECTED[k][2] for k in KINDS}
     complete = [t for t in study.trials if t.state.name == "COMPLETE"]
     assert [t.values for t in complete] == [[0.9, 200.0], [0.9, 200.0]]
+
+
+def test_trials_running_when_the_time_limit_ends_the_study_are_recorded(tmp_path):
+    """Tune stops them without on_trial_complete: the store still gets a PRUNED / time_limit row
+    with the epochs they reported (the main job on a slow CPU once lost two such trials)."""
+    import ray
+    from ray import tune
+
+    def slow(config):
+        import time
+
+        from ray import tune
+
+        tune.report({"epoch": 1, "best_val_acc": 0.5, "throughput": 10.0})
+        time.sleep(120)  # the study's time limit stops it here
+
+    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
+    space = {"kind": ParamSpec(type="choice", values=("slow",))}
+    store = ResultsStore(tmp_path, space={"kind": space["kind"].to_json()},
+                         objectives=[("val_acc", "max"), ("throughput", "max")], reference=[0.0, 0.0])
+    store.flush()
+    callback = StoreCallback(store, experiment="limited", model="fake", spec_hash="x", git_commit=None, seed=0,
+                             total_trials=2, time_limit_s=6, max_epochs=3,
+                             objective_keys=["best_val_acc", "throughput"], out=io.StringIO())
+    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+    try:
+        tune.Tuner(
+            slow, param_space={"kind": "slow"},
+            tune_config=tune.TuneConfig(num_samples=2, max_concurrent_trials=1, time_budget_s=6),
+            run_config=tune.RunConfig(name="limited", storage_path=str(tmp_path / "ray"), callbacks=[callback],
+                                      verbose=0),
+        ).fit()
+    finally:
+        ray.shutdown()
+    rows = pq.read_table(open(tmp_path / "trials.parquet", "rb")).to_pylist()
+    # the first trial ran (one epoch) and was cut; the second never started: no row
+    assert [(r["state"], r["stop_reason"], r["epochs_run"]) for r in rows] == [("PRUNED", "time_limit", 1)], rows
