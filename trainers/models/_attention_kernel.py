@@ -182,8 +182,9 @@ def usable(qkv: torch.Tensor) -> bool:
     kernel built here. The caller makes sure the core's GEMMs run in qkv's dtype
     (`_attention_core.gemm_dtype`)."""
     _, _, _, tokens, dim = qkv.shape
+    # torch.compile first (`available` asks), before _kernel_layout reads a fake tensor's data pointer
     return (qkv.device.type == "cpu" and (dim % 2 == 0 or qkv.dtype != torch.bfloat16)
-            and not torch.compiler.is_compiling() and _kernel_layout(qkv) and available(qkv.dtype, tokens))
+            and available(qkv.dtype, tokens) and _kernel_layout(qkv))
 
 
 def d_out_for_kernel(d_out: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
