@@ -10,7 +10,8 @@ from typing import Any, TextIO
 
 from ray.tune import Callback
 
-from search._searcher import nonfinite_objectives, trial_state
+from search._searcher import nonfinite_objectives, prune_running_trials, trial_state
+from search._storage import JOURNAL_FILE
 from search._store import TRIAL_VALUE_OF, ResultsStore
 from search._trainable import EARLIER_EPOCHS
 
@@ -163,6 +164,10 @@ class StoreCallback(PrintingCallback):
             for trial in trials:
                 if trial.trial_id in self._started and trial.trial_id not in recorded:
                     self._finish(trial, state="PRUNED", stop_reason="time_limit", error=None)
+            # ... and in the Optuna study, which Tune did not tell either (before the flush, which
+            # uploads the journal with the Parquet files)
+            prune_running_trials(self.store.directory / JOURNAL_FILE, study_name=self.common["experiment"],
+                                 reason="time_limit")
         self.store.flush()
 
     # -- rows -------------------------------------------------------------------------------

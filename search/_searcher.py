@@ -22,6 +22,7 @@ from __future__ import annotations
 import copy
 import logging
 import math
+from pathlib import Path
 from typing import Any
 
 from ray.tune.search import SearchGenerator
@@ -30,7 +31,7 @@ from ray.tune.search.optuna import OptunaSearch
 from search._storage import JOURNAL_FILE, resumed_location
 
 __all__ = ["HonestOptunaSearch", "StudySearchGenerator", "constraint_violation", "optuna_state_for", "trial_state",
-           "nonfinite_objectives"]
+           "nonfinite_objectives", "prune_running_trials"]
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +78,31 @@ def optuna_state_for(result: dict[str, Any] | None, *, error: bool, metrics: lis
     state = trial_state(result, error=error, metrics=metrics)
     values = [float((result or {})[m]) for m in metrics] if state == "COMPLETE" else None
     return _OPTUNA_STATE[state], values
+
+
+def prune_running_trials(journal: Path, *, study_name: str, reason: str) -> int:
+    """Mark PRUNED, with ``user_attrs["stop_reason"] = reason``, every trial of the Optuna study
+    in ``journal`` that is still RUNNING; returns how many. For the end of a study that Tune
+    stopped without telling the searcher (its time limit): by the rule above a trial stopped
+    early is PRUNED, and one left RUNNING would stay so forever (optuna-dashboard, a sampler
+    reading the study). No journal (a study without one): nothing to do."""
+    if not journal.is_file():
+        return 0
+    import optuna
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+    from optuna.trial import TrialState
+
+    storage = JournalStorage(JournalFileBackend(str(journal)))
+    try:
+        study = optuna.load_study(study_name=study_name, storage=storage)
+    except KeyError:  # the journal holds no such study (nothing was sampled yet)
+        return 0
+    running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    for frozen in running:
+        storage.set_trial_user_attr(frozen._trial_id, "stop_reason", reason)
+        storage.set_trial_state_values(frozen._trial_id, TrialState.PRUNED)
+    return len(running)
 
 
 class HonestOptunaSearch(OptunaSearch):

@@ -11,11 +11,14 @@ import os
 import optuna
 import pyarrow.parquet as pq
 import pytest
+from optuna.storages import JournalStorage
+from optuna.storages.journal import JournalFileBackend
 
 from search._callback import StoreCallback
 from search._runner import OptunaSpace
 from search._searcher import HonestOptunaSearch
 from search._spec import ParamSpec
+from search._storage import JOURNAL_FILE
 from search._store import ResultsStore
 
 pytestmark = pytest.mark.ray
@@ -114,7 +117,8 @@ def test_every_ending_is_recorded_with_its_state(tmp_path):
 
 def test_trials_running_when_the_time_limit_ends_the_study_are_recorded(tmp_path):
     """Tune stops them without on_trial_complete: the store still gets a PRUNED / time_limit row
-    with the epochs they reported (the main job on a slow CPU once lost two such trials)."""
+    with the epochs they reported (the main job on a slow CPU once lost two such trials), and the
+    Optuna study in the journal beside it (as the runner keeps it) has them PRUNED, not RUNNING."""
     import ray
     from ray import tune
 
@@ -134,11 +138,16 @@ def test_trials_running_when_the_time_limit_ends_the_study_are_recorded(tmp_path
     callback = StoreCallback(store, experiment="limited", model="fake", spec_hash="x", git_commit=None, seed=0,
                              total_trials=2, time_limit_s=6, max_epochs=3,
                              objective_keys=["best_val_acc", "throughput"], out=io.StringIO())
+    journal = JournalStorage(JournalFileBackend(str(tmp_path / JOURNAL_FILE)))
+    searcher = HonestOptunaSearch(
+        space=OptunaSpace(space, {"fake": {}}), metric=["best_val_acc", "throughput"], mode=["max", "max"],
+        sampler=optuna.samplers.RandomSampler(seed=0), study_name="limited", storage=journal,
+    )
     ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
     try:
         tune.Tuner(
-            slow, param_space={"kind": "slow"},
-            tune_config=tune.TuneConfig(num_samples=2, max_concurrent_trials=1, time_budget_s=6),
+            slow,
+            tune_config=tune.TuneConfig(search_alg=searcher, num_samples=2, max_concurrent_trials=1, time_budget_s=6),
             run_config=tune.RunConfig(name="limited", storage_path=str(tmp_path / "ray"), callbacks=[callback],
                                       verbose=0),
         ).fit()
@@ -147,3 +156,6 @@ def test_trials_running_when_the_time_limit_ends_the_study_are_recorded(tmp_path
     rows = pq.read_table(open(tmp_path / "trials.parquet", "rb")).to_pylist()
     # the first trial ran (one epoch) and was cut; the second never started: no row
     assert [(r["state"], r["stop_reason"], r["epochs_run"]) for r in rows] == [("PRUNED", "time_limit", 1)], rows
+    reread = optuna.load_study(study_name="limited",
+                               storage=JournalStorage(JournalFileBackend(str(tmp_path / JOURNAL_FILE))))
+    assert [(t.state.name, t.user_attrs.get("stop_reason")) for t in reread.trials] == [("PRUNED", "time_limit")]
