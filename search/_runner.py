@@ -457,17 +457,19 @@ def _run(spec: SearchSpec, location: StudyLocation, data, *, cache_dir: str | os
     if location.uri:
         print(f"staging the study's files in {exp_dir} (each uploaded after every write; "
               f"`python -m search dashboard {exp_dir}` shows it live)", file=out, flush=True)
-    tuner.fit()
+    with _no_results_preview_warning():
+        tuner.fit()
     store.flush()
     return exp_dir
 
 
 @contextlib.contextmanager
 def _no_results_preview_warning():
-    """``Tuner.restore`` reads every trial's ``result.json`` into a preview of the results so far
-    (for ``tuner.get_results()``, which is never called here: the store has the results) and
-    warns "Failed to fetch metrics" for each trial that has none yet -- one the snapshot has as
-    not started, or one the killed driver had not synced. Only that warning, only there."""
+    """``Tuner.restore`` and the end of ``Tuner.fit`` read every trial's ``result.json`` into
+    Tune's results (for ``tuner.get_results()``, which is never called here: the store has the
+    results) and warn "Failed to fetch metrics" for each trial that has none -- one the snapshot
+    has as not started, one the killed driver had not synced, one sampled but not started when
+    the time limit ended the study. Only that warning, only there."""
     logger = logging.getLogger("ray.tune.analysis.experiment_analysis")
 
     def keep(record: logging.LogRecord) -> bool:
@@ -547,5 +549,6 @@ def _resume(location: StudyLocation, *, address: str | None, cache_dir: str | os
         if elsewhere:
             print(f"the study was in {', '.join(elsewhere)} when it stopped; it carries on in {location}",
                   file=out, flush=True)
-        tuner.fit()
+        with _no_results_preview_warning():
+            tuner.fit()
     return exp_dir
