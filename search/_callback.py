@@ -93,8 +93,7 @@ class StoreCallback(PrintingCallback):
         """Start of ``fit()``, fresh or resumed: take up the rows already written."""
         self.store.load_existing()
         self._finished = len(self.store.trials)
-        done = [p["elapsed_s"] for p in self.store.progress if p.get("elapsed_s") is not None]
-        self._study_start = time.monotonic() - (max(done) if done else 0.0)  # elapsed counts on
+        self._study_start = time.monotonic() - self.store.elapsed_s  # elapsed counts on
         self._reconciled = False
 
     def on_step_begin(self, iteration: int, trials: list, **info: Any) -> None:

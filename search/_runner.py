@@ -523,12 +523,20 @@ def _resume(location: StudyLocation, *, address: str | None, cache_dir: str | os
     tune_dir, filesystem = location.tune_dir(), location.tune_storage()[1]
     if not meta_path.is_file():
         raise _no_study(location)
-    if not tune.Tuner.can_restore(tune_dir, storage_filesystem=filesystem):
-        raise ConfigError(f"{location}: Ray Tune saved no state there yet (the study stopped before its first trial); "
-                          "delete the folder and run the spec again")
     plain = json.loads(meta_path.read_text())["spec"]
     plain.pop("source", None)
     spec = from_dict(SearchSpec, plain, SpecLocation(str(meta_path)))
+    limit = spec.budget.time_limit_s
+    if limit is not None:
+        store = _store_for(spec, location)
+        store.load_existing()
+        if store.elapsed_s >= limit:  # Tune would restore and stop at once: say so, without Ray
+            print(f"study {spec.name} ran its time limit ({store.elapsed_s:.0f} s of budget.time_limit_s: {limit:g}); "
+                  f"nothing left to resume in {location}", file=out, flush=True)
+            return exp_dir
+    if not tune.Tuner.can_restore(tune_dir, storage_filesystem=filesystem):
+        raise ConfigError(f"{location}: Ray Tune saved no state there yet (the study stopped before its first trial); "
+                          "delete the folder and run the spec again")
     data = _prepare_data(spec, cache_dir, out)
     _prepare_cpu_kernel()
     _init_ray(address, dashboard_host, out)

@@ -286,6 +286,12 @@ class ResultsStore:
     def progress(self) -> list[dict[str, Any]]:
         return list(self._progress.values())
 
+    @property
+    def elapsed_s(self) -> float:
+        """Seconds the study had run when its last trial was recorded (0 before any was): where a
+        resumed study's clock, and its time limit, count on from."""
+        return max((p["elapsed_s"] for p in self._progress.values() if p.get("elapsed_s") is not None), default=0.0)
+
     # -- files --------------------------------------------------------------------------
     def trials_table(self) -> pa.Table:
         return pa.Table.from_pylist(self.trials, schema=self.trial_schema)

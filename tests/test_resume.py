@@ -242,3 +242,33 @@ def test_resume_when_tunes_snapshot_names_a_checkpoint_already_deleted(tmp_path)
         assert len(list(tune_dir.glob(f"{trial_id}_*/checkpoint_*"))) == 2
     now = {(e["trial_id"], e["epoch"]): e for e in after["epochs.parquet"]}
     assert all(now[key]["val_acc"] == row["val_acc"] for key, row in before.items())  # kept as they were
+
+
+def test_resume_of_a_study_that_ran_its_time_limit_says_so_without_starting_ray(tmp_path, capsys):
+    """Its store's clock (the progress rows) is at the limit, as a study the limit ended leaves it:
+    Tune would restore only to stop at once, so the resume says why and starts nothing."""
+    import ray
+
+    from search._cli import main
+    from search._runner import _store_for
+    from search._spec import load_spec, to_plain
+    from search._storage import StudyLocation
+
+    raw = yaml.safe_load((ROOT / "spaces" / "synthetic_smoke.yaml").read_text())
+    raw["budget"]["time_limit_s"] = 60
+    (tmp_path / "limited.yaml").write_text(yaml.safe_dump(raw))
+    spec = load_spec(tmp_path / "limited.yaml")
+    study = tmp_path / "study"
+    study.mkdir()
+    (study / "experiment.json").write_text(json.dumps({  # as `search run` writes it
+        "name": spec.name, "spec": to_plain(spec), "spec_hash": spec.spec_hash,
+        "objectives": [[o.metric, o.mode] for o in spec.objectives], "reference_point": spec.reference_point}))
+    store = _store_for(spec, StudyLocation(str(study)))
+    store.add_trial({"trial_id": "t1", "state": "PRUNED", "stop_reason": "time_limit", "epochs_run": 1}, {})
+    store.add_progress(trial_id="t1", state="PRUNED", elapsed_s=61.5, at=None)
+    store.flush()
+
+    assert main(["resume", str(study)]) == 0
+    out = capsys.readouterr().out
+    assert f"study {spec.name} ran its time limit (62 s of budget.time_limit_s: 60); nothing left to resume" in out, out
+    assert not ray.is_initialized()
