@@ -57,7 +57,8 @@ inline vec splat(float x) {  // one vbroadcastss (GCC builds `vec{} + x` with an
 #endif
 }
 
-// n floats (memcpy: an inline vector loop measured 1.4x slower on the whole kernel)
+// n floats (memcpy: an inline loop, a vector load and store at a time, measured 1.4x slower on the
+// whole kernel in two sessions on the AVX2 EPYC: 25 vs 17-18 ms fwd+bwd at B 256, N 49, d 24)
 inline void copy_row(float* dst, const float* src, int64_t n) { std::memcpy(dst, src, n * sizeof(float)); }
 
 inline ivec lane_index() {
