@@ -26,6 +26,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "attention_views.h"
+
 #if !defined(__AVX512F__) || !defined(__AVX512BW__) || !defined(__AVX512VL__) || !defined(__AVX512BF16__)
 #error "attention_core.cpp needs AVX-512 (F, BW, VL, BF16); _attention_kernel.py builds it only where the CPU has them"
 #endif
@@ -174,20 +176,8 @@ struct Dims {
         pairs((N + 1) / 2) {}
 };
 
-// A strided bf16 matrix: row i at base + i * stride
-struct Rows {
-  bf16* base;
-  int64_t stride;
-};
-
-// A (batch, head)'s q, k, v in a (3, B, H, N, d) view with unit stride along d
-struct Heads {
-  bf16* base;
-  at::IntArrayRef strides;
-  Rows at(int64_t which, int64_t b, int64_t h) const {
-    return {base + which * strides[0] + b * strides[1] + h * strides[2], strides[3]};
-  }
-};
+using Rows = StridedRows<bf16>;  // attention_views.h
+using Heads = QkvHeads<bf16>;
 
 // One thread's buffers, N x N maps with rows tokens_pad apart
 struct Buffers {

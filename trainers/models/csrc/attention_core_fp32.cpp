@@ -28,6 +28,8 @@
 #include <cstring>
 #include <vector>
 
+#include "attention_views.h"
+
 #if !defined(__AVX2__) || !defined(__FMA__)
 #error "attention_core_fp32.cpp needs AVX2 and FMA; _attention_kernel.py builds it only where the CPU has them"
 #endif
@@ -95,8 +97,9 @@ inline vec exp_nonpositive(vec x) {
   p = p * r + splat(1.6666665459e-1f);
   p = p * r + splat(5.0000001201e-1f);
   p = (p * r) * r + (r + splat(1.f));
-  const ivec bits = (reinterpret_cast<const ivec&>(t) - 0x4B400000 + 127) << 23;  // 2^n
-  return p * reinterpret_cast<const vec&>(bits);
+  // 2^n from n's bits in t (a bit cast: a reinterpret_cast here breaks strict aliasing under -O3)
+  const ivec bits = (__builtin_bit_cast(ivec, t) - 0x4B400000 + 127) << 23;
+  return p * __builtin_bit_cast(vec, bits);
 }
 
 // ---- GEMMs ----------------------------------------------------------------------------------
@@ -170,20 +173,8 @@ struct Dims {
       : batch(B), heads(H), tokens(N), dim(d), tokens_pad(round_up(N, kLanes)), dim_pad(round_up(d, kLanes)) {}
 };
 
-// A strided float32 matrix: row i at base + i * stride
-struct Rows {
-  float* base;
-  int64_t stride;
-};
-
-// A (batch, head)'s q, k, v in a (3, B, H, N, d) view with unit stride along d
-struct Heads {
-  float* base;
-  at::IntArrayRef strides;
-  Rows at(int64_t which, int64_t b, int64_t h) const {
-    return {base + which * strides[0] + b * strides[1] + h * strides[2], strides[3]};
-  }
-};
+using Rows = StridedRows<float>;  // attention_views.h
+using Heads = QkvHeads<float>;
 
 // One thread's buffers: N x N maps with rows tokens_pad apart, N x d matrices dim_pad apart (zero
 // padded), d x N transposes tokens_pad apart

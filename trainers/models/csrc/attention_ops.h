@@ -2,8 +2,9 @@
 // gate's sums per thread chunk, and their registration with torch. Shared by attention_core.cpp
 // (bf16) and attention_core_fp32.cpp (float32), each of which includes it last, having defined in
 // its anonymous namespace: Element and kElement (its element type), kLanes, kMaxTokens, Dims,
-// Rows, Heads, Buffers, forward_map, backward_map, check_layout (what it needs of a view beyond
-// unit stride along d) and check_dims (of the sizes); and ATTENTION_LIBRARY, the ops' namespace.
+// Rows and Heads (attention_views.h's views over Element), Buffers, forward_map, backward_map,
+// check_layout (what it needs of a view beyond unit stride along d) and check_dims (of the sizes);
+// and ATTENTION_LIBRARY, the ops' namespace.
 #pragma once
 
 namespace {
