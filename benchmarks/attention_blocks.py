@@ -6,8 +6,10 @@
 
 Layers (all dim 96, 4 heads, the width of the *_micro models):
   plain      the families' plain attention (`MHSA`): fused scaled_dot_product_attention, or on a CPU
-             with bf16 GEMMs under bf16 autocast the explicit core (`_attention_core`)
-  plain_fused  (CPU bf16 only) the same layer on the fused kernel (PLAIN_ATTENTION_ON_EXPLICIT_CORE off)
+             with bf16 GEMMs under bf16 autocast, or in float32 on the float32 kernel, the explicit
+             core (`_attention_core`)
+  plain_fused  (where plain runs on the explicit core) the same layer on torch's fused kernel
+             (PLAIN_ATTENTION_ON_EXPLICIT_CORE off)
   gmm_K      Gaussian Mixture Mask attention with K kernels per head (explicit scores, mask, softmax)
   refiner_r  Refiner attention with expansion ratio r, 3x3 kernel (plus a class token, as in the model)
   gpsa       ConViT's GPSA, for reference
@@ -50,7 +52,9 @@ def run(*, batch: int, tokens: int, dim: int, heads: int, repeats: int, warmup: 
         bf16: bool = False) -> dict:
     dev = torch.device(device)
     torch.manual_seed(0)
-    plain_fused = dev.type == "cpu" and bf16  # where the two differ
+    # where the two differ: MHSA on the explicit core (its choice for a qkv of this shape and dtype)
+    probe = torch.zeros(3, 1, heads, tokens, dim // heads, dtype=torch.bfloat16 if bf16 else torch.float32, device=dev)
+    plain_fused = _attention_core.use_explicit_core(probe)
     layers = {name: (layer.to(dev), extra)
               for name, (layer, extra) in _layers(dim, heads, tokens, plain_fused).items()}
     inputs = {name: torch.randn(batch, tokens + extra, dim, device=dev, requires_grad=True)

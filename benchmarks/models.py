@@ -46,8 +46,9 @@ fused Triton inference kernel switched off (fused SDPA + P @ V), and `fused_kern
 over without; only fp16/bf16 inference takes the kernel, so the other columns read about 1).
 On the CPU the convit and micro groups add "fused-MHSA ls_convit_*": the same model with its plain
 attention blocks on torch's fused kernel instead of the explicit core (which they take under bf16
-autocast on a CPU with bf16 GEMMs, `trainers/models/_attention_core.py`), and `explicit_core_gain`
-(with over without; the fp32 columns read about 1). They also add "torch-ops-core ls_convit_*":
+autocast on a CPU with bf16 GEMMs, and in float32 where the float32 kernel is built,
+`trainers/models/_attention_core.py`), and `explicit_core_gain` (with over without; about 1 where
+neither holds). They also add "torch-ops-core ls_convit_*":
 the same model with its attention core on torch ops instead of the fused CPU kernels
 (`trainers/models/_attention_kernel.py`, where they are built: float32, and bf16 on bf16 hardware),
 and `cpu_kernel_gain` (with over without).

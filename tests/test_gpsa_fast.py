@@ -4,7 +4,8 @@ the same autocast and against a float64 reference; the eval-mode positional cach
 The core's batched GEMMs run in bf16 on a CPU with bf16 hardware and in float32 elsewhere
 (`trainers._cpu.cpu_has_native_bf16`); the `native_bf16` fixture forces each choice, so both are
 checked on any machine (oneDNN emulates bf16 where the hardware lacks it: slower, same numbers).
-The same core runs ConViT's plain attention blocks (`MHSA`) where the GEMMs are bf16: tested here too."""
+The same core runs ConViT's plain attention blocks (`MHSA`) where the GEMMs are bf16: tested here
+too (and in float32 on the float32 kernel: `test_attention_kernel.py`)."""
 import copy
 
 import pytest

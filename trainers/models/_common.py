@@ -151,8 +151,8 @@ class MHSA(nn.Module):
         B, N, C = x.shape
         qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # (3, B, H, N, d)
         if use_explicit_core(qkv) and not (self.training and self.attn_drop_p > 0.):
-            # CPU bf16 (autocast on bf16 hardware): the explicit core, its GEMMs in bf16, beats the
-            # fused kernel forward and backward (`_attention_core`)
+            # CPU bf16 (autocast on bf16 hardware), or float32 on the float32 kernel: the explicit
+            # core beats the fused kernel forward and backward (`_attention_core`)
             x = attention(qkv, self.head_dim ** -0.5)  # (B, H, N, d)
         else:
             q, k, v = qkv.unbind(0)
