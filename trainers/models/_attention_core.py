@@ -34,8 +34,8 @@ __all__ = [
 
 FULL_PRECISION = (torch.float32, torch.float64)
 CPU_CORE_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
-# False: plain attention (`MHSA`) keeps torch's fused kernel on the CPU in bf16 too (the benchmarks
-# time both side by side); GPSA is not affected
+# False: plain attention (`MHSA`) keeps torch's fused kernel on the CPU where `use_explicit_core`
+# would take this core (the benchmarks time both side by side); GPSA is not affected
 PLAIN_ATTENTION_ON_EXPLICIT_CORE = True
 
 
