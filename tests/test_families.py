@@ -71,6 +71,36 @@ def test_mhsa_matches_timm_attention_forward_and_gradients():
     torch.testing.assert_close(g_ours, g_ref, rtol=1e-5, atol=1e-6)
 
 
+def test_mlp_gelu_in_place_matches_timm_and_keeps_its_input():
+    """The blocks' Mlp: timm's output bit for bit with the GELU in place (no autograd) and out of
+    place (autograd recording, gradients as timm's); the caller's tensor is never overwritten."""
+    from timm.layers import Mlp as TimmMlp
+    from trainers.models._common import Mlp
+
+    torch.manual_seed(0)
+    ref = TimmMlp(in_features=24, hidden_features=96)
+    ours = Mlp(in_features=24, hidden_features=96)
+    ours.load_state_dict(ref.state_dict())
+    x = torch.randn(3, 10, 24)
+    kept = x.clone()
+    for mode in (torch.no_grad, torch.inference_mode):
+        with mode():
+            assert torch.equal(ours(x), ref(x)), mode
+    assert torch.equal(x, kept)
+    calls = []
+    handle = ours.act.register_forward_hook(lambda *args: calls.append("act module"))
+    with torch.no_grad():
+        ours(x)
+    assert calls == []  # in place: the GELU module is bypassed
+    x.requires_grad_(True)
+    y_ours, y_ref = ours(x), ref(x)
+    assert calls == ["act module"] and torch.equal(y_ours, y_ref)
+    handle.remove()
+    torch.testing.assert_close(torch.autograd.grad(y_ours.sum(), x)[0], torch.autograd.grad(y_ref.sum(), x)[0],
+                               rtol=0, atol=0)
+    assert torch.equal(x.detach(), kept)
+
+
 def _bf16_core(layer, x, core_dtype):
     """The MHSA forward under CPU bf16 autocast, its attention core computed in `core_dtype`."""
     B, N, C = x.shape
