@@ -10,7 +10,9 @@ Layers (all dim 96, 4 heads, the width of the *_micro models):
              core (`_attention_core`)
   plain_fused  (where plain runs on the explicit core) the same layer on torch's fused kernel
              (PLAIN_ATTENTION_ON_EXPLICIT_CORE off)
-  gmm_K      Gaussian Mixture Mask attention with K kernels per head (explicit scores, mask, softmax)
+  gmm_K      Gaussian Mixture Mask attention with K kernels per head: in float32 on a CPU with the
+             float32 kernel, on it (`masked_attention`); elsewhere explicit scores, mask, softmax
+  gmm_K3_ops (where gmm runs on the kernel) gmm_K3 on its torch ops (USE_FUSED_KERNEL off)
   refiner_r  Refiner attention with expansion ratio r, 3x3 kernel (plus a class token, as in the model)
   gpsa       ConViT's GPSA, for reference
 Each is timed alternately with the others after a warm-up (so load drifts hit all alike); the
@@ -27,13 +29,14 @@ import time
 import torch
 
 from benchmarks._env import autocast, setup_process, sync, write_result
-from trainers.models import _attention_core
+from trainers.models import _attention_core, _attention_kernel
 from trainers.models.ls_convit import GPSA, MHSA
 from trainers.models.ls_gmm import GMMAttention
 from trainers.models.ls_refiner import RefinedAttention
 
 
-def _layers(dim: int, heads: int, tokens: int, plain_fused: bool) -> dict[str, tuple[torch.nn.Module, int]]:
+def _layers(dim: int, heads: int, tokens: int, plain_fused: bool,
+            gmm_ops: bool) -> dict[str, tuple[torch.nn.Module, int]]:
     """name -> (layer, extra prefix tokens it expects)."""
     side = math.isqrt(tokens)
     grid = (side, side)
@@ -42,6 +45,8 @@ def _layers(dim: int, heads: int, tokens: int, plain_fused: bool) -> dict[str, t
         layers["plain_fused"] = (MHSA(dim, num_heads=heads), 0)
     for k in (1, 3, 5):
         layers[f"gmm_K{k}"] = (GMMAttention(dim, num_heads=heads, num_kernels=k, grid_size=grid), 0)
+    if gmm_ops:
+        layers["gmm_K3_ops"] = (GMMAttention(dim, num_heads=heads, num_kernels=3, grid_size=grid), 0)
     for r in (1, 2, 4, 6):
         layers[f"refiner_r{r}"] = (RefinedAttention(dim, num_heads=heads, grid_size=grid, ratio=r, kernel_size=3), 1)
     layers["gpsa"] = (GPSA(dim, num_heads=heads, grid_size=grid), 0)
@@ -55,8 +60,10 @@ def run(*, batch: int, tokens: int, dim: int, heads: int, repeats: int, warmup: 
     # where the two differ: MHSA on the explicit core (its choice for a qkv of this shape and dtype)
     probe = torch.zeros(3, 1, heads, tokens, dim // heads, dtype=torch.bfloat16 if bf16 else torch.float32, device=dev)
     plain_fused = _attention_core.use_explicit_core(probe)
+    # and GMM on the float32 kernel (bf16 autocast: its GEMMs' dtype, which has no kernel with a mask)
+    gmm_ops = not bf16 and _attention_core.masked_core_usable(probe)
     layers = {name: (layer.to(dev), extra)
-              for name, (layer, extra) in _layers(dim, heads, tokens, plain_fused).items()}
+              for name, (layer, extra) in _layers(dim, heads, tokens, plain_fused, gmm_ops).items()}
     inputs = {name: torch.randn(batch, tokens + extra, dim, device=dev, requires_grad=True)
               for name, (_, extra) in layers.items()}
 
@@ -65,6 +72,7 @@ def run(*, batch: int, tokens: int, dim: int, heads: int, repeats: int, warmup: 
         layer.zero_grad(set_to_none=True)
         x.grad = None
         _attention_core.PLAIN_ATTENTION_ON_EXPLICIT_CORE = name != "plain_fused"
+        _attention_kernel.USE_FUSED_KERNEL = name != "gmm_K3_ops"
         try:
             sync(dev)
             start = time.perf_counter()
@@ -75,6 +83,7 @@ def run(*, batch: int, tokens: int, dim: int, heads: int, repeats: int, warmup: 
             return time.perf_counter() - start
         finally:
             _attention_core.PLAIN_ATTENTION_ON_EXPLICIT_CORE = True
+            _attention_kernel.USE_FUSED_KERNEL = True
 
     for _ in range(warmup):
         for name in layers:

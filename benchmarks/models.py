@@ -48,10 +48,11 @@ On the CPU the convit and micro groups add "fused-MHSA ls_convit_*": the same mo
 attention blocks on torch's fused kernel instead of the explicit core (which they take under bf16
 autocast on a CPU with bf16 GEMMs, and in float32 where the float32 kernel is built,
 `trainers/models/_attention_core.py`), and `explicit_core_gain` (with over without; about 1 where
-neither holds). They also add "torch-ops-core ls_convit_*":
-the same model with its attention core on torch ops instead of the fused CPU kernels
-(`trainers/models/_attention_kernel.py`, where they are built: float32, and bf16 on bf16 hardware),
-and `cpu_kernel_gain` (with over without).
+neither holds). They also add "torch-ops-core ls_convit_*" (and in the micro group
+"torch-ops-core ls_gmm_micro"): the same model with its attention core on torch ops instead of the
+fused CPU kernels (`trainers/models/_attention_kernel.py`, where they are built: float32, and bf16
+on bf16 hardware; GMM attention has a kernel in float32 only), and `cpu_kernel_gain` (with over
+without).
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ from benchmarks._env import autocast, bf16_by_default, setup_process, sync, writ
 IMAGENET = dict(num_classes=1000, in_chans=3)
 UNFUSED = "unfused "  # label prefix: ls_convit_tiny with GPSA's CUDA inference kernel off
 FUSED_MHSA = "fused-MHSA "  # label prefix: a CPU ls_convit with its plain attention on torch's fused kernel
-TORCH_OPS_CORE = "torch-ops-core "  # label prefix: a CPU ls_convit without the fused attention kernel
+TORCH_OPS_CORE = "torch-ops-core "  # label prefix: a CPU ls_convit/ls_gmm without the fused attention kernel
 
 
 def _any_cpu_kernel() -> bool:
@@ -188,15 +189,20 @@ def _group(name: str, *, cuda: bool = False
             "ls_refiner_micro": lambda: timm.create_model("ls_refiner_micro"),
             "ls_tcnn_resnet10_micro_s (converted)": lambda: _converted("ls_tcnn_resnet10_micro_s"),
         }
-        if not cuda:  # the same weights with its plain attention on the fused kernel
-            def convit_micro() -> torch.nn.Module:
-                if "convit_micro" not in extra:
-                    extra["convit_micro"] = timm.create_model("ls_convit_micro")
-                return extra["convit_micro"]
-            builders["ls_convit_micro"] = convit_micro
+        if not cuda:  # the same weights with their attention on other paths
+            def shared(variant: str) -> Callable[[], torch.nn.Module]:
+                def build() -> torch.nn.Module:
+                    if variant not in extra:
+                        extra[variant] = timm.create_model(variant)
+                    return extra[variant]
+                return build
+            convit_micro, gmm_micro = shared("ls_convit_micro"), shared("ls_gmm_micro")
+            builders["ls_convit_micro"], builders["ls_gmm_micro"] = convit_micro, gmm_micro
             builders[FUSED_MHSA + "ls_convit_micro"] = lambda: _with_fused_mhsa(convit_micro())
             if _any_cpu_kernel():
                 builders[TORCH_OPS_CORE + "ls_convit_micro"] = lambda: _with_torch_ops_core(convit_micro())
+                # GMM attention: on the float32 kernel where it is built, else its torch ops either way
+                builders[TORCH_OPS_CORE + "ls_gmm_micro"] = lambda: _with_torch_ops_core(gmm_micro())
         return builders, "deit micro (ls_convit_micro, 0 GPSA)", (1, 28, 28), extra
     raise ValueError(name)
 

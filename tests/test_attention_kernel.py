@@ -1,7 +1,8 @@
 """The fused CPU attention kernels (`trainers/models/_attention_kernel.py`, `csrc/attention_core.cpp`
-in bf16, `csrc/attention_core_fp32.cpp` in float32), each where its CPU can run it: it builds; its outputs, gradients and the gate's sums match the papers' formulas in
-float64 for every token count its vector tails can meet, several head dims, the projection's
-strided layout and a contiguous one; the core gives the same outputs and gradients on it as on
+in bf16, `csrc/attention_core_fp32.cpp` in float32), each where its CPU can run it: it builds; its
+outputs, gradients and the gate's sums (GPSA), or the score mask's gradient (GMM attention, float32
+only), match the papers' formulas in float64 for every token count its vector tails can meet,
+several head dims, the projection's strided layout and a contiguous one; the core gives the same outputs and gradients on it as on
 torch ops. Where it cannot be built the core falls back with one warning saying why, and
 concurrent first uses build it once."""
 from __future__ import annotations
@@ -65,10 +66,18 @@ def _inputs(batch, heads, tokens, dim, gated, layout, seed=0, dtype=torch.bfloat
     return qkv, gate, pos, d_out
 
 
-def _reference(qkv, gate, pos, scale):
+def _score_mask(heads, tokens, seed=1):
+    """A GMM-like mask (H, N, N), float32: either sign, some entries exactly 0 (underflowed kernels)."""
+    mask = 2 * torch.randn(heads, tokens, tokens, generator=torch.Generator().manual_seed(seed))
+    return mask.masked_fill(mask.abs() < 0.2, 0.)
+
+
+def _reference(qkv, gate, pos, scale, mask=None):
     """out and the maps in float64 from the same (bf16) inputs, differentiable."""
     q, k, v = qkv.unbind(0)
     scores = q @ k.transpose(-1, -2) * scale
+    if mask is not None:
+        scores = scores * mask
     soft = torch.softmax(scores, -1)
     attn = soft if pos is None else (1 - gate.view(-1, 1, 1)) * soft + gate.view(-1, 1, 1) * pos
     return attn @ v, scores, soft
@@ -82,20 +91,25 @@ TOKENS = [1, 7, 8, 9, 15, 16, 17, 49, 50, 65, 197]  # tails of 1..16 lanes, ConV
 DIMS = [8, 24, 64, 72]  # head dims of 1..5 vectors (9 in float32): the GEMMs' column blocks and tails
 
 
-@pytest.mark.parametrize("gated", [True, False])
+@pytest.mark.parametrize("mix", ["gated", "plain", "masked"])
 @pytest.mark.parametrize("dim", DIMS)
 @pytest.mark.parametrize("tokens", TOKENS)
-def test_forward_and_backward_match_float64(kernel, tokens, dim, gated):
+def test_forward_and_backward_match_float64(kernel, tokens, dim, mix):
     dtype, ops = kernel
+    if mix == "masked" and dtype == torch.bfloat16:
+        pytest.skip("the bf16 kernel has no score mask (test_bad_inputs_are_refused_with_a_message)")
+    gated = mix == "gated"
     batch, heads, scale = 3, 4, dim ** -0.5
     qkv, gate, pos, d_out = _inputs(batch, heads, tokens, dim, gated, "projection", dtype=dtype)
+    mask = _score_mask(heads, tokens) if mix == "masked" else None
     out = torch.empty(batch, tokens, heads, dim, dtype=dtype).transpose(1, 2)
-    row_max, row_inv = ops.attention_forward(qkv, gate, pos, scale, out, True)
+    row_max, row_inv = ops.attention_forward(qkv, gate, pos, mask, scale, out, True)
 
     qkv64 = qkv.double().requires_grad_()
     gate64 = gate.double().requires_grad_() if gated else None
     pos64 = pos.double().requires_grad_() if gated else None
-    out64, scores64, soft64 = _reference(qkv64, gate64, pos64, scale)
+    mask64 = mask.double().requires_grad_() if mask is not None else None
+    out64, scores64, soft64 = _reference(qkv64, gate64, pos64, scale, mask64)
     # bf16 rounds A, then out: within 1% of the largest output
     assert _relative(out, out64.detach()) < OUT_TOL[dtype]
     # the rows' statistics the backward recomputes the maps from
@@ -104,13 +118,14 @@ def test_forward_and_backward_match_float64(kernel, tokens, dim, gated):
     torch.testing.assert_close(row_inv.double(), 1 / sums, atol=0, rtol=1e-5)
     # inference: the same output, nothing kept
     again = torch.empty_like(out)
-    empty_max, empty_inv = ops.attention_forward(qkv, gate, pos, scale, again, False)
+    empty_max, empty_inv = ops.attention_forward(qkv, gate, pos, mask, scale, again, False)
     assert torch.equal(again, out) and empty_max.numel() == empty_inv.numel() == 0
 
     out64.backward(d_out.double())
     d_qkv = torch.empty_like(qkv)  # the projection's layout, as qkv
     coef = scale * (torch.ones(heads) if gate is None else 1 - gate)
-    d_attn_sum, dots = ops.attention_backward(d_out, qkv, gate, pos, row_max, row_inv, coef, scale, d_qkv, gated)
+    sums = mix != "plain"
+    d_attn_sum, dots = ops.attention_backward(d_out, qkv, gate, pos, mask, row_max, row_inv, coef, scale, d_qkv, sums)
     assert d_qkv.stride() == qkv.stride()
     assert _relative(d_qkv, qkv64.grad) < GRAD_TOL[dtype]  # bf16: dS and the products rounded
     if gated:  # sum_b dA and sum <dA, soft> per head: float32 from the inputs, no rounding
@@ -121,9 +136,12 @@ def test_forward_and_backward_match_float64(kernel, tokens, dim, gated):
         torch.testing.assert_close((d_attn_sum * gate.view(-1, 1, 1)).double(), pos64.grad, atol=1e-4, rtol=1e-5)
         d_gate = (d_attn_sum * pos).sum((1, 2)) - dots
         torch.testing.assert_close(d_gate.double(), gate64.grad, atol=1e-3, rtol=1e-4)
+    if mask is not None:  # the mask's gradient, sum_b over its (H, N, N)
+        assert _relative(d_attn_sum, mask64.grad) < GRAD_TOL[dtype]
     # without the sums: the same d_qkv, nothing else
     alone = torch.empty_like(qkv)
-    empty_sum, empty_dots = ops.attention_backward(d_out, qkv, gate, pos, row_max, row_inv, coef, scale, alone, False)
+    empty_sum, empty_dots = ops.attention_backward(d_out, qkv, gate, pos, mask, row_max, row_inv, coef, scale, alone,
+                                                   False)
     assert torch.equal(alone, d_qkv) and empty_sum.numel() == empty_dots.numel() == 0
 
 
@@ -134,9 +152,9 @@ def test_any_layout_gives_the_same_bits(kernel):
     results = []
     for q in (qkv, qkv.contiguous()):
         out = torch.empty(2, 4, 49, 24, dtype=dtype)
-        stats = ops.attention_forward(q, gate, pos, 0.2, out, True)
+        stats = ops.attention_forward(q, gate, pos, None, 0.2, out, True)
         d_qkv = torch.empty_like(q)
-        ops.attention_backward(d_out, q, gate, pos, *stats, 0.2 * (1 - gate), 0.2, d_qkv, False)
+        ops.attention_backward(d_out, q, gate, pos, None, *stats, 0.2 * (1 - gate), 0.2, d_qkv, False)
         results.append((out, d_qkv))
     assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
 
@@ -146,7 +164,7 @@ def test_nan_stays_in_its_row(kernel):
     qkv, gate, pos, _ = _inputs(2, 4, 49, 24, True, "contiguous", dtype=dtype)
     qkv[0, 1, 2, 7, 3] = float("nan")  # q of batch 1, head 2, token 7
     out = torch.empty(2, 4, 49, 24, dtype=dtype)
-    ops.attention_forward(qkv, gate, pos, 0.2, out, False)
+    ops.attention_forward(qkv, gate, pos, None, 0.2, out, False)
     assert out[1, 2, 7].isnan().all()
     out[1, 2, 7] = 0
     assert out.isfinite().all()
@@ -158,18 +176,27 @@ def test_bad_inputs_are_refused_with_a_message(kernel):
     out = torch.empty(2, 4, 9, 8, dtype=dtype)
     other, name = (torch.float32, "bfloat16") if dtype == torch.bfloat16 else (torch.bfloat16, "float32")
     with pytest.raises(RuntimeError, match=name):
-        ops.attention_forward(qkv.to(other), gate, pos, 0.2, out, True)
+        ops.attention_forward(qkv.to(other), gate, pos, None, 0.2, out, True)
     with pytest.raises(RuntimeError, match="unit stride along d"):
-        ops.attention_forward(qkv.transpose(3, 4), gate, pos, 0.2, out, True)
+        ops.attention_forward(qkv.transpose(3, 4), gate, pos, None, 0.2, out, True)
     if dtype == torch.bfloat16:
         with pytest.raises(RuntimeError, match="even head dim"):
-            ops.attention_forward(qkv[..., :7], gate, pos, 0.2, out[..., :7], True)  # even strides, odd d
+            ops.attention_forward(qkv[..., :7], gate, pos, None, 0.2, out[..., :7], True)  # even strides, odd d
     with pytest.raises(RuntimeError, match="pos"):
-        ops.attention_forward(qkv, gate, pos[:, :8], 0.2, out, True)
+        ops.attention_forward(qkv, gate, pos[:, :8], None, 0.2, out, True)
     with pytest.raises(RuntimeError, match="come together"):
-        ops.attention_forward(qkv, gate, None, 0.2, out, True)
+        ops.attention_forward(qkv, gate, None, None, 0.2, out, True)
     with pytest.raises(RuntimeError, match="out"):
-        ops.attention_forward(qkv, gate, pos, 0.2, out[:1], True)
+        ops.attention_forward(qkv, gate, pos, None, 0.2, out[:1], True)
+    mask = _score_mask(4, 9)
+    if dtype == torch.bfloat16:
+        with pytest.raises(RuntimeError, match="no score mask"):
+            ops.attention_forward(qkv, None, None, mask, 0.2, out, True)
+    else:
+        with pytest.raises(RuntimeError, match="not both"):
+            ops.attention_forward(qkv, gate, pos, mask, 0.2, out, True)
+        with pytest.raises(RuntimeError, match="mask"):
+            ops.attention_forward(qkv, None, None, mask[:, :8], 0.2, out, True)
 
 
 @pytest.fixture(params=[True, False], ids=["fused_kernel", "torch_ops"])
@@ -269,6 +296,47 @@ def test_convit_runs_the_kernel_of_its_gemms_dtype(precision, train, monkeypatch
     blocks = len(model.blocks)
     assert recorder.calls == ({f"{namespace}.attention_forward": blocks, f"{namespace}.attention_backward": blocks}
                               if train else {f"{namespace}.attention_forward": blocks})
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_gmm_attention_on_the_float32_kernel_matches_its_torch_ops(train, monkeypatch):
+    """GMMAttention in float32: on the kernel (forward, and backward when training) with the same
+    output and gradients (x, the projections, alpha and sigma through the mask) as on its torch ops;
+    with attention dropout while training, the torch ops."""
+    from trainers.models.ls_gmm import GMMAttention
+
+    _skip_unless_built(torch.float32)
+    torch.manual_seed(0)
+    layer = GMMAttention(48, num_heads=4, num_kernels=3).train(train)
+    x = torch.randn(3, 49, 48)  # a 7 x 7 grid
+
+    def run():
+        layer.zero_grad()
+        inputs = x.clone().requires_grad_(train)
+        with torch.set_grad_enabled(train):
+            out = layer(inputs)
+            if train:
+                (out * torch.linspace(-1, 1, 48)).sum().backward()
+        grads = [inputs.grad] + [p.grad for p in layer.parameters()] if train else []
+        return out.detach(), grads
+
+    with _CustomOps() as recorder:
+        fused, fused_grads = run()
+    namespace = _attention_kernel._KERNELS[torch.float32].namespace
+    assert recorder.calls == ({f"{namespace}.attention_forward": 1, f"{namespace}.attention_backward": 1}
+                              if train else {f"{namespace}.attention_forward": 1})
+    monkeypatch.setattr(_attention_kernel, "USE_FUSED_KERNEL", False)
+    separate, separate_grads = run()
+    torch.testing.assert_close(fused, separate, atol=1e-6, rtol=1e-5)
+    names = ["x"] + [name for name, _ in layer.named_parameters()] if train else []
+    for name, a, b in zip(names, fused_grads, separate_grads):
+        assert _relative(a, b.double()) < 2e-5, name
+    if train:
+        monkeypatch.setattr(_attention_kernel, "USE_FUSED_KERNEL", True)
+        layer.attn_drop.p = 0.1
+        with _CustomOps() as recorder:
+            run()
+        assert recorder.calls == {}
 
 
 def _python(code: str, env: dict, cwd: Path = REPO) -> subprocess.CompletedProcess:

@@ -1,6 +1,7 @@
 """The explicit attention core for the CPU: softmax(Q K^T * scale) @ V from the B x H x N x N maps,
 optionally mixed with a positional attention shared by the batch (GPSA: (1 - s) softmax + s P),
-with a hand-written backward.
+with a hand-written backward. On the float32 kernel also with the scores multiplied by a mask
+shared by the batch (GMM attention: softmax((Q K^T * scale) * M) @ V, `masked_attention`).
 
 At the token counts of these models (N <= 197) the maps are small and the GEMMs batched, so on a
 2-core CPU this beats torch's fused attention kernels where its GEMMs can run in bf16 (CPU autocast
@@ -29,7 +30,7 @@ from trainers.models import _attention_kernel
 
 __all__ = [
     'CPU_CORE_DTYPES', 'FULL_PRECISION', 'PLAIN_ATTENTION_ON_EXPLICIT_CORE', 'attention', 'attention_inference',
-    'gated_attention', 'use_explicit_core',
+    'gated_attention', 'masked_attention', 'masked_core_usable', 'use_explicit_core',
 ]
 
 FULL_PRECISION = (torch.float32, torch.float64)
@@ -110,21 +111,24 @@ def _on_kernel(qkv: torch.Tensor) -> bool:
     return gemm_dtype(qkv.dtype) == qkv.dtype and _attention_kernel.usable(qkv)
 
 
-def _kernel_forward(qkv: torch.Tensor, gate: Optional[torch.Tensor], pos: Optional[torch.Tensor], scale: float,
+def _kernel_forward(qkv: torch.Tensor, gate: Optional[torch.Tensor], pos: Optional[torch.Tensor],
+                    mask: Optional[torch.Tensor], scale: float,
                     keep_stats: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(out (B, H, N, d), the rows' max and 1 / sum, or empty) on the fused kernel, for bf16 or
     float32 qkv in its own strides. out is the (B, H, N, d) view of a (B, N, H, d)-contiguous buffer, so the
     caller's transpose + reshape to (B, N, C) is free."""
     _, B, H, N, d = qkv.shape
     out = qkv.new_empty(B, N, H, d).transpose(1, 2)
-    row_max, row_inv = _attention_kernel.kernels(qkv.dtype).attention_forward(qkv, gate, pos, scale, out, keep_stats)
+    row_max, row_inv = _attention_kernel.kernels(qkv.dtype).attention_forward(qkv, gate, pos, mask, scale, out,
+                                                                              keep_stats)
     return out, row_max, row_inv
 
 
 class _Attention(torch.autograd.Function):
     """The core with a hand-written backward (see `attention` and `gated_attention`).
 
-    gate and pos (both None for plain attention) come in the map dtype (float32/64); qkv may be
+    gate and pos (both None for plain attention) come in the map dtype (float32/64); mask (H, N, N),
+    float32, only with float32 qkv on the float32 kernel (`masked_core_usable`); qkv may be
     bfloat16/float16 (from an autocast linear). The batched GEMMs run in `gemm_dtype(qkv.dtype)`
     (qkv cast on the way in when that differs, the output cast back on the way out), the softmax,
     the mixing and the maps' gradients in the map dtype; the qkv gradient comes back in qkv's dtype
@@ -134,16 +138,17 @@ class _Attention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, qkv: torch.Tensor, gate: Optional[torch.Tensor], pos: Optional[torch.Tensor],
-                scale: float) -> torch.Tensor:
+                mask: Optional[torch.Tensor], scale: float) -> torch.Tensor:
         ctx.scale = scale
         ctx.in_dtype = qkv.dtype
         # qkv's strides as empty_like keeps them (dense layouts only), for its gradient
         ctx.in_strides = torch.empty_like(qkv, device='meta').stride()
         ctx.on_kernel = _on_kernel(qkv)
         if ctx.on_kernel:
-            out, row_max, row_inv = _kernel_forward(qkv, gate, pos, scale, keep_stats=True)
-            ctx.save_for_backward(qkv, gate, pos, row_max, row_inv)
+            out, row_max, row_inv = _kernel_forward(qkv, gate, pos, mask, scale, keep_stats=True)
+            ctx.save_for_backward(qkv, gate, pos, mask, row_max, row_inv)
             return out
+        assert mask is None, 'a score mask runs on the float32 kernel only (masked_core_usable)'
         with torch.autocast('cpu', enabled=False):
             qkv_gemm = as_gemm(qkv)
             out, soft, attn = _attention_forward(qkv_gemm, gate, pos, scale)
@@ -159,20 +164,22 @@ class _Attention(torch.autograd.Function):
 
     @staticmethod
     def _kernel_backward(ctx, d_out: torch.Tensor):
-        qkv, gate, pos, row_max, row_inv = ctx.saved_tensors
+        qkv, gate, pos, mask, row_max, row_inv = ctx.saved_tensors
         H = qkv.shape[2]
         d_qkv = torch.empty_strided(qkv.shape, ctx.in_strides, dtype=qkv.dtype, device=qkv.device)
         coef = ctx.scale * (torch.ones(H) if gate is None else 1. - gate)  # dS's factor per head
-        gate_grads = ctx.needs_input_grad[1] or ctx.needs_input_grad[2]
+        map_grads = any(ctx.needs_input_grad[1:4])
         d_attn_sum, soft_dot = _attention_kernel.kernels(qkv.dtype).attention_backward(
-            _attention_kernel.d_out_for_kernel(d_out, qkv.dtype), qkv, gate, pos, row_max, row_inv, coef, ctx.scale, d_qkv,
-            gate_grads)  # sum_b dA (H, N, N) and sum <dA, softmax(S)> per head, for the gate's grads
-        d_gate = d_pos = None
+            _attention_kernel.d_out_for_kernel(d_out, qkv.dtype), qkv, gate, pos, mask, row_max, row_inv, coef,
+            ctx.scale, d_qkv, map_grads)  # sum_b dA (H, N, N) and sum <dA, softmax(S)> per head, for the
+        d_gate = d_pos = d_mask = None   # gate's grads; or the mask's gradient (H, N, N)
+        if ctx.needs_input_grad[3]:
+            d_mask = d_attn_sum
         if ctx.needs_input_grad[2]:
             d_pos = d_attn_sum * gate.view(H, 1, 1)  # dA/dP = s
         if ctx.needs_input_grad[1]:  # dA/ds = P - softmax(S)
             d_gate = (d_attn_sum * pos).sum((1, 2)) - soft_dot
-        return d_qkv, d_gate, d_pos, None
+        return d_qkv, d_gate, d_pos, d_mask, None
 
     @staticmethod
     def _backward(ctx, d_out: torch.Tensor):
@@ -210,17 +217,19 @@ class _Attention(torch.autograd.Function):
             # linear's backward then reads it without a copy
             d_in = torch.empty_strided(d_qkv.shape, ctx.in_strides, dtype=ctx.in_dtype, device=d_qkv.device)
             d_qkv = d_in.copy_(d_qkv)
-        return d_qkv, d_gate, d_pos, None
+        return d_qkv, d_gate, d_pos, None, None
 
 
-def _core(qkv: torch.Tensor, gate: Optional[torch.Tensor], pos: Optional[torch.Tensor], scale: float) -> torch.Tensor:
-    if not torch.is_grad_enabled() or not any(t is not None and t.requires_grad for t in (qkv, gate, pos)):
+def _core(qkv: torch.Tensor, gate: Optional[torch.Tensor], pos: Optional[torch.Tensor], scale: float,
+          mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    if not torch.is_grad_enabled() or not any(t is not None and t.requires_grad for t in (qkv, gate, pos, mask)):
         if _on_kernel(qkv):
-            return _kernel_forward(qkv, gate, pos, scale, keep_stats=False)[0]
+            return _kernel_forward(qkv, gate, pos, mask, scale, keep_stats=False)[0]
+        assert mask is None, 'a score mask runs on the float32 kernel only (masked_core_usable)'
         with torch.autocast('cpu', enabled=False):
             out = attention_inference(as_gemm(qkv.transpose(1, 2)), scale, gate, pos)  # (H, B, N, d)
             return _as_output(out.transpose(0, 1), qkv.dtype)
-    return _Attention.apply(qkv, gate, pos, scale)
+    return _Attention.apply(qkv, gate, pos, mask, scale)
 
 
 def attention(qkv: torch.Tensor, scale: float) -> torch.Tensor:
@@ -240,6 +249,24 @@ def gated_attention(qkv: torch.Tensor, gate: torch.Tensor, pos: torch.Tensor, sc
     """
     dtype = _map_dtype(qkv.dtype)
     return _core(qkv, gate.to(dtype).contiguous(), pos.to(dtype).contiguous(), scale)
+
+
+def masked_core_usable(qkv: torch.Tensor) -> bool:
+    """Whether `masked_attention` can run on `qkv` ((3, B, H, N, d), the projection's output
+    permuted): float32 on the CPU with the float32 kernel usable (the bf16 kernel and the torch ops
+    path have no score mask; GMM attention keeps its own torch ops there)."""
+    return qkv.dtype == torch.float32 and _attention_kernel.usable(qkv)
+
+
+def masked_attention(qkv: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
+    """softmax((Q K^T * scale) * M) @ V per head (GMM attention's eq. 9), differentiable in qkv and
+    the mask, on the float32 kernel: only where `masked_core_usable(qkv)`.
+
+    qkv: (3, B, H, N, d) float32, any strides (q, k, v stacked); mask: M (H, N, N), shared by the
+    batch. Returns (B, H, N, d). The kernel keeps only qkv and two numbers per map row for the
+    backward (the masked maps are recomputed), where torch ops would keep two B x H x N x N maps.
+    """
+    return _core(qkv, None, None, scale, mask.to(torch.float32).contiguous())
 
 
 def attention_inference(qkv: torch.Tensor, scale: float, gate: Optional[torch.Tensor] = None,

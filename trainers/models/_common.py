@@ -169,11 +169,12 @@ class Mlp(_TimmMlp):
     output wherever autograd does not record it (inference, no_grad, frozen layers).
 
     That output is a fresh (B, N, hidden) tensor nothing else holds, so overwriting it is safe and
-    bit for bit the same; a new tensor for the GELU's result would cost an allocation of 4 x the
-    block's hidden width per token, in memory the allocator may have to fault in again: about 4% of
-    ls_convit_tiny's CPU inference at 224 px, batch 8 (37.6 vs 39.1 img/s out of place vs in place,
-    39.4 with no activation at all; 2-core AVX2 EPYC). With autograd recording, the GELU's backward
-    needs its input: out of place.
+    bit for bit the same; a new tensor for the GELU's result costs an allocation of the block's
+    hidden width per token, which glibc's default thresholds hand back to the OS and fault in again
+    on every call: there about 4% of ls_convit_tiny's CPU inference at 224 px, batch 8 (37.6 vs 39.1
+    img/s, 39.4 with no activation at all; 2-core AVX2 EPYC). In a process that keeps freed memory
+    (`trainers._malloc`, as trials and the benchmarks run) the gain is within noise (38.3 vs 38.3,
+    41.9 vs 41.1 img/s). With autograd recording, the GELU's backward needs its input: out of place.
     """
 
     def __init__(self, in_features: int, hidden_features: int, drop: float = 0.):

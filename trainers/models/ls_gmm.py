@@ -16,10 +16,14 @@ Init (paper): alpha ~ N(0, 2^2), sigma ~ N(10, 10^2); knobs `alpha_init_mean/std
 Implementation notes:
 
 * The mask multiplies the scores, so it cannot be an additive `attn_mask` of
-  `scaled_dot_product_attention`: attention is explicit (matmul, mask multiply, softmax, matmul) and
-  materialises B x H x N x N. (FlexAttention could fuse `score * M[h, q, k]` on CUDA, but it cannot
-  train on CPU; it is not used here at all.) The mask itself does not depend on the input: it is
-  computed once per forward (H x N x N) and shared by the batch; 1/sqrt(d) is folded into it.
+  `scaled_dot_product_attention`. In float32 on the CPU, attention runs on the fused float32 kernel
+  of `_attention_core` (`masked_attention`: the masked maps formed per (batch, head) in cache,
+  recomputed in the backward; the mask's gradient summed over the batch in the kernel), unless
+  attention dropout is on while training. Elsewhere (CUDA, bf16 autocast, float64, no kernel) it is
+  explicit torch ops (matmul, mask multiply, softmax, matmul) and materialises B x H x N x N.
+  (FlexAttention could fuse `score * M[h, q, k]` on CUDA, but it cannot train on CPU; it is not used
+  here at all.) The mask itself does not depend on the input: it is computed once per forward
+  (H x N x N) and shared by the batch; 1/sqrt(d) is folded into it.
 * sigma <= 0 or tiny: sigma enters only through sigma^2 in `2 sigma^2 + eps` (eps = 1e-6), so the mask
   is even in sigma (a negative sigma acts as |sigma|; no clamp, no abs) and the denominator is always
   >= eps > 0, so no division by zero and no NaN. sigma = 0 gives exp(-d2 / eps): 1 on the diagonal
@@ -58,6 +62,7 @@ from timm.layers import DropPath, LayerNorm, PatchEmbed, calculate_drop_path_rat
 from timm.models import generate_default_cfgs, register_model
 from timm.models._features_fx import register_notrace_module
 
+from trainers.models._attention_core import masked_attention, masked_core_usable
 from trainers.models._common import (
     GridSize, Mlp, _build_without_weights, _cfg, _check_int, _check_real, _fashion_mnist_cfg, _pair, _patch_tokens,
 )
@@ -191,13 +196,18 @@ class GMMAttention(nn.Module):
             self._set_d2(grid)
         return gmm_mask(self.d2, self.alpha, self.sigma, self.eps)
 
+    def _qkv(self, x: torch.Tensor) -> torch.Tensor:
+        B, N, C = x.shape
+        return self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # (3, B, H, N, d)
+
+    def _scaled_mask(self, num_patches: int) -> torch.Tensor:
+        return self.mask(self._grid_for(num_patches)) * self.scale  # (H, N, N), 1/sqrt(d) folded into the mask
+
     def _scores(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """Masked scores B = (Q K^T / sqrt(d)) * M (B, H, N, N) and V (B, H, N, d)."""
-        B, N, C = x.shape
-        q, k, v = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        q, k, v = self._qkv(x).unbind(0)
         scores = q @ k.transpose(-2, -1)  # (B, H, N, N)
-        mask = self.mask(self._grid_for(N)) * self.scale  # (H, N, N), 1/sqrt(d) folded into the mask
-        return scores * mask.to(scores.dtype), v
+        return scores * self._scaled_mask(x.shape[1]).to(scores.dtype), v
 
     def attention_map(self, x: torch.Tensor) -> torch.Tensor:
         """softmax((Q K^T / sqrt(d)) * M) (B, H, N, N), no dropout; every row sums to 1."""
@@ -206,10 +216,14 @@ class GMMAttention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, N, C = x.shape
-        scores, v = self._scores(x)
-        attn = self.attn_drop(scores.softmax(dim=-1))
-        out = (attn @ v).transpose(1, 2).reshape(B, N, C)
-        return self.proj_drop(self.proj(out))
+        qkv = self._qkv(x)
+        if masked_core_usable(qkv) and not (self.training and self.attn_drop.p > 0.):
+            out = masked_attention(qkv, self._scaled_mask(N), 1.)  # (B, H, N, d), the fused float32 kernel
+        else:
+            q, k, v = qkv.unbind(0)
+            scores = (q @ k.transpose(-2, -1)) * self._scaled_mask(N).to(q.dtype)  # (B, H, N, N)
+            out = self.attn_drop(scores.softmax(dim=-1)) @ v
+        return self.proj_drop(self.proj(out.transpose(1, 2).reshape(B, N, C)))
 
 
 class Block(nn.Module):

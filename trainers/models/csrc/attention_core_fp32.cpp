@@ -4,16 +4,18 @@
 // 8. trainers/models/_attention_kernel.py builds and loads this file.
 //
 // Forward, per (batch b, head h), with q, k, v (N x d, float32):
-//     S = scale q k^T
+//     S = scale q k^T,  or S = (scale q k^T) * M[h] elementwise with a score mask (GMM attention)
 //     soft = softmax(S) per row                   (each row's max and 1 / sum kept)
 //     A = (1 - s_h) soft + s_h P[h]  (GPSA) or A = soft
 //     out = A v
 // Backward, from dO and the same inputs, recomputing S, soft and A bit for bit from the rows' max
 // and 1 / sum rather than keeping B x H x N x N maps from the forward:
 //     dA = dO v^T,  dV = A^T dO
-//     dS = c_h soft (dA - <dA, soft>) with c_h = (1 - s_h) scale (plain attention: scale)
+//     dS = c_h soft (dA - <dA, soft>) with c_h = (1 - s_h) scale (plain attention: scale),
+//          times M[h] elementwise with a mask
 //     dQ = dS k,  dK = dS^T q
-//     and, for the gate and P's gradients, sum_b dA (H x N x N) and sum_{b, i} <dA_i, soft_i> per head.
+//     and, for the gate and P's gradients, sum_b dA (H x N x N) and sum_{b, i} <dA_i, soft_i> per head;
+//     with a mask instead, for its gradient, sum_b (soft (dA - <dA, soft>)) * (scale q k^T) (H x N x N).
 // q, k, v, dO are copied per (batch, head) into padded buffers (N x d: small next to the N x N x d
 // products), so the products run on whole vectors with no tail handling.
 #include <ATen/ATen.h>
@@ -50,6 +52,13 @@ constexpr int64_t kMaxTokens = 1024;
 
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 inline vec load(const float* p) { return *reinterpret_cast<const vec*>(p); }
+// row[j + l] for the lanes with j + l < n, zero past: a row of an unpadded N x N matrix (pos, mask)
+inline vec load_part(const float* row, int64_t j, int64_t n) {
+  if (j + kLanes <= n) return load(row + j);
+  vec v = vec{};
+  for (int64_t l = 0; j + l < n; ++l) v[l] = row[j + l];
+  return v;
+}
 inline void store(float* p, vec v) { *reinterpret_cast<vec*>(p) = v; }
 inline vec splat(float x) {  // one vbroadcastss (GCC builds `vec{} + x` with an add, a loop with inserts)
 #if defined(__AVX512F__)
@@ -180,11 +189,13 @@ using Heads = QkvHeads<float>;
 // padded), d x N transposes tokens_pad apart
 struct Buffers {
   std::vector<float> scores, attn, d_attn, d_scores;  // S then soft; A; dA; dS
+  std::vector<float> raw;                             // scale q k^T before a mask
   std::vector<float> q, k, v, d_out, out, keys_t, values_t;
   alignas(64) float e[kMaxTokens + kLanes];
-  explicit Buffers(const Dims& D)
+  Buffers(const Dims& D, bool masked)
       : scores(D.tokens * D.tokens_pad), attn(D.tokens * D.tokens_pad), d_attn(D.tokens * D.tokens_pad),
-        d_scores(D.tokens * D.tokens_pad), q(D.tokens * D.dim_pad), k(D.tokens * D.dim_pad),
+        d_scores(D.tokens * D.tokens_pad), raw(masked ? D.tokens * D.tokens_pad : 0), q(D.tokens * D.dim_pad),
+        k(D.tokens * D.dim_pad),
         v(D.tokens * D.dim_pad), d_out(D.tokens * D.dim_pad), out(D.tokens * D.dim_pad),
         keys_t(D.dim * D.tokens_pad), values_t(D.dim * D.tokens_pad) {}
 };
@@ -213,13 +224,15 @@ void product_into(const Dims& D, const float* a, int64_t am, int64_t ap, const f
   scatter(D, buf.out.data(), dst);
 }
 
-// S = scale q k^T from buf.q and buf.keys_t, then row by row soft and A into buf.attn (zero past N).
+// S = scale q k^T from buf.q and buf.keys_t (with a mask: that product kept in buf.raw, S = it
+// times the mask), then row by row soft and A into buf.attn (zero past N).
 // Forward (recompute false): each row's max and 1 / sum into row_max and row_inv when they are given.
 // Backward (recompute true): soft from them, bit for bit as the forward had it, left in buf.scores.
-void form_maps(const Dims& D, float scale, const float* gate, const float* pos, int64_t h, Buffers& buf,
-               float* row_max, float* row_inv, bool recompute) {
+void form_maps(const Dims& D, float scale, const float* gate, const float* pos, const float* mask, int64_t h,
+               Buffers& buf, float* row_max, float* row_inv, bool recompute) {
   const int64_t N = D.tokens, ld = D.tokens_pad;
-  gemm(N, ld / kLanes, buf.q.data(), D.dim_pad, 1, buf.keys_t.data(), ld, D.dim, buf.scores.data(), ld, scale);
+  float* product = mask == nullptr ? buf.scores.data() : buf.raw.data();
+  gemm(N, ld / kLanes, buf.q.data(), D.dim_pad, 1, buf.keys_t.data(), ld, D.dim, product, ld, scale);
   float* e = buf.e;
   const float g = pos == nullptr ? 0.f : gate[h];
   const vec vg = splat(g), vc = splat(1.f - g);
@@ -227,6 +240,10 @@ void form_maps(const Dims& D, float scale, const float* gate, const float* pos, 
   const int n = static_cast<int>(N);
   for (int64_t i = 0; i < N; ++i) {
     float* s = buf.scores.data() + i * ld;
+    if (mask != nullptr) {  // zero past N: the product is (keys_t is zero padded), the mask row read so
+      const float* m = mask + (h * N + i) * N;
+      for (int64_t j = 0; j < ld; j += kLanes) store(s + j, load(product + i * ld + j) * load_part(m, j, N));
+    }
     float mx;
     if (recompute) {
       mx = row_max[i];
@@ -261,58 +278,59 @@ void form_maps(const Dims& D, float scale, const float* gate, const float* pos, 
     for (int64_t j = 0; j < ld; j += kLanes) {
       const vec soft = load(e + j) * vinv;  // zero past N
       if (recompute) store(s + j, soft);
-      if (p == nullptr) {
-        store(a + j, soft);
-      } else {
-        vec pj = vec{};
-        if (j + kLanes <= N) {
-          pj = load(p + j);
-        } else {
-          for (int64_t l = 0; j + l < N; ++l) pj[l] = p[j + l];
-        }
-        store(a + j, vc * soft + vg * pj);
-      }
+      store(a + j, p == nullptr ? soft : vc * soft + vg * load_part(p, j, N));
     }
   }
 }
 
 void forward_map(const Dims& D, const Heads& qkv, int64_t b, int64_t h, float scale, const float* gate,
-                 const float* pos, Rows out, Buffers& buf, float* row_max, float* row_inv) {
+                 const float* pos, const float* mask, Rows out, Buffers& buf, float* row_max, float* row_inv) {
   gather(D, qkv.at(0, b, h), buf.q.data());
   gather(D, qkv.at(1, b, h), buf.k.data(), buf.keys_t.data());
   gather(D, qkv.at(2, b, h), buf.v.data());
-  form_maps(D, scale, gate, pos, h, buf, row_max, row_inv, false);
+  form_maps(D, scale, gate, pos, mask, h, buf, row_max, row_inv, false);
   product_into(D, buf.attn.data(), D.tokens_pad, 1, buf.v.data(), buf, out);  // A v
 }
 
-// sum_rows: this thread's sum_b dA (H x N x N, or null); head_dot: its sum <dA, soft> for head h
+// sum_rows: this thread's sum_b dA, or with a mask sum_b soft (dA - <dA, soft>) * buf.raw (H x N x N,
+// or null); head_dot: its sum <dA, soft> for head h
 void backward_map(const Dims& D, const Heads& qkv, const Heads& d_qkv, Rows d_out, int64_t b, int64_t h, float scale,
-                  const float* gate, const float* pos, const float* row_max, const float* row_inv, float coef,
-                  Buffers& buf, float* sum_rows, double* head_dot) {
+                  const float* gate, const float* pos, const float* mask, const float* row_max, const float* row_inv,
+                  float coef, Buffers& buf, float* sum_rows, double* head_dot) {
   const int64_t N = D.tokens, ld = D.tokens_pad;
   gather(D, qkv.at(0, b, h), buf.q.data());
   gather(D, qkv.at(1, b, h), buf.k.data(), buf.keys_t.data());
   gather(D, qkv.at(2, b, h), buf.v.data(), buf.values_t.data());
   gather(D, d_out, buf.d_out.data());
-  form_maps(D, scale, gate, pos, h, buf, const_cast<float*>(row_max), const_cast<float*>(row_inv), true);
+  form_maps(D, scale, gate, pos, mask, h, buf, const_cast<float*>(row_max), const_cast<float*>(row_inv), true);
   // dA = dO v^T (N x N)
   gemm(N, ld / kLanes, buf.d_out.data(), D.dim_pad, 1, buf.values_t.data(), ld, D.dim, buf.d_attn.data(), ld);
-  // dS = coef soft (dA - <dA, soft>) row by row (zero past N: soft is); the gate's sums
+  // dS = coef soft (dA - <dA, soft>) row by row (zero past N: soft is), times the mask; the sums
   const vec vc = splat(coef);
   for (int64_t i = 0; i < N; ++i) {
     const float* s = buf.scores.data() + i * ld;
     const float* da = buf.d_attn.data() + i * ld;
+    float* acc = sum_rows == nullptr ? nullptr : sum_rows + (h * N + i) * N;
     vec vdot = vec{};
     for (int64_t j = 0; j < ld; j += kLanes) vdot += load(da + j) * load(s + j);  // soft is zero past N
-    if (sum_rows != nullptr) {
-      float* acc = sum_rows + (h * N + i) * N;
+    if (acc != nullptr && mask == nullptr)
       for (int64_t j = 0; j < N; ++j) acc[j] += da[j];
-    }
     const float dot = reduce_add(vdot);
     if (head_dot != nullptr) *head_dot += dot;
     const vec vd = splat(dot);
     float* ds = buf.d_scores.data() + i * ld;
-    for (int64_t j = 0; j < ld; j += kLanes) store(ds + j, vc * (load(s + j) * (load(da + j) - vd)));
+    if (mask == nullptr) {
+      for (int64_t j = 0; j < ld; j += kLanes) store(ds + j, vc * (load(s + j) * (load(da + j) - vd)));
+      continue;
+    }
+    const float* m = mask + (h * N + i) * N;
+    const float* product = buf.raw.data() + i * ld;
+    for (int64_t j = 0; j < ld; j += kLanes) {
+      const vec d_masked = load(s + j) * (load(da + j) - vd);  // d(loss)/d(masked scores), zero past N
+      // whole vectors: past N they add 0 to the next row (the accumulator ends in kLanes of padding)
+      if (acc != nullptr) store(acc + j, load(acc + j) + d_masked * load(product + j));
+      store(ds + j, vc * d_masked * load_part(m, j, N));
+    }
   }
   product_into(D, buf.attn.data(), 1, ld, buf.d_out.data(), buf, d_qkv.at(2, b, h));      // dV = A^T dO
   product_into(D, buf.d_scores.data(), ld, 1, buf.k.data(), buf, d_qkv.at(0, b, h));      // dQ = dS k
@@ -323,6 +341,7 @@ void backward_map(const Dims& D, const Heads& qkv, const Heads& d_qkv, Rows d_ou
 
 using Element = float;
 constexpr at::ScalarType kElement = at::kFloat;
+constexpr bool kScoreMask = true;
 
 void check_layout(const at::Tensor&, int64_t, const char*) {}  // any strides
 

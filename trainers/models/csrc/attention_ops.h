@@ -1,10 +1,11 @@
 // The two ops around a kernel's per-(batch, head) functions: argument checks, the threading, the
 // gate's sums per thread chunk, and their registration with torch. Shared by attention_core.cpp
 // (bf16) and attention_core_fp32.cpp (float32), each of which includes it last, having defined in
-// its anonymous namespace: Element and kElement (its element type), kLanes, kMaxTokens, Dims,
-// Rows and Heads (attention_views.h's views over Element), Buffers, forward_map, backward_map,
-// check_layout (what it needs of a view beyond unit stride along d) and check_dims (of the sizes);
-// and ATTENTION_LIBRARY, the ops' namespace.
+// its anonymous namespace: Element and kElement (its element type), kLanes, kMaxTokens, kScoreMask
+// (whether it multiplies the scores by a mask: GMM attention), Dims, Rows and Heads
+// (attention_views.h's views over Element), Buffers, forward_map, backward_map, check_layout (what
+// it needs of a view beyond unit stride along d) and check_dims (of the sizes); and
+// ATTENTION_LIBRARY, the ops' namespace.
 #pragma once
 
 namespace {
@@ -40,38 +41,49 @@ void check_floats(const at::Tensor& t, at::IntArrayRef sizes, const char* what) 
               what, ": float32, contiguous, of size ", sizes, ", got ", t.scalar_type(), " ", t.sizes());
 }
 
-void check_mix(const c10::optional<at::Tensor>& gate, const c10::optional<at::Tensor>& pos, const Dims& D) {
+// GPSA's gate (H) and positional attention (H, N, N), or GMM's score mask (H, N, N), or none
+void check_mix(const c10::optional<at::Tensor>& gate, const c10::optional<at::Tensor>& pos,
+               const c10::optional<at::Tensor>& mask, const Dims& D) {
   TORCH_CHECK(gate.has_value() == pos.has_value(), "attention: gate and pos come together");
   if (pos.has_value()) {
     check_floats(*gate, {D.heads}, "gate");
     check_floats(*pos, {D.heads, D.tokens, D.tokens}, "pos");
   }
+  if (mask.has_value()) {
+    TORCH_CHECK(kScoreMask, "attention: this kernel (", kElement == at::kBFloat16 ? "bfloat16" : "float32",
+                ") has no score mask");
+    TORCH_CHECK(!pos.has_value(), "attention: a score mask or a gate and pos, not both");
+    check_floats(*mask, {D.heads, D.tokens, D.tokens}, "mask");
+  }
+}
+
+const float* floats_or_null(const c10::optional<at::Tensor>& t) {
+  return t.has_value() ? t->data_ptr<float>() : nullptr;
 }
 
 // Writes out (B, H, N, d), any strides as check_view; returns each row's max and 1 / sum
 // ((B*H*N,) float32 each, batch-major), or empty tensors without `keep_stats` (inference)
 std::vector<at::Tensor> attention_forward(const at::Tensor& qkv, const c10::optional<at::Tensor>& gate,
-                                          const c10::optional<at::Tensor>& pos, double scale, const at::Tensor& out,
-                                          bool keep_stats) {
+                                          const c10::optional<at::Tensor>& pos, const c10::optional<at::Tensor>& mask,
+                                          double scale, const at::Tensor& out, bool keep_stats) {
   const Dims D = dims_of(qkv);
   check_out(out, D, "out");
-  check_mix(gate, pos, D);
+  check_mix(gate, pos, mask, D);
   const int64_t rows = D.batch * D.heads * D.tokens;
   const at::TensorOptions floats = qkv.options().dtype(at::kFloat);
   at::Tensor row_max = at::empty({keep_stats ? rows : 0}, floats);
   at::Tensor row_inv = at::empty({keep_stats ? rows : 0}, floats);
   const Heads heads{qkv.data_ptr<Element>(), qkv.strides()};
-  const float* g = pos.has_value() ? gate->data_ptr<float>() : nullptr;
-  const float* p = pos.has_value() ? pos->data_ptr<float>() : nullptr;
+  const float *g = floats_or_null(gate), *p = floats_or_null(pos), *mk = floats_or_null(mask);
   float* mx = keep_stats ? row_max.data_ptr<float>() : nullptr;
   float* inv = keep_stats ? row_inv.data_ptr<float>() : nullptr;
   Element* o = out.data_ptr<Element>();
   at::parallel_for(0, D.batch * D.heads, 4, [&](int64_t begin, int64_t end) {
-    Buffers buf(D);
+    Buffers buf(D, mk != nullptr);
     for (int64_t m = begin; m < end; ++m) {
       const int64_t b = m / D.heads, h = m % D.heads;
       const Rows out_rows{o + b * out.stride(0) + h * out.stride(1), out.stride(2)};
-      forward_map(D, heads, b, h, static_cast<float>(scale), g, p, out_rows, buf,
+      forward_map(D, heads, b, h, static_cast<float>(scale), g, p, mk, out_rows, buf,
                   keep_stats ? mx + m * D.tokens : nullptr, keep_stats ? inv + m * D.tokens : nullptr);
     }
   });
@@ -79,23 +91,23 @@ std::vector<at::Tensor> attention_forward(const at::Tensor& qkv, const c10::opti
 }
 
 // Writes d_qkv (strides as qkv's may be, its own); returns sum_b dA (H, N, N) and sum <dA, soft> per
-// head (H), float32, or empty tensors without `sums`
+// head (H), float32, or empty tensors without `sums`; with a mask, the mask's gradient (H, N, N)
+// in place of sum_b dA
 std::vector<at::Tensor> attention_backward(const at::Tensor& d_out, const at::Tensor& qkv,
                                            const c10::optional<at::Tensor>& gate, const c10::optional<at::Tensor>& pos,
-                                           const at::Tensor& row_max, const at::Tensor& row_inv, const at::Tensor& coef,
+                                           const c10::optional<at::Tensor>& mask, const at::Tensor& row_max, const at::Tensor& row_inv, const at::Tensor& coef,
                                            double scale, const at::Tensor& d_qkv, bool sums) {
   const Dims D = dims_of(qkv);
   check_out(d_out, D, "d_out");
   check_view(d_qkv, 5, "d_qkv");
   TORCH_CHECK(d_qkv.sizes() == qkv.sizes(), "d_qkv: qkv's size ", qkv.sizes(), ", got ", d_qkv.sizes());
-  check_mix(gate, pos, D);
+  check_mix(gate, pos, mask, D);
   const int64_t H = D.heads, N = D.tokens, maps = D.batch * H;
   check_floats(row_max, {maps * N}, "row_max");
   check_floats(row_inv, {maps * N}, "row_inv");
   check_floats(coef, {H}, "coef");
   const Heads heads{qkv.data_ptr<Element>(), qkv.strides()}, d_heads{d_qkv.data_ptr<Element>(), d_qkv.strides()};
-  const float* g = pos.has_value() ? gate->data_ptr<float>() : nullptr;
-  const float* p = pos.has_value() ? pos->data_ptr<float>() : nullptr;
+  const float *g = floats_or_null(gate), *p = floats_or_null(pos), *mk = floats_or_null(mask);
   const float* mx = row_max.data_ptr<float>();
   const float* inv = row_inv.data_ptr<float>();
   const float* c = coef.data_ptr<float>();
@@ -107,7 +119,7 @@ std::vector<at::Tensor> attention_backward(const at::Tensor& d_out, const at::Te
   at::Tensor dA_sums = at::zeros({sums ? chunks : 0, sum_size}, row_max.options());
   at::Tensor dots = at::zeros({sums ? chunks : 0, H}, row_max.options());
   at::parallel_for(0, chunks, 1, [&](int64_t first, int64_t last) {
-    Buffers buf(D);
+    Buffers buf(D, mk != nullptr);
     std::vector<double> head_dots(H, 0.);  // kept here: the chunks' rows of `dots` share cache lines
     for (int64_t chunk = first; chunk < last; ++chunk) {
       std::fill(head_dots.begin(), head_dots.end(), 0.);
@@ -115,7 +127,7 @@ std::vector<at::Tensor> attention_backward(const at::Tensor& d_out, const at::Te
       for (int64_t m = maps * chunk / chunks; m < maps * (chunk + 1) / chunks; ++m) {
         const int64_t b = m / H, h = m % H;
         const Rows d_out_rows{dout + b * d_out.stride(0) + h * d_out.stride(1), d_out.stride(2)};
-        backward_map(D, heads, d_heads, d_out_rows, b, h, static_cast<float>(scale), g, p, mx + m * N, inv + m * N,
+        backward_map(D, heads, d_heads, d_out_rows, b, h, static_cast<float>(scale), g, p, mk, mx + m * N, inv + m * N,
                      c[h], buf, sum_rows, sums ? &head_dots[h] : nullptr);
       }
       if (sums)
@@ -133,10 +145,10 @@ std::vector<at::Tensor> attention_backward(const at::Tensor& d_out, const at::Te
 #define ATTENTION_TORCH_LIBRARY_IMPL(ns, key, m) TORCH_LIBRARY_IMPL(ns, key, m)
 
 ATTENTION_TORCH_LIBRARY(ATTENTION_LIBRARY, m) {
-  m.def("attention_forward(Tensor qkv, Tensor? gate, Tensor? pos, float scale, Tensor(a!) out, bool keep_stats) "
-        "-> Tensor[]");
-  m.def("attention_backward(Tensor d_out, Tensor qkv, Tensor? gate, Tensor? pos, Tensor row_max, Tensor row_inv, "
-        "Tensor coef, float scale, Tensor(a!) d_qkv, bool sums) -> Tensor[]");
+  m.def("attention_forward(Tensor qkv, Tensor? gate, Tensor? pos, Tensor? mask, float scale, Tensor(a!) out, "
+        "bool keep_stats) -> Tensor[]");
+  m.def("attention_backward(Tensor d_out, Tensor qkv, Tensor? gate, Tensor? pos, Tensor? mask, Tensor row_max, "
+        "Tensor row_inv, Tensor coef, float scale, Tensor(a!) d_qkv, bool sums) -> Tensor[]");
 }
 
 ATTENTION_TORCH_LIBRARY_IMPL(ATTENTION_LIBRARY, CPU, m) {
