@@ -1,8 +1,8 @@
 """The CPU attention core as one fused kernel per direction, in bf16 (`csrc/attention_core.cpp`,
 AVX512-BF16) and in float32 (`csrc/attention_core_fp32.cpp`, AVX2 + FMA, or AVX-512): per (batch,
-head) the scores, softmax, GPSA's mix with its positional attention and the product with v
-forward; the maps' recomputation, the four products of the backward, the softmax backward and the
-gate's sums backward. The N x N maps never leave the kernel's cache-sized buffers (the backward
+head) the scores (in float32 optionally times GMM attention's mask), softmax, GPSA's mix with its
+positional attention and the product with v forward; the maps' recomputation, the four products of
+the backward, the softmax backward and the gate's sums (or the mask's gradient) backward. The N x N maps never leave the kernel's cache-sized buffers (the backward
 recomputes them from two numbers per row instead of keeping them), its GEMMs are register-tiled
 SIMD loops (AVX512-BF16 dot products in bf16, FMAs in float32), and it reads q, k, v and writes the
 output and the gradients in the caller's strides, so the projection's (B, N, 3, H, d) output needs
