@@ -1,0 +1,24 @@
+"""Settings for the whole test session.
+
+pyproject's addopts run the tests on two pytest-xdist workers (`-n 2 --dist loadfile`: a file's
+tests stay together, so its module fixtures run once): most of the slow tests wait on processes
+(Ray clusters, drivers, trial workers) rather than compute, so two at once take about a quarter
+less wall time on the 2-core CI machine. Each worker's own torch ops get one thread, so a worker
+computing beside another one's Ray trials does not oversubscribe the cores (OpenMP threads that
+outnumber the cores spin against each other: a 7 s test took 94 s that way). `-n 0` runs serially.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+_XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread_per_xdist_worker():
+    if _XDIST_WORKER:
+        torch.set_num_threads(1)  # per test: a test may set its own (test_data sets 2)
+    yield
