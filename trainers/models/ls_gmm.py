@@ -203,15 +203,15 @@ class GMMAttention(nn.Module):
     def _scaled_mask(self, num_patches: int) -> torch.Tensor:
         return self.mask(self._grid_for(num_patches)) * self.scale  # (H, N, N), 1/sqrt(d) folded into the mask
 
-    def _scores(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-        """Masked scores B = (Q K^T / sqrt(d)) * M (B, H, N, N) and V (B, H, N, d)."""
-        q, k, v = self._qkv(x).unbind(0)
+    def _scores(self, qkv: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Masked scores B = (Q K^T / sqrt(d)) * M (B, H, N, N) and V (B, H, N, d), on torch ops."""
+        q, k, v = qkv.unbind(0)
         scores = q @ k.transpose(-2, -1)  # (B, H, N, N)
-        return scores * self._scaled_mask(x.shape[1]).to(scores.dtype), v
+        return scores * self._scaled_mask(q.shape[2]).to(scores.dtype), v
 
     def attention_map(self, x: torch.Tensor) -> torch.Tensor:
         """softmax((Q K^T / sqrt(d)) * M) (B, H, N, N), no dropout; every row sums to 1."""
-        scores, _ = self._scores(x)
+        scores, _ = self._scores(self._qkv(x))
         return scores.softmax(dim=-1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -220,8 +220,7 @@ class GMMAttention(nn.Module):
         if masked_core_usable(qkv) and not (self.training and self.attn_drop.p > 0.):
             out = masked_attention(qkv, self._scaled_mask(N), 1.)  # (B, H, N, d), the fused float32 kernel
         else:
-            q, k, v = qkv.unbind(0)
-            scores = (q @ k.transpose(-2, -1)) * self._scaled_mask(N).to(q.dtype)  # (B, H, N, N)
+            scores, v = self._scores(qkv)
             out = self.attn_drop(scores.softmax(dim=-1)) @ v
         return self.proj_drop(self.proj(out.transpose(1, 2).reshape(B, N, C)))
 
