@@ -35,8 +35,11 @@ adds `inference_bf16` / `train_bf16` (speed_vs_baseline there: against the basel
 like). --precisions picks the columns (e.g. `--precisions bf16` on a GPU, where AMP is what a
 trial trains in).
 
-On CUDA (--device cuda) the models and the input are channels_last, as a trial's are, and the
-default batches fill the GPU (256 at 224 px, 1024 at 32 and 28 px). `--compile SUBSTRING ...` adds a
+Each model and its input run in the memory format a trial gives them
+(`trainers/_memory_format.py`): channels_last on CUDA; on the CPU channels_last for the T-CNNs
+(overlapping convolutions) and NCHW for the vision transformers. On the CPU the tiny and micro
+groups add "NCHW <the T-CNN>": the same architecture in NCHW, and `channels_last_gain` (as a
+trial runs it over NCHW). On CUDA the default batches fill the GPU (256 at 224 px, 1024 at 32 and 28 px). `--compile SUBSTRING ...` adds a
 `torch.compile`d copy of each model whose label contains one of the substrings, labelled
 "<label> +compile" and timed in the same rotation (sharing the eager model's weights); it compiles
 during the warm-up. The convit and px32 groups also report `ours_over_deit`: ls_convit_tiny
@@ -66,6 +69,7 @@ import timm
 import torch
 
 import trainers.models  # noqa: F401  (registers the ls_* families)
+from trainers._memory_format import runs_channels_last
 from trainers.models import _attention_core, _attention_kernel, ls_convit
 from benchmarks._env import autocast, bf16_by_default, setup_process, sync, write_result
 
@@ -73,6 +77,7 @@ IMAGENET = dict(num_classes=1000, in_chans=3)
 UNFUSED = "unfused "  # label prefix: ls_convit_tiny with GPSA's CUDA inference kernel off
 FUSED_MHSA = "fused-MHSA "  # label prefix: a CPU ls_convit with its plain attention on torch's fused kernel
 TORCH_OPS_CORE = "torch-ops-core "  # label prefix: a CPU ls_convit/ls_gmm without the fused attention kernel
+NCHW = "NCHW "  # label prefix: a CPU T-CNN in NCHW instead of the channels_last a trial runs it in
 
 
 def _any_cpu_kernel() -> bool:
@@ -168,6 +173,8 @@ def _group(name: str, *, cuda: bool = False
         for family in ("convit", "gmm", "refiner"):
             builders[f"ls_{family}_{name}"] = (lambda f=family: timm.create_model(f"ls_{f}_{name}", **IMAGENET))
         builders[f"{tcnn} (converted)"] = lambda: _converted(tcnn, **IMAGENET)
+        if not cuda:
+            builders[f"{NCHW}{tcnn} (converted)"] = lambda: _converted(tcnn, **IMAGENET)
         builders[f"timm convit_{name}"] = lambda: timm.create_model(f"convit_{name}")
         return builders, deit, (3, 224, 224), extra
     if name == "px32":
@@ -190,6 +197,7 @@ def _group(name: str, *, cuda: bool = False
             "ls_tcnn_resnet10_micro_s (converted)": lambda: _converted("ls_tcnn_resnet10_micro_s"),
         }
         if not cuda:  # the same weights with their attention on other paths
+            builders[NCHW + "ls_tcnn_resnet10_micro_s (converted)"] = lambda: _converted("ls_tcnn_resnet10_micro_s")
             def shared(variant: str) -> Callable[[], torch.nn.Module]:
                 def build() -> torch.nn.Module:
                     if variant not in extra:
@@ -222,9 +230,13 @@ def run_group(name: str, *, batch: int, repeats: int, warmup: int, device: str, 
               precisions: tuple[str, ...] = ("fp32", "bf16"), compile_matching: tuple[str, ...] = ()) -> dict:
     dev = torch.device(device)
     builders, baseline, shape, extra = _group(name, cuda=dev.type == "cuda")
-    # channels_last on CUDA, as train_trial puts a model and FFCV its batches
-    memory_format = torch.channels_last if dev.type == "cuda" else torch.contiguous_format
-    models = {label: build().to(dev, memory_format=memory_format) for label, build in builders.items()}
+    models: dict[str, torch.nn.Module] = {}
+    formats: dict[str, torch.memory_format] = {}  # as train_trial puts a model and FFCV its batches
+    for label, build in builders.items():
+        model = build().to(dev)
+        channels_last = runs_channels_last(model, dev) and not label.startswith(NCHW)
+        formats[label] = torch.channels_last if channels_last else torch.contiguous_format
+        models[label] = model.to(memory_format=formats[label])
     for model in models.values():  # timm < 1.0.31 keeps ConViT's rel_indices as a plain attribute
         for module in model.modules():  # (not a buffer), built on the CPU by _convit_pair's check
             if isinstance(getattr(module, "rel_indices", None), torch.Tensor):
@@ -233,29 +245,33 @@ def run_group(name: str, *, batch: int, repeats: int, warmup: int, device: str, 
     for label in [label for label in models if any(pattern in label for pattern in compile_matching)]:
         models[f"{label} +compile"] = torch.compile(models[label])
         params[f"{label} +compile"] = params[label]
+        formats[f"{label} +compile"] = formats[label]
     torch.manual_seed(1)
-    x = torch.randn(batch, *shape, device=dev).contiguous(memory_format=memory_format)
+    x = torch.randn(batch, *shape, device=dev)
+    inputs = {label: x.contiguous(memory_format=fmt) for label, fmt in formats.items()}  # the same values
     precisions = list(precisions)
 
-    def infer(model: torch.nn.Module, precision: str) -> tuple[float, float]:
+    def infer(label: str, precision: str) -> tuple[float, float]:
         """(wall, host) seconds for one batch: host = until the forward returns (on CUDA, the
         time to enqueue it; where that nears the wall time, the batch is host-bound)."""
+        model = models[label]
         model.eval()
         sync(dev)
         start = time.perf_counter()
         with torch.inference_mode(), autocast(dev, precision):
-            model(x)
+            model(inputs[label])
         host = time.perf_counter() - start
         sync(dev)
         return time.perf_counter() - start, host
 
-    def train_step(model: torch.nn.Module, precision: str) -> tuple[float, float]:
+    def train_step(label: str, precision: str) -> tuple[float, float]:
+        model = models[label]
         model.train()
         model.zero_grad(set_to_none=True)
         sync(dev)
         start = time.perf_counter()
         with autocast(dev, precision):
-            y = model(x)
+            y = model(inputs[label])
         y.float().sum().backward()
         host = time.perf_counter() - start
         sync(dev)
@@ -264,7 +280,7 @@ def run_group(name: str, *, batch: int, repeats: int, warmup: int, device: str, 
     modes = {"inference": infer, **({"train": train_step} if train else {})}
     out: dict = {"config": dict(group=name, batch=batch, input_shape=list(shape), repeats=repeats, warmup=warmup,
                                 device=str(dev), dtype="float32", precisions=precisions,
-                                channels_last=memory_format is torch.channels_last,
+                                channels_last=[label for label, fmt in formats.items() if fmt is torch.channels_last],
                                 compiled=[label for label in models if label.endswith(" +compile")]),
                  "baseline": baseline, "params": params}
     if "max_abs_logit_diff" in extra:
@@ -277,14 +293,14 @@ def run_group(name: str, *, batch: int, repeats: int, warmup: int, device: str, 
     for mode, fn in modes.items():
         for _ in range(warmup):
             for precision in precisions:
-                for model in models.values():
-                    fn(model, precision)
+                for label in models:
+                    fn(label, precision)
         times: dict[str, dict[str, list[float]]] = {p: {label: [] for label in models} for p in precisions}
         host_times: dict[str, dict[str, list[float]]] = {p: {label: [] for label in models} for p in precisions}
         for _ in range(repeats):
             for precision in precisions:
-                for label, model in models.items():
-                    wall, host = fn(model, precision)
+                for label in models:
+                    wall, host = fn(label, precision)
                     times[precision][label].append(wall)
                     host_times[precision][label].append(host)
         for precision in precisions:
@@ -317,7 +333,8 @@ def run_group(name: str, *, batch: int, repeats: int, warmup: int, device: str, 
             out["ours_over_deit"][f"{ours} +compile / {deit} +compile"] = pair_ratios(
                 out, f"{ours} +compile", f"{deit} +compile")
     for label in models:
-        for prefix, key in ((FUSED_MHSA, "explicit_core_gain"), (TORCH_OPS_CORE, "cpu_kernel_gain")):
+        for prefix, key in ((FUSED_MHSA, "explicit_core_gain"), (TORCH_OPS_CORE, "cpu_kernel_gain"),
+                            (NCHW, "channels_last_gain")):
             if label.startswith(prefix):
                 out.setdefault(key, {})[label[len(prefix):]] = pair_ratios(out, label[len(prefix):], label)
     return out
@@ -362,6 +379,8 @@ def _print_group(group: str, batch: int, r: dict) -> None:
     for label, ratios in r.get("cpu_kernel_gain", {}).items():
         print(f"  {label}, the attention core on the fused kernel / on torch ops: "
               + ", ".join(f"{key} {v:.2f}x" for key, v in ratios.items()))
+    for label, ratios in r.get("channels_last_gain", {}).items():
+        print(f"  {label}, channels_last / NCHW: " + ", ".join(f"{key} {v:.2f}x" for key, v in ratios.items()))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -8,7 +8,8 @@ block's last BN, which would hide the converted convs):
   * the logits' relative error ||T-CNN - CNN|| / ||CNN|| on random inputs right after the
     conversion, for initial alpha = lambda in {1, 5, 20} (the paper's init is 1, 1);
   * inference throughput (images/s) of the CNN and of its converted model, timed alternately
-    (so load drifts hit both alike), and their ratio.
+    (so load drifts hit both alike), and their ratio; both in the memory format a trial runs them
+    in (channels_last: `trainers/_memory_format.py`) and with freed memory kept, as in a trial.
 Written to benchmarks/results/tcnn_conversion-<device>.json.
 """
 
@@ -24,7 +25,8 @@ import torch
 from torch import nn
 
 import trainers.models  # noqa: F401  (registers the families)
-from benchmarks._env import write_result
+from benchmarks._env import setup_process, write_result
+from trainers._memory_format import runs_channels_last
 
 NETWORKS = {  # name -> input shape (C, H, W)
     "ls_tcnn_resnet10_micro_s": (1, 28, 28),
@@ -64,8 +66,9 @@ def throughputs(name: str, shape: tuple[int, int, int], *, batch: int, repeats: 
     cnn = trained_looking(timm.create_model(name))
     tcnn = copy.deepcopy(cnn)
     tcnn.reparametrise()
-    models = {"cnn": cnn, "tcnn": tcnn}
-    x = torch.randn(batch, *shape)
+    fmt = torch.channels_last if runs_channels_last(cnn, torch.device("cpu")) else torch.contiguous_format
+    models = {"cnn": cnn.to(memory_format=fmt), "tcnn": tcnn.to(memory_format=fmt)}
+    x = torch.randn(batch, *shape).contiguous(memory_format=fmt)
     times: dict[str, list[float]] = {k: [] for k in models}
     for i in range(warmup + repeats):
         for key, model in models.items():
@@ -75,6 +78,7 @@ def throughputs(name: str, shape: tuple[int, int, int], *, batch: int, repeats: 
                 times[key].append(time.perf_counter() - start)
     result = {f"{k}_images_per_s": batch / statistics.median(v) for k, v in times.items()}
     result["tcnn_over_cnn"] = result["tcnn_images_per_s"] / result["cnn_images_per_s"]
+    result["channels_last"] = fmt is torch.channels_last
     result["cnn_params"] = sum(p.numel() for p in cnn.parameters())
     result["tcnn_params"] = sum(p.numel() for p in tcnn.parameters())
     return result
@@ -86,6 +90,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
     args = parser.parse_args()
+    setup_process()
     results = {}
     for name, shape in NETWORKS.items():
         batch = args.batch if shape[1] <= 32 else max(1, args.batch // 8)  # 64 px: 8x the work per image

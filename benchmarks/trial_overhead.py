@@ -138,13 +138,14 @@ def _compute(cfg, batches: dict) -> float:
     validation batches, from memory; the same model, parameter groups and lr schedule."""
     from torch import nn
 
+    from trainers._memory_format import runs_channels_last
     from trainers.train import autocast_for, build_model, default_param_groups, lr_at, pick_device, training_dtype
 
     torch.manual_seed(cfg.seed)
     device = pick_device(cfg.device)
-    model = build_model(cfg).to(device)
-    if device.type == "cuda":
-        model = model.to(memory_format=torch.channels_last)
+    model = build_model(cfg)
+    fmt = torch.channels_last if runs_channels_last(model, device) else torch.preserve_format  # as train_trial
+    model = model.to(device, memory_format=fmt)
     autocast = autocast_for(cfg.train.precision, device)
     scaler = torch.amp.GradScaler(device.type, enabled=training_dtype(cfg.train.precision, device) == torch.float16)
     groups = model.param_groups(weight_decay=cfg.train.weight_decay) if hasattr(model, "param_groups") \
@@ -181,13 +182,14 @@ def _compute(cfg, batches: dict) -> float:
 
 
 def _batches(cfg) -> dict:
+    from trainers._memory_format import runs_channels_last
     from trainers.data import make_loader
-    from trainers.train import pick_device
+    from trainers.train import build_model, pick_device
 
     data, settings = cfg.data, cfg.train
     device = pick_device(cfg.device)
     common = dict(mean=data.mean, std=data.std, device=device, num_workers=settings.num_workers,
-                  channels_last=device.type == "cuda")
+                  channels_last=runs_channels_last(build_model(cfg), device))  # as train_trial's batches
     train = make_loader(data.train_path, batch_size=settings.batch_size, train=True, seed=cfg.seed, flip=data.flip,
                         pad_crop=settings.pad_crop, **common)
     val = make_loader(data.val_path, batch_size=max(256, settings.batch_size), train=False, **common)

@@ -126,6 +126,7 @@ def retrain(
     from search._runner import default_cache_dir, git_commit
     from search._spec import ModelSpec, _check_one_model
     from trainers.config import TrialConfig
+    from trainers._memory_format import runs_channels_last
     from trainers.data import make_loader, prepare_dataset
 
     config_path = Path(config_path)
@@ -178,19 +179,17 @@ def retrain(
 
     # -- the one test: the saved weights, the val loader's normalisation and batch size -----------
     device = pick_device(cfg.device)
-    on_cuda = device.type == "cuda"
     autocast = autocast_for(cfg.train.precision, device)  # tested in the precision it trained in
 
     model = build_model(cfg)
     if final["reparametrised"]:
         model.reparametrise()
     model.load_state_dict(final["model"])
-    model = model.to(device)
-    if on_cuda:
-        model = model.to(memory_format=torch.channels_last)
+    channels_last = runs_channels_last(model, device)  # as train_trial ran it
+    model = model.to(device, memory_format=torch.channels_last if channels_last else torch.preserve_format)
     test_loader = make_loader(
         data.test_path, batch_size=max(256, cfg.train.batch_size), train=False, mean=data.mean, std=data.std,
-        device=device, num_workers=cfg.train.num_workers, channels_last=on_cuda,
+        device=device, num_workers=cfg.train.num_workers, channels_last=channels_last,
     )
     test_loss, test_acc = evaluate(model, test_loader, autocast=autocast)
     ended = dt.datetime.now(dt.timezone.utc)

@@ -6,6 +6,7 @@ alpha and gate the converted layer must compute the zero-padded conv, border pix
 
 from __future__ import annotations
 
+import copy
 import io
 import json
 import math
@@ -310,6 +311,39 @@ def test_checkpoint_and_restore_across_the_conversion(synthetic, stop_after):
     assert last["throughput"] == ref["throughput"] or stop_after < 2  # after: measured once, kept
     assert last["val_acc"] == pytest.approx(ref["val_acc"], abs=1e-6)
     assert last["train_loss"] == pytest.approx(ref["train_loss"], rel=1e-4)
+
+
+def test_a_tcnn_trial_runs_channels_last_on_the_cpu(synthetic):
+    """oneDNN's convolutions are faster on NHWC (trainers/_memory_format.py): the trial's model
+    runs channels_last before and after the conversion."""
+    seen = {}
+
+    def capture(metrics, get_state):
+        seen[metrics["epoch"]] = get_state()["model"]["layer2.0.conv1.weight"]  # (16, 8, 3, 3)
+
+    train_trial(_config(synthetic, epochs=2, reparam_epoch=1), on_epoch=capture)
+    assert all(w.is_contiguous(memory_format=torch.channels_last) and not w.is_contiguous() for w in seen.values())
+
+
+def test_converted_network_computes_the_same_in_channels_last():
+    """The memory format changes only the layout: logits and every gradient as in NCHW."""
+    torch.manual_seed(0)
+    nchw = timm.create_model("ls_tcnn_nano", reparam_alpha=2.0, reparam_gate=0.5)
+    nchw.reparametrise()
+    nhwc = copy.deepcopy(nchw).to(memory_format=torch.channels_last)
+    x = torch.randn(4, 1, 28, 28)
+    outs = []
+    for model, images in ((nchw, x), (nhwc, x.contiguous(memory_format=torch.channels_last))):
+        images = images.clone().requires_grad_(True)
+        logits = model(images)
+        logits.square().sum().backward()
+        outs.append((logits, images.grad, {n: p.grad for n, p in model.named_parameters()}))
+    (ref, ref_dx, ref_grads), (out, dx, grads) = outs
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(dx, ref_dx, rtol=1e-4, atol=1e-6)
+    assert grads.keys() == ref_grads.keys() and any(isinstance(m, ReparamGPSA) for m in nhwc.modules())
+    for name in ref_grads:
+        torch.testing.assert_close(grads[name], ref_grads[name], rtol=1e-4, atol=1e-5, msg=name)
 
 
 def test_model_is_a_timm_resnet():

@@ -31,6 +31,7 @@ import trainers.models  # noqa: F401  (registers this project's model families w
 from trainers._cpu import cpu_has_native_bf16
 from trainers._device_share import device_share
 from trainers._malloc import retain_freed_memory
+from trainers._memory_format import runs_channels_last
 from trainers.config import SettingError, TrialConfig
 from trainers.data import make_loader
 from trainers.throughput import measure_model
@@ -184,9 +185,8 @@ def train_trial(
     convert_at = model.reparam_epoch_for(cfg.epochs) if converts else None  # epochs trained as a CNN
     if resume is not None and resume.get("reparametrised"):
         model.reparametrise()  # checkpointed after the conversion: restore into the converted model
-    model = model.to(device)
-    if on_cuda:
-        model = model.to(memory_format=torch.channels_last)
+    channels_last = runs_channels_last(model, device)  # CUDA, or a CNN on the CPU: the model and its batches
+    model = model.to(device, memory_format=torch.channels_last if channels_last else torch.preserve_format)
     input_shape = (data.channels, data.image_size, data.image_size)
 
     def measure(net: nn.Module | None = None) -> dict[str, Any]:
@@ -199,7 +199,7 @@ def train_trial(
                 warmup=cfg.throughput.warmup,
                 repeats=cfg.throughput.repeats,
                 precision=cfg.throughput.precision,
-                channels_last=on_cuda,
+                channels_last=channels_last,
                 cache_dir=cfg.throughput_cache_dir,
             )
         # this project's families say so; for a plain timm model, its name's first word (vit, deit, ...)
@@ -210,9 +210,8 @@ def train_trial(
         nonlocal model
         before = measurement["throughput"]
         model.reparametrise()
-        model = model.to(device)  # the new layers already sit on the conv weights' device
-        if on_cuda:
-            model = model.to(memory_format=torch.channels_last)
+        # the new layers already sit on the conv weights' device; the convs left keep channels_last
+        model = model.to(device, memory_format=torch.channels_last if channels_last else torch.preserve_format)
         return {**measure(), "converted_at_epoch": epoch, "throughput_before_conversion": before}
 
     def batches_runner() -> nn.Module:
@@ -241,7 +240,7 @@ def train_trial(
 
     # -- data ---------------------------------------------------------------------------
     flip = data.flip if settings.flip is None else settings.flip
-    common = dict(mean=data.mean, std=data.std, device=device, num_workers=settings.num_workers, channels_last=on_cuda)
+    common = dict(mean=data.mean, std=data.std, device=device, num_workers=settings.num_workers, channels_last=channels_last)
     train_loader = make_loader(
         data.train_path, batch_size=settings.batch_size, train=True, seed=cfg.seed,
         flip=flip, pad_crop=settings.pad_crop, **common,
