@@ -139,7 +139,8 @@ def _compute(cfg, batches: dict) -> float:
     from torch import nn
 
     from trainers._memory_format import runs_channels_last
-    from trainers.train import autocast_for, build_model, default_param_groups, lr_at, pick_device, training_dtype
+    from trainers.train import (adamw, autocast_for, build_model, default_param_groups, lr_at, pick_device,
+                                training_dtype)
 
     torch.manual_seed(cfg.seed)
     device = pick_device(cfg.device)
@@ -150,7 +151,7 @@ def _compute(cfg, batches: dict) -> float:
     scaler = torch.amp.GradScaler(device.type, enabled=training_dtype(cfg.train.precision, device) == torch.float16)
     groups = model.param_groups(weight_decay=cfg.train.weight_decay) if hasattr(model, "param_groups") \
         else default_param_groups(model, cfg.train.weight_decay)
-    optimizer = torch.optim.AdamW(groups, lr=cfg.train.lr)
+    optimizer = adamw(groups, lr=cfg.train.lr)
     criterion = nn.CrossEntropyLoss(label_smoothing=cfg.train.label_smoothing)
     steps = len(batches["train"][0])
     total = steps * cfg.epochs

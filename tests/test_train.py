@@ -6,11 +6,12 @@ import io
 import math
 
 import pytest
+import timm
 import torch
 
 from trainers.config import SettingError, ThroughputSettings, TrainSettings, TrialConfig
 from trainers.data import DatasetRequest, prepare_dataset
-from trainers.train import NonFiniteLossError, lr_at, train_trial, training_dtype
+from trainers.train import NonFiniteLossError, adamw, lr_at, train_trial, training_dtype
 
 FAST_THROUGHPUT = ThroughputSettings(batch_size=16, warmup=1, repeats=2)
 
@@ -53,6 +54,33 @@ def test_reports_once_per_epoch(synthetic):
         assert m["family"] == "convit"
     assert outcome.best_val_acc == max(m["val_acc"] for m in reports)
     assert reports[0]["lr"] > reports[1]["lr"]  # cosine decay
+
+
+def test_trial_optimizer_is_fused_adamw_and_steps_as_the_reference_adamw(synthetic):
+    states = []
+    train_trial(_config(synthetic, epochs=1), on_epoch=lambda m, get_state: states.append(get_state()))
+    assert all(group["fused"] for group in states[0]["optimizer"]["param_groups"])
+    # the fused kernel against torch's per-tensor loop: three steps from the same weights, given the
+    # same gradients (gradients recomputed on weights a rounding apart would move Adam's update by a
+    # lot wherever a gradient is near eps)
+    torch.manual_seed(0)
+    models = [timm.create_model("ls_convit_nano") for _ in range(2)]
+    models[1].load_state_dict(models[0].state_dict())
+    optimizers = [adamw(models[0].param_groups(weight_decay=0.05), lr=1e-2),
+                  torch.optim.AdamW(models[1].param_groups(weight_decay=0.05), lr=1e-2, foreach=False)]
+    for _ in range(3):
+        x, y = torch.randn(8, 1, 28, 28), torch.randint(0, 10, (8,))
+        models[0].zero_grad()
+        torch.nn.functional.cross_entropy(models[0](x), y).backward()
+        for fused, reference in zip(models[0].parameters(), models[1].parameters()):
+            reference.grad = fused.grad.clone()
+        for optimizer in optimizers:
+            optimizer.step()
+    moved = [(a - b).abs().max().item() for a, b in zip(models[0].parameters(), timm.create_model(
+        "ls_convit_nano").parameters())]
+    assert max(moved) > 1e-3  # the steps did something
+    for (name, fused), reference in zip(models[0].named_parameters(), models[1].parameters()):
+        torch.testing.assert_close(fused, reference, rtol=1e-5, atol=1e-6, msg=name)
 
 
 def test_patience_stops_a_flat_trial(synthetic):
