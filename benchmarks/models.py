@@ -80,9 +80,14 @@ TORCH_OPS_CORE = "torch-ops-core "  # label prefix: a CPU ls_convit/ls_gmm witho
 NCHW = "NCHW "  # label prefix: a CPU T-CNN in NCHW instead of the channels_last a trial runs it in
 
 
-def _any_cpu_kernel() -> bool:
-    """Whether the attention core has a fused CPU kernel here in some dtype (float32, bf16)."""
-    return any(_attention_kernel.kernels(dtype) is not None for dtype in _attention_kernel.DTYPES)
+PRECISION_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def _any_cpu_kernel(precisions: tuple[str, ...]) -> bool:
+    """Whether the attention core has a fused CPU kernel here in a timed precision's dtype (asking
+    only for those: a kernel that cannot be built warns, which an fp32-only run should not print)."""
+    dtypes = [PRECISION_DTYPES[p] for p in precisions if PRECISION_DTYPES[p] in _attention_kernel.DTYPES]
+    return any(_attention_kernel.kernels(dtype) is not None for dtype in dtypes)
 
 
 def _converted(name: str, **kwargs) -> torch.nn.Module:
@@ -136,7 +141,7 @@ def _with_torch_ops_core(model: torch.nn.Module) -> torch.nn.Module:
     return _WithPathOff(model, _attention_kernel, "USE_FUSED_KERNEL")
 
 
-def _group(name: str, *, cuda: bool = False
+def _group(name: str, *, cuda: bool = False, precisions: tuple[str, ...] = ("fp32", "bf16")
            ) -> tuple[dict[str, Callable[[], torch.nn.Module]], str, tuple[int, int, int], dict]:
     """name -> builders, the baseline's name, the input shape, extra facts. On CUDA the convit and
     px32 groups add ls_convit_tiny without its fused inference kernel (same weights); on the CPU the
@@ -163,7 +168,7 @@ def _group(name: str, *, cuda: bool = False
             builders[UNFUSED + "ls_convit_tiny"] = lambda: _without_fused_cuda_kernel(pair()[1])
         else:
             builders[FUSED_MHSA + "ls_convit_tiny"] = lambda: _with_fused_mhsa(pair()[1])
-            if _any_cpu_kernel():
+            if _any_cpu_kernel(precisions):
                 builders[TORCH_OPS_CORE + "ls_convit_tiny"] = lambda: _with_torch_ops_core(pair()[1])
         return builders, "timm convit_tiny", (3, 224, 224), extra
     if name in ("tiny", "small"):
@@ -207,7 +212,7 @@ def _group(name: str, *, cuda: bool = False
             convit_micro, gmm_micro = shared("ls_convit_micro"), shared("ls_gmm_micro")
             builders["ls_convit_micro"], builders["ls_gmm_micro"] = convit_micro, gmm_micro
             builders[FUSED_MHSA + "ls_convit_micro"] = lambda: _with_fused_mhsa(convit_micro())
-            if _any_cpu_kernel():
+            if _any_cpu_kernel(precisions):
                 builders[TORCH_OPS_CORE + "ls_convit_micro"] = lambda: _with_torch_ops_core(convit_micro())
                 # GMM attention: on the float32 kernel where it is built, else its torch ops either way
                 builders[TORCH_OPS_CORE + "ls_gmm_micro"] = lambda: _with_torch_ops_core(gmm_micro())
@@ -229,7 +234,7 @@ def pair_ratios(out: dict, ours: str, ref: str) -> dict[str, float]:
 def run_group(name: str, *, batch: int, repeats: int, warmup: int, device: str, train: bool,
               precisions: tuple[str, ...] = ("fp32", "bf16"), compile_matching: tuple[str, ...] = ()) -> dict:
     dev = torch.device(device)
-    builders, baseline, shape, extra = _group(name, cuda=dev.type == "cuda")
+    builders, baseline, shape, extra = _group(name, cuda=dev.type == "cuda", precisions=tuple(precisions))
     models: dict[str, torch.nn.Module] = {}
     formats: dict[str, torch.memory_format] = {}  # as train_trial puts a model and FFCV its batches
     for label, build in builders.items():
