@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import io
 import math
 
@@ -81,6 +82,38 @@ def test_trial_optimizer_is_fused_adamw_and_steps_as_the_reference_adamw(synthet
     assert max(moved) > 1e-3  # the steps did something
     for (name, fused), reference in zip(models[0].named_parameters(), models[1].parameters()):
         torch.testing.assert_close(fused, reference, rtol=1e-5, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("mismatch", ["gradient", "moments"])
+def test_fused_adamw_updates_a_channels_last_weight_whatever_the_layout_of_its_gradient_or_moments(mismatch):
+    """torch's fused AdamW walks parameter, gradient and moments as flat arrays: `adamw` gives them
+    one layout first (an NCHW checkpoint resumed into a channels_last model; a gradient set by hand)."""
+    torch.manual_seed(0)
+    start, grads = torch.randn(16, 8, 3, 3), [torch.randn(16, 8, 3, 3) for _ in range(2)]
+
+    def run(make, *, channels_last: bool, grads, state=None):
+        weight = start.clone().contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+        weight.requires_grad_(True)
+        optimizer = make([weight])
+        if state is not None:
+            optimizer.load_state_dict(copy.deepcopy(state))
+        for grad in grads:
+            weight.grad = grad.clone()  # NCHW, as given: channels_last weights get a mismatched gradient
+            optimizer.step()
+        return weight.detach(), optimizer.state_dict()
+
+    fused = lambda params: adamw([{"params": params}], lr=0.1)
+    reference = lambda params: torch.optim.AdamW(params, lr=0.1, foreach=False)
+    if mismatch == "gradient":
+        out, _ = run(fused, channels_last=True, grads=grads)
+        ref, _ = run(reference, channels_last=False, grads=grads)
+    else:  # one step on an NCHW weight, saved; resumed into a channels_last one with gradients of its layout
+        _, saved = run(fused, channels_last=False, grads=grads[:1])
+        assert saved["param_groups"][0]["fused"]
+        later = [g.contiguous(memory_format=torch.channels_last) for g in grads[1:]]
+        out, _ = run(fused, channels_last=True, grads=later, state=saved)
+        ref, _ = run(reference, channels_last=False, grads=grads[1:], state=saved)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
 
 
 def test_patience_stops_a_flat_trial(synthetic):
