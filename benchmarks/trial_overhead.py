@@ -138,15 +138,14 @@ def _compute(cfg, batches: dict) -> float:
     validation batches, from memory; the same model, parameter groups and lr schedule."""
     from torch import nn
 
-    from trainers._memory_format import runs_channels_last
+    from trainers._memory_format import place_model
     from trainers.train import (adamw, autocast_for, build_model, default_param_groups, lr_at, pick_device,
                                 training_dtype)
 
     torch.manual_seed(cfg.seed)
     device = pick_device(cfg.device)
     model = build_model(cfg)
-    fmt = torch.channels_last if runs_channels_last(model, device) else torch.preserve_format  # as train_trial
-    model = model.to(device, memory_format=fmt)
+    place_model(model, device)  # as train_trial
     autocast = autocast_for(cfg.train.precision, device)
     scaler = torch.amp.GradScaler(device.type, enabled=training_dtype(cfg.train.precision, device) == torch.float16)
     groups = model.param_groups(weight_decay=cfg.train.weight_decay) if hasattr(model, "param_groups") \

@@ -126,7 +126,7 @@ def retrain(
     from search._runner import default_cache_dir, git_commit
     from search._spec import ModelSpec, _check_one_model
     from trainers.config import TrialConfig
-    from trainers._memory_format import runs_channels_last
+    from trainers._memory_format import place_model
     from trainers.data import make_loader, prepare_dataset
 
     config_path = Path(config_path)
@@ -185,8 +185,7 @@ def retrain(
     if final["reparametrised"]:
         model.reparametrise()
     model.load_state_dict(final["model"])
-    channels_last = runs_channels_last(model, device)  # as train_trial ran it
-    model = model.to(device, memory_format=torch.channels_last if channels_last else torch.preserve_format)
+    channels_last = place_model(model, device)  # as train_trial ran it
     test_loader = make_loader(
         data.test_path, batch_size=max(256, cfg.train.batch_size), train=False, mean=data.mean, std=data.std,
         device=device, num_workers=cfg.train.num_workers, channels_last=channels_last,

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-__all__ = ["has_overlapping_convs", "runs_channels_last"]
+__all__ = ["has_overlapping_convs", "place_model", "runs_channels_last"]
 
 
 def has_overlapping_convs(model: nn.Module) -> bool:
@@ -30,3 +30,11 @@ def has_overlapping_convs(model: nn.Module) -> bool:
 def runs_channels_last(model: nn.Module, device: torch.device) -> bool:
     """Whether `model` and its images should be channels_last on `device` (see the module doc)."""
     return device.type == "cuda" or has_overlapping_convs(model)
+
+
+def place_model(model: nn.Module, device: torch.device) -> bool:
+    """Move `model` (in place) to `device`, in the memory format it runs in there; returns whether
+    that is channels_last, which its images must then be too (`make_loader(channels_last=...)`)."""
+    channels_last = runs_channels_last(model, device)
+    model.to(device, memory_format=torch.channels_last if channels_last else torch.preserve_format)
+    return channels_last

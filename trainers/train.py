@@ -31,7 +31,7 @@ import trainers.models  # noqa: F401  (registers this project's model families w
 from trainers._cpu import cpu_has_native_bf16
 from trainers._device_share import device_share
 from trainers._malloc import retain_freed_memory
-from trainers._memory_format import runs_channels_last
+from trainers._memory_format import place_model
 from trainers.config import SettingError, TrialConfig
 from trainers.data import make_loader
 from trainers.throughput import measure_model
@@ -112,29 +112,32 @@ def adamw(groups: list[dict[str, Any]], *, lr: float) -> torch.optim.AdamW:
     2-core AVX2 EPYC: 3% of its 260 ms batch-64 training step (whole steps timed side by side, in
     alternating order, differ by less than that VM's noise). Same update up to float rounding."""
     optimizer = torch.optim.AdamW(groups, lr=lr, fused=True)
-    optimizer.register_step_pre_hook(_align_layouts_to_params)
+    # torch's fused AdamW (CPU, torch 2.15) walks a parameter, its gradient and its moments as one
+    # flat array each: a channels_last weight with an NCHW gradient or moment is updated element
+    # against wrong element, silently. Autograd gives gradients their parameter's strides; moments
+    # resumed from a checkpoint saved while the weight was NCHW have the old ones.
+    optimizer.register_step_pre_hook(_align_gradients_to_params)  # 0.07 ms a step for 116 tensors
+    optimizer.register_load_state_dict_post_hook(_align_moments_to_params)  # once, where it can happen
     return optimizer
 
 
-def _align_layouts_to_params(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-    """Give every gradient and moment its parameter's strides. torch's fused AdamW (CPU, torch 2.15)
-    walks a parameter, its gradient and its moments as one flat array each, so a channels_last
-    weight with a contiguous moment is updated element against wrong element, silently: as when a
-    checkpoint saved while the weight was NCHW resumes into a model that now runs channels_last.
-    Autograd already gives gradients their parameter's strides; a mismatch is copied once. About
-    0.4-0.5 ms a step for ls_convit_micro's 116 tensors, against the 8-9 ms the fused kernel saves."""
+def _layout_differs(tensor: torch.Tensor, param: torch.Tensor) -> bool:
+    """Whether a flat walk of `tensor` meets `param`'s elements in another order."""
+    return not (tensor.is_contiguous() and param.is_contiguous()) and tensor.stride() != param.stride()
 
-    def differs(tensor: torch.Tensor, param: torch.Tensor) -> bool:  # two contiguous tensors: the same walk
-        return not (tensor.is_contiguous() and param.is_contiguous()) and tensor.stride() != param.stride()
 
+def _align_gradients_to_params(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
     for group in optimizer.param_groups:
         for param in group["params"]:
-            if param.grad is not None and differs(param.grad, param):
+            if param.grad is not None and _layout_differs(param.grad, param):
                 param.grad = torch.empty_like(param).copy_(param.grad)
-            state = optimizer.state.get(param, {})
-            for key, value in state.items():
-                if torch.is_tensor(value) and value.shape == param.shape and differs(value, param):
-                    state[key] = torch.empty_like(param, dtype=value.dtype).copy_(value)
+
+
+def _align_moments_to_params(optimizer: torch.optim.Optimizer) -> None:
+    for param, state in optimizer.state.items():
+        for key, value in state.items():
+            if torch.is_tensor(value) and value.shape == param.shape and _layout_differs(value, param):
+                state[key] = torch.empty_like(param, dtype=value.dtype).copy_(value)
 
 
 def training_precision(precision: str, device: torch.device) -> str:
@@ -217,8 +220,7 @@ def train_trial(
     convert_at = model.reparam_epoch_for(cfg.epochs) if converts else None  # epochs trained as a CNN
     if resume is not None and resume.get("reparametrised"):
         model.reparametrise()  # checkpointed after the conversion: restore into the converted model
-    channels_last = runs_channels_last(model, device)  # CUDA, or a CNN on the CPU: the model and its batches
-    model = model.to(device, memory_format=torch.channels_last if channels_last else torch.preserve_format)
+    channels_last = place_model(model, device)  # CUDA, or a CNN on the CPU: the model and its batches
     input_shape = (data.channels, data.image_size, data.image_size)
 
     def measure(net: nn.Module | None = None) -> dict[str, Any]:
@@ -239,11 +241,9 @@ def train_trial(
 
     def convert(epoch: int) -> dict[str, Any]:
         """Recast the model in place; the measurement of what it is now (and was before)."""
-        nonlocal model
         before = measurement["throughput"]
         model.reparametrise()
-        # the new layers already sit on the conv weights' device; the convs left keep channels_last
-        model = model.to(device, memory_format=torch.channels_last if channels_last else torch.preserve_format)
+        place_model(model, device)  # the new layers; the convs left before them keep the format decided
         return {**measure(), "converted_at_epoch": epoch, "throughput_before_conversion": before}
 
     def batches_runner() -> nn.Module:
