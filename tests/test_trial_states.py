@@ -122,6 +122,22 @@ def test_trials_running_when_the_time_limit_ends_the_study_are_recorded(tmp_path
     Optuna study in the journal beside it (as the runner keeps it) has them PRUNED, not RUNNING."""
     import ray
     from ray import tune
+    from ray.tune.stopper import Stopper
+
+    class DeadlineAfterFirstReport(Stopper):
+        """Tune's ``time_budget_s`` is a stopper whose ``stop_all`` turns true at a wall-clock
+        deadline; this one turns true once a trial has reported, so the test does not depend on
+        how fast a loaded machine starts Ray's worker (CI once took over 6 s)."""
+
+        def __init__(self) -> None:
+            self.reported = False
+
+        def __call__(self, trial_id: str, result: dict) -> bool:
+            self.reported = True
+            return False
+
+        def stop_all(self) -> bool:
+            return self.reported
 
     def slow(config):
         import time
@@ -137,7 +153,7 @@ def test_trials_running_when_the_time_limit_ends_the_study_are_recorded(tmp_path
                          objectives=[("val_acc", "max"), ("throughput", "max")], reference=[0.0, 0.0])
     store.flush()
     callback = StoreCallback(store, experiment="limited", model="fake", spec_hash="x", git_commit=None, seed=0,
-                             total_trials=2, time_limit_s=6, max_epochs=3,
+                             total_trials=2, time_limit_s=1e-3, max_epochs=3,  # past when the stopper fires
                              objective_keys=["best_val_acc", "throughput"], out=io.StringIO())
     journal = JournalStorage(JournalFileBackend(str(tmp_path / JOURNAL_FILE)))
     searcher = HonestOptunaSearch(
@@ -155,10 +171,9 @@ def test_trials_running_when_the_time_limit_ends_the_study_are_recorded(tmp_path
         with _no_results_preview_warning():
             tune.Tuner(
                 slow,
-                tune_config=tune.TuneConfig(search_alg=searcher, num_samples=2, max_concurrent_trials=2,
-                                            time_budget_s=6),
+                tune_config=tune.TuneConfig(search_alg=searcher, num_samples=2, max_concurrent_trials=2),
                 run_config=tune.RunConfig(name="limited", storage_path=str(tmp_path / "ray"), callbacks=[callback],
-                                          verbose=0),
+                                          stop=DeadlineAfterFirstReport(), verbose=0),
             ).fit()
     finally:
         ray.shutdown()
