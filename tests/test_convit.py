@@ -413,6 +413,8 @@ def test_every_registered_variant_builds():
     (dict(gate_lr_mult=-1.0), 'gate_lr_mult'),
     (dict(gate_init=float('nan')), 'gate_init'),
     (dict(mlp_ratio=0.0), 'mlp_ratio'),
+    (dict(qkv_bias=1), 'qkv_bias'),
+    (dict(use_pos_embed='no'), 'use_pos_embed'),
 ])
 def test_bad_arguments_name_the_argument(kwargs, arg):
     base = dict(NANO, embed_dim=16, num_heads=4, depth=2, local_up_to_layer=1)

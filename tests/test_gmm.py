@@ -230,6 +230,8 @@ def test_param_groups_cover_every_parameter_once(mask_wd):
     (dict(sigma_init_std=float('nan')), 'sigma_init_std'),
     (dict(mask_weight_decay=1), 'mask_weight_decay'),
     (dict(drop_rate=1.0), 'drop_rate'),
+    (dict(qkv_bias=1), 'qkv_bias'),
+    (dict(use_pos_embed='no'), 'use_pos_embed'),
 ])
 def test_bad_arguments_name_the_argument(kwargs, arg):
     base = dict(NANO, embed_dim=32, depth=1, num_heads=4, num_kernels=2)

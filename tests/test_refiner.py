@@ -240,6 +240,8 @@ def test_create_model_passes_kwargs_and_non_square_images():
     (dict(embed_dim=30), 'embed_dim'),
     (dict(patch_size=5), 'img_size'),
     (dict(drop_rate=1.0), 'drop_rate'),
+    (dict(qkv_bias=1), 'qkv_bias'),
+    (dict(use_pos_embed='no'), 'use_pos_embed'),
 ])
 def test_bad_arguments_name_the_argument(kwargs, arg):
     with pytest.raises(ValueError, match=arg):

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from timm.layers import Mlp as _TimmMlp
+from timm.layers import trunc_normal_
 from timm.models import build_model_with_cfg
 from timm.models._features_fx import register_notrace_module
 
@@ -17,7 +18,8 @@ from trainers.models._attention_core import attention, use_explicit_core
 
 __all__ = [
     'IMAGENET_DEFAULT_MEAN', 'IMAGENET_DEFAULT_STD', 'FASHION_MNIST_MEAN', 'FASHION_MNIST_STD', 'GridSize',
-    '_pair', '_check_int', '_check_real', '_cfg', '_fashion_mnist_cfg', '_build_without_weights',
+    '_pair', '_check_int', '_check_real', '_check_bool', '_check_vit_args', '_init_vit_weights', '_cfg',
+    '_fashion_mnist_cfg', '_build_without_weights',
     '_gated_param_groups', '_patch_tokens', 'MHSA', 'Mlp', 'scaled_dot_product_attention',
 ]
 
@@ -60,6 +62,57 @@ def _check_real(name: str, value: Any, low: float, high: Optional[float] = None,
     if not ok:
         bound = '' if high is None else f' and {"<" if high_open else "<="} {high}'
         raise ValueError(f'{name}={value!r}: expected a finite number >= {low}{bound}')
+
+
+def _check_bool(name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise ValueError(f'{name}={value!r}: expected True or False')
+
+
+def _check_vit_args(*, img_size: Any, patch_size: Any, in_chans: Any, num_classes: Any, embed_dim: Any, depth: Any,
+                    num_heads: Any, mlp_ratio: Any, qkv_bias: Any, drop_rate: Any, drop_path_rate: Any,
+                    use_pos_embed: Any, width_hint: str = '') -> GridSize:
+    """Check the arguments every ViT family takes; return `img_size` as (height, width).
+
+    `width_hint` follows "embed_dim is the TOTAL width" in the error for a width that does not
+    split into heads (ConViT's: timm takes it per head).
+    """
+    img_hw = _pair('img_size', img_size)
+    _check_int('patch_size', patch_size, 1)
+    _check_int('in_chans', in_chans, 1)
+    _check_int('num_classes', num_classes, 0)
+    _check_int('embed_dim', embed_dim, 1)
+    _check_int('depth', depth, 1)
+    _check_int('num_heads', num_heads, 1)
+    _check_real('mlp_ratio', mlp_ratio, 0., None)
+    _check_real('drop_rate', drop_rate, 0., 1.)
+    _check_real('drop_path_rate', drop_path_rate, 0., 1.)
+    _check_bool('qkv_bias', qkv_bias)
+    _check_bool('use_pos_embed', use_pos_embed)
+    if min(img_hw) < 1 or any(s % patch_size for s in img_hw):
+        raise ValueError(
+            f'img_size={img_size!r} is not a multiple of patch_size={patch_size}; pick a patch_size that '
+            f'divides the image size (e.g. {math.gcd(*img_hw)}) or resize the images')
+    if embed_dim % num_heads:
+        raise ValueError(
+            f'embed_dim={embed_dim} is not divisible by num_heads={num_heads}; embed_dim is the TOTAL width'
+            f'{width_hint}: use a multiple of num_heads, '
+            f'e.g. embed_dim={num_heads * max(1, round(embed_dim / num_heads))}')
+    if int(mlp_ratio * embed_dim) < 1:
+        raise ValueError(f'mlp_ratio={mlp_ratio} gives an empty MLP for embed_dim={embed_dim}; raise mlp_ratio')
+    return img_hw
+
+
+def _init_vit_weights(m: nn.Module) -> None:
+    """timm's ViT init, for `model.apply`: linears truncated-normal (std .02) with zero biases,
+    LayerNorms the identity. Other modules keep their own init."""
+    if isinstance(m, nn.Linear):
+        trunc_normal_(m.weight, std=.02)
+        if m.bias is not None:
+            nn.init.constant_(m.bias, 0)
+    elif isinstance(m, nn.LayerNorm):
+        nn.init.constant_(m.bias, 0)
+        nn.init.constant_(m.weight, 1.0)
 
 
 def _cfg(**kwargs) -> Dict[str, Any]:

@@ -79,8 +79,8 @@ from timm.models._features_fx import register_notrace_module
 from trainers.models import _attention_kernel, _gpsa_triton
 from trainers.models._attention_core import CPU_CORE_DTYPES, FULL_PRECISION, attention_inference, gated_attention
 from trainers.models._common import (
-    MHSA, GridSize, Mlp, _build_without_weights, _cfg, _check_int, _check_real, _fashion_mnist_cfg, _gated_param_groups,
-    _pair, _patch_tokens,
+    MHSA, GridSize, Mlp, _build_without_weights, _cfg, _check_int, _check_real, _check_vit_args, _fashion_mnist_cfg,
+    _gated_param_groups, _init_vit_weights, _patch_tokens,
 )
 
 __all__ = ['GPSA', 'MHSA', 'Block', 'LocalityConViT', 'gated_attention']
@@ -431,31 +431,14 @@ class LocalityConViT(nn.Module):
             use_pos_embed: bool = True,
     ):
         super().__init__()
-        img_hw = _pair('img_size', img_size)
-        _check_int('patch_size', patch_size, 1)
-        _check_int('in_chans', in_chans, 1)
-        _check_int('num_classes', num_classes, 0)
-        _check_int('embed_dim', embed_dim, 1)
-        _check_int('depth', depth, 1)
-        _check_int('num_heads', num_heads, 1)
+        img_hw = _check_vit_args(
+            img_size=img_size, patch_size=patch_size, in_chans=in_chans, num_classes=num_classes, embed_dim=embed_dim,
+            depth=depth, num_heads=num_heads, mlp_ratio=mlp_ratio, qkv_bias=qkv_bias, drop_rate=drop_rate,
+            drop_path_rate=drop_path_rate, use_pos_embed=use_pos_embed, width_hint=' (timm ConViT takes it per head)')
         _check_int('local_up_to_layer', local_up_to_layer, 0)
-        _check_real('mlp_ratio', mlp_ratio, 0., None)
-        _check_real('drop_rate', drop_rate, 0., 1.)
-        _check_real('drop_path_rate', drop_path_rate, 0., 1.)
         _check_real('locality_strength', locality_strength, 0.)
         _check_real('gate_init', gate_init, -math.inf)
         _check_real('gate_lr_mult', gate_lr_mult, 0.)
-        if min(img_hw) < 1 or any(s % patch_size for s in img_hw):
-            raise ValueError(
-                f'img_size={img_size!r} is not a multiple of patch_size={patch_size}; pick a patch_size that '
-                f'divides the image size (e.g. {math.gcd(*img_hw)}) or resize the images')
-        if embed_dim % num_heads:
-            raise ValueError(
-                f'embed_dim={embed_dim} is not divisible by num_heads={num_heads}; embed_dim is the TOTAL width '
-                f'(timm ConViT takes it per head): use a multiple of num_heads, '
-                f'e.g. embed_dim={num_heads * max(1, round(embed_dim / num_heads))}')
-        if int(mlp_ratio * embed_dim) < 1:
-            raise ValueError(f'mlp_ratio={mlp_ratio} gives an empty MLP for embed_dim={embed_dim}; raise mlp_ratio')
         if local_up_to_layer > depth:
             raise ValueError(
                 f'local_up_to_layer={local_up_to_layer} exceeds depth={depth}; it counts GPSA layers, '
@@ -510,19 +493,10 @@ class LocalityConViT(nn.Module):
 
         if self.cls_token is not None:
             trunc_normal_(self.cls_token, std=.02)
-        self.apply(self._init_weights)
+        self.apply(_init_vit_weights)
         for m in self.modules():
             if isinstance(m, GPSA):
                 m.local_init()
-
-    def _init_weights(self, m: nn.Module) -> None:
-        if isinstance(m, nn.Linear):
-            trunc_normal_(m.weight, std=.02)
-            if m.bias is not None:
-                nn.init.constant_(m.bias, 0)
-        elif isinstance(m, nn.LayerNorm):
-            nn.init.constant_(m.bias, 0)
-            nn.init.constant_(m.weight, 1.0)
 
     @torch.jit.ignore
     def no_weight_decay(self) -> Set[str]:

@@ -64,7 +64,8 @@ from timm.models._features_fx import register_notrace_module
 
 from trainers.models._attention_core import masked_attention, masked_core_usable
 from trainers.models._common import (
-    GridSize, Mlp, _build_without_weights, _cfg, _check_int, _check_real, _fashion_mnist_cfg, _pair, _patch_tokens,
+    GridSize, Mlp, _build_without_weights, _cfg, _check_bool, _check_int, _check_real, _check_vit_args,
+    _fashion_mnist_cfg, _init_vit_weights, _patch_tokens,
 )
 
 __all__ = ['gmm_mask', 'grid_sq_distances', 'GMMAttention', 'Block', 'LocalityGMMViT']
@@ -258,11 +259,6 @@ class Block(nn.Module):
         return x
 
 
-def _check_bool(name: str, value: Any) -> None:
-    if not isinstance(value, bool):
-        raise ValueError(f'{name}={value!r}: expected True or False')
-
-
 class LocalityGMMViT(nn.Module):
     """ViT with Gaussian-mixture-masked attention in every layer; no class token, average pooling.
 
@@ -293,34 +289,16 @@ class LocalityGMMViT(nn.Module):
             use_pos_embed: bool = True,
     ):
         super().__init__()
-        img_hw = _pair('img_size', img_size)
-        _check_int('patch_size', patch_size, 1)
-        _check_int('in_chans', in_chans, 1)
-        _check_int('num_classes', num_classes, 0)
-        _check_int('embed_dim', embed_dim, 1)
-        _check_int('depth', depth, 1)
-        _check_int('num_heads', num_heads, 1)
+        img_hw = _check_vit_args(
+            img_size=img_size, patch_size=patch_size, in_chans=in_chans, num_classes=num_classes, embed_dim=embed_dim,
+            depth=depth, num_heads=num_heads, mlp_ratio=mlp_ratio, qkv_bias=qkv_bias, drop_rate=drop_rate,
+            drop_path_rate=drop_path_rate, use_pos_embed=use_pos_embed)
         _check_int('num_kernels', num_kernels, 1)
-        _check_real('mlp_ratio', mlp_ratio, 0., None)
-        _check_real('drop_rate', drop_rate, 0., 1.)
-        _check_real('drop_path_rate', drop_path_rate, 0., 1.)
         _check_real('alpha_init_mean', alpha_init_mean, -math.inf)
         _check_real('alpha_init_std', alpha_init_std, 0.)
         _check_real('sigma_init_mean', sigma_init_mean, -math.inf)
         _check_real('sigma_init_std', sigma_init_std, 0.)
-        _check_bool('qkv_bias', qkv_bias)
         _check_bool('mask_weight_decay', mask_weight_decay)
-        _check_bool('use_pos_embed', use_pos_embed)
-        if min(img_hw) < 1 or any(s % patch_size for s in img_hw):
-            raise ValueError(
-                f'img_size={img_size!r} is not a multiple of patch_size={patch_size}; pick a patch_size that '
-                f'divides the image size (e.g. {math.gcd(*img_hw)}) or resize the images')
-        if embed_dim % num_heads:
-            raise ValueError(
-                f'embed_dim={embed_dim} is not divisible by num_heads={num_heads}; embed_dim is the TOTAL width: '
-                f'use a multiple of num_heads, e.g. embed_dim={num_heads * max(1, round(embed_dim / num_heads))}')
-        if int(mlp_ratio * embed_dim) < 1:
-            raise ValueError(f'mlp_ratio={mlp_ratio} gives an empty MLP for embed_dim={embed_dim}; raise mlp_ratio')
 
         self.num_classes = num_classes
         self.in_chans = in_chans
@@ -362,16 +340,7 @@ class LocalityGMMViT(nn.Module):
         self.feature_info = [dict(num_chs=embed_dim, reduction=patch_size, module=f'blocks.{i}') for i in range(depth)]
         self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
 
-        self.apply(self._init_weights)  # linears and norms only; alpha/sigma keep their N(mean, std^2) init
-
-    def _init_weights(self, m: nn.Module) -> None:
-        if isinstance(m, nn.Linear):
-            trunc_normal_(m.weight, std=.02)
-            if m.bias is not None:
-                nn.init.constant_(m.bias, 0)
-        elif isinstance(m, nn.LayerNorm):
-            nn.init.constant_(m.bias, 0)
-            nn.init.constant_(m.weight, 1.0)
+        self.apply(_init_vit_weights)  # linears and norms only; alpha/sigma keep their N(mean, std^2) init
 
     @torch.jit.ignore
     def no_weight_decay(self) -> Set[str]:

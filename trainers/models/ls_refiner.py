@@ -71,7 +71,6 @@ the identity. `Refiner.identity_()` sets the exact identity (tests, warm starts 
 Weight decay. The refiner weights (E, C, R) get no weight decay in `param_groups()`: they start at
 the identity, and decay would pull them to 0, i.e. shrink every attention map towards nothing.
 """
-import math
 from typing import Any, Dict, List, Optional, Set, Tuple, Union
 
 import torch
@@ -82,7 +81,8 @@ from timm.layers import DropPath, LayerNorm, PatchEmbed, calculate_drop_path_rat
 from timm.models import generate_default_cfgs, register_model
 
 from trainers.models._common import (
-    MHSA, GridSize, Mlp, _build_without_weights, _cfg, _check_int, _check_real, _fashion_mnist_cfg, _pair,
+    MHSA, GridSize, Mlp, _build_without_weights, _cfg, _check_int, _check_real, _check_vit_args, _fashion_mnist_cfg,
+    _init_vit_weights,
 )
 
 __all__ = ['Refiner', 'RefinedAttention', 'MHSA', 'Block', 'LocalityRefinerViT']
@@ -322,31 +322,15 @@ class LocalityRefinerViT(nn.Module):
             use_pos_embed: bool = True,
     ):
         super().__init__()
-        img_hw = _pair('img_size', img_size)
-        _check_int('patch_size', patch_size, 1)
-        _check_int('in_chans', in_chans, 1)
-        _check_int('num_classes', num_classes, 0)
-        _check_int('embed_dim', embed_dim, 1)
-        _check_int('depth', depth, 1)
-        _check_int('num_heads', num_heads, 1)
+        img_hw = _check_vit_args(
+            img_size=img_size, patch_size=patch_size, in_chans=in_chans, num_classes=num_classes, embed_dim=embed_dim,
+            depth=depth, num_heads=num_heads, mlp_ratio=mlp_ratio, qkv_bias=qkv_bias, drop_rate=drop_rate,
+            drop_path_rate=drop_path_rate, use_pos_embed=use_pos_embed)
         _check_int('refiner_ratio', refiner_ratio, 1)
         _check_int('refiner_kernel', refiner_kernel, 1)
         if refiner_blocks is None:
             refiner_blocks = depth
         _check_int('refiner_blocks', refiner_blocks, 0)
-        _check_real('mlp_ratio', mlp_ratio, 0., None)
-        _check_real('drop_rate', drop_rate, 0., 1.)
-        _check_real('drop_path_rate', drop_path_rate, 0., 1.)
-        if min(img_hw) < 1 or any(s % patch_size for s in img_hw):
-            raise ValueError(
-                f'img_size={img_size!r} is not a multiple of patch_size={patch_size}; pick a patch_size that '
-                f'divides the image size (e.g. {math.gcd(*img_hw)}) or resize the images')
-        if embed_dim % num_heads:
-            raise ValueError(
-                f'embed_dim={embed_dim} is not divisible by num_heads={num_heads}; embed_dim is the TOTAL width: '
-                f'use a multiple of num_heads, e.g. embed_dim={num_heads * max(1, round(embed_dim / num_heads))}')
-        if int(mlp_ratio * embed_dim) < 1:
-            raise ValueError(f'mlp_ratio={mlp_ratio} gives an empty MLP for embed_dim={embed_dim}; raise mlp_ratio')
         if refiner_kernel % 2 == 0:
             raise ValueError(f'refiner_kernel={refiner_kernel} must be odd (centred kernel); use '
                              f'{refiner_kernel - 1 or 1} or {refiner_kernel + 1}')
@@ -400,16 +384,7 @@ class LocalityRefinerViT(nn.Module):
         trunc_normal_(self.cls_token, std=.02)
         if self.pos_embed is not None:
             trunc_normal_(self.pos_embed, std=.02)
-        self.apply(self._init_weights)  # Refiner keeps its own (near-identity) init
-
-    def _init_weights(self, m: nn.Module) -> None:
-        if isinstance(m, nn.Linear):
-            trunc_normal_(m.weight, std=.02)
-            if m.bias is not None:
-                nn.init.constant_(m.bias, 0)
-        elif isinstance(m, nn.LayerNorm):
-            nn.init.constant_(m.bias, 0)
-            nn.init.constant_(m.weight, 1.0)
+        self.apply(_init_vit_weights)  # Refiner keeps its own (near-identity) init
 
     @torch.jit.ignore
     def no_weight_decay(self) -> Set[str]:

@@ -55,7 +55,7 @@ images: at 28 px the last stage sees 4 x 4 pixels (6 x 6 tokens with the padding
 import logging
 import math
 from numbers import Integral
-from typing import Any, Dict, List, Optional, Set, Tuple
+from typing import Any, Dict, List, Optional, Set
 
 import torch
 import torch.nn.functional as F
