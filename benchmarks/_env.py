@@ -7,6 +7,7 @@ On a CPU the slug also names the instruction set torch's kernels use ("amd-epyc-
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
 import datetime as _dt
 import json
@@ -19,7 +20,10 @@ import torch
 
 from trainers._cpu import cpu_has_native_bf16
 
-__all__ = ["environment", "result_slug", "write_result", "bf16_by_default", "RESULTS_DIR", "setup_process", "sync", "autocast"]
+__all__ = [
+    "environment", "result_slug", "write_result", "bf16_by_default", "RESULTS_DIR", "setup_process",
+    "add_malloc_option", "parse_and_set_up", "sync", "autocast",
+]
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
@@ -67,6 +71,23 @@ def setup_process(*, retain_memory: bool = True) -> bool:
     from trainers._malloc import retain_freed_memory
 
     return retain_freed_memory()
+
+
+def add_malloc_option(parser: argparse.ArgumentParser) -> None:
+    """--glibc-default-malloc: time the contenders without `setup_process`'s retained memory."""
+    parser.add_argument("--glibc-default-malloc", action="store_true",
+                        help="leave glibc's trim/mmap thresholds alone (default: keep freed memory, as the trainer does)")
+
+
+def parse_and_set_up(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """A benchmark's arguments, with the process set up as a trainer's (`setup_process`, unless
+    --glibc-default-malloc was given); a --device cuda (one or a list) without CUDA is a usage error."""
+    args = parser.parse_args(argv)
+    setup_process(retain_memory=not getattr(args, "glibc_default_malloc", False))
+    devices = getattr(args, "device", None) or []
+    if "cuda" in ([devices] if isinstance(devices, str) else devices) and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device is available here")
+    return args
 
 
 def device_name(device: str | torch.device = "cpu") -> str:

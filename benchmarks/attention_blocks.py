@@ -28,7 +28,7 @@ import time
 
 import torch
 
-from benchmarks._env import autocast, setup_process, sync, write_result
+from benchmarks._env import add_malloc_option, autocast, parse_and_set_up, sync, write_result
 from trainers.models import _attention_core, _attention_kernel
 from trainers.models.ls_convit import GPSA, MHSA
 from trainers.models.ls_gmm import GMMAttention
@@ -113,12 +113,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--precisions", nargs="+", default=["fp32"], choices=["fp32", "bf16"],
                         help="bf16: under torch.autocast(bfloat16), fp32 weights and input (default: fp32)")
-    parser.add_argument("--glibc-default-malloc", action="store_true",
-                        help="leave glibc's trim/mmap thresholds alone (default: keep freed memory, as the trainer does)")
-    args = parser.parse_args(argv)
-    setup_process(retain_memory=not args.glibc_default_malloc)
-    if args.device == "cuda" and not torch.cuda.is_available():
-        parser.error("--device cuda: no CUDA device is available here")
+    add_malloc_option(parser)
+    args = parse_and_set_up(parser, argv)
     results: dict = {}
     for precision in dict.fromkeys(args.precisions):
         key = "by_tokens" if precision == "fp32" else f"by_tokens_{precision}"

@@ -36,7 +36,7 @@ from typing import Callable
 import torch
 from timm.models.convit import GPSA as TimmGPSA
 
-from benchmarks._env import autocast, bf16_by_default, setup_process, sync, write_result
+from benchmarks._env import add_malloc_option, autocast, bf16_by_default, parse_and_set_up, sync, write_result
 from trainers.models import _attention_kernel
 from trainers.models.ls_convit import GPSA
 
@@ -171,14 +171,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
                         help="also both layers under bf16 autocast, same rotation (default: where bf16 is "
                              "native: CUDA, CPUs with bf16 hardware); --no-bf16: fp32 only")
-    parser.add_argument("--glibc-default-malloc", action="store_true",
-                        help="leave glibc's trim/mmap thresholds alone (default: keep freed memory, as the trainer does)")
-    args = parser.parse_args(argv)
-    setup_process(retain_memory=not args.glibc_default_malloc)
+    add_malloc_option(parser)
+    args = parse_and_set_up(parser, argv)
     devices = args.device or (["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"])
     for device in devices:
-        if device == "cuda" and not torch.cuda.is_available():
-            parser.error("--device cuda: no CUDA device is available here")
         bf16, why_not = (args.bf16, "") if args.bf16 is not None else bf16_by_default(device)
         if why_not:
             print(f"[{device}] no bf16 column: {why_not} (--bf16 times it anyway)")

@@ -40,7 +40,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks._env import setup_process, write_result
+from benchmarks._env import add_malloc_option, parse_and_set_up, write_result
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -229,10 +229,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workers", type=int, default=2, help="FFCV threads / DataLoader worker processes")
     parser.add_argument("--epochs", type=int, default=5, help="timed epochs per contender")
     parser.add_argument("--skip-startup", action="store_true")
-    parser.add_argument("--glibc-default-malloc", action="store_true",
-                        help="leave glibc's trim/mmap thresholds alone (default: keep freed memory, as the trainer does)")
-    args = parser.parse_args(argv)
-    setup_process(retain_memory=not args.glibc_default_malloc)
+    add_malloc_option(parser)
+    args = parse_and_set_up(parser, argv)
 
     data = _prepared(args.train_fraction)
     result: dict = {"config": dict(dataset=data.name, train_fraction=args.train_fraction, batch=args.batch,

@@ -71,7 +71,7 @@ import torch
 import trainers.models  # noqa: F401  (registers the ls_* families)
 from trainers._memory_format import runs_channels_last
 from trainers.models import _attention_core, _attention_kernel, ls_convit
-from benchmarks._env import autocast, bf16_by_default, setup_process, sync, write_result
+from benchmarks._env import add_malloc_option, autocast, bf16_by_default, parse_and_set_up, sync, write_result
 
 IMAGENET = dict(num_classes=1000, in_chans=3)
 UNFUSED = "unfused "  # label prefix: ls_convit_tiny with GPSA's CUDA inference kernel off
@@ -407,12 +407,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="also time a torch.compile'd copy of each model whose label contains one of these")
     parser.add_argument("--result-name", default="models",
                         help="the JSON's name: benchmarks/results/<name>-<device>.json (default: models)")
-    parser.add_argument("--glibc-default-malloc", action="store_true",
-                        help="leave glibc's trim/mmap thresholds alone (default: keep freed memory, as the trainer does)")
-    args = parser.parse_args(argv)
-    setup_process(retain_memory=not args.glibc_default_malloc)
-    if args.device == "cuda" and not torch.cuda.is_available():
-        parser.error("--device cuda: no CUDA device is available here")
+    add_malloc_option(parser)
+    args = parse_and_set_up(parser, argv)
     if args.precisions and args.no_bf16:
         parser.error("--no-bf16 and --precisions: give one of them")
     bf16, why_not = (False, "") if args.no_bf16 else bf16_by_default(args.device)

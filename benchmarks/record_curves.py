@@ -22,7 +22,6 @@ import time
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from search._runner import default_cache_dir
 from search._store import read_table, write_atomic

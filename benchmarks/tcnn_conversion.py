@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 import trainers.models  # noqa: F401  (registers the families)
-from benchmarks._env import setup_process, write_result
+from benchmarks._env import parse_and_set_up, write_result
 from trainers._memory_format import runs_channels_last
 
 NETWORKS = {  # name -> input shape (C, H, W)
@@ -84,13 +84,12 @@ def throughputs(name: str, shape: tuple[int, int, int], *, batch: int, repeats: 
     return result
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
-    args = parser.parse_args()
-    setup_process()
+    args = parse_and_set_up(parser, argv)
     results = {}
     for name, shape in NETWORKS.items():
         batch = args.batch if shape[1] <= 32 else max(1, args.batch // 8)  # 64 px: 8x the work per image

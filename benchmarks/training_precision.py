@@ -24,7 +24,7 @@ import statistics
 import tempfile
 import time
 
-from benchmarks._env import setup_process, write_result
+from benchmarks._env import parse_and_set_up, write_result
 
 # spaces/convit_locality.yaml's training settings, its lr at the middle of its range
 MAIN_JOB_TRAIN = dict(batch_size=64, lr=2e-3, weight_decay=0.05, warmup_epochs=0.3, label_smoothing=0.1, pad_crop=0)
@@ -98,8 +98,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=2, help="trials per precision (ABBA order)")
     parser.add_argument("--train-fraction", type=float, default=0.2)
-    args = parser.parse_args(argv)
-    setup_process()
+    args = parse_and_set_up(parser, argv)
     result = run(model=args.model, model_args=dict(args.model_arg), epochs=args.epochs, rounds=args.rounds,
                  train_fraction=args.train_fraction)
     c = result["config"]

@@ -41,7 +41,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks._env import setup_process, write_result
+from benchmarks._env import parse_and_set_up, write_result
 
 
 def _config(data, *, epochs: int, cache_dir: str, model: str = "ls_convit_micro", device: str = "cpu",
@@ -284,10 +284,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ray-repeats", type=int, default=2)
     parser.add_argument("--skip-ray", action="store_true")
     parser.add_argument("--only-ray", action="store_true")
-    args = parser.parse_args(argv)
-    setup_process()  # as train_trial does, so the compute replica runs under the same allocator settings
-    if args.device == "cuda" and not torch.cuda.is_available():
-        parser.error("--device cuda: no CUDA device is available here")
+    # the process set up as train_trial's, so the compute replica runs under the same allocator settings
+    args = parse_and_set_up(parser, argv)
     if args.device == "cuda" and not args.only_ray:
         GpuUtilisation.require()
     result: dict = {}

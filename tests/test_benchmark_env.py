@@ -1,7 +1,12 @@
-"""Where benchmark results go, and which precisions a benchmark times unless told."""
+"""Where benchmark results go, which precisions a benchmark times unless told, and how it parses
+its arguments."""
+import argparse
+
+import pytest
 import torch
 
-from benchmarks._env import bf16_by_default, environment, result_slug
+from benchmarks import _env
+from benchmarks._env import add_malloc_option, bf16_by_default, environment, parse_and_set_up, result_slug
 
 
 def test_cpu_result_names_carry_the_instruction_set():
@@ -22,3 +27,28 @@ def test_bf16_columns_are_off_where_bf16_is_emulated(monkeypatch):
     monkeypatch.delenv("ONEDNN_MAX_CPU_ISA")
     from trainers._cpu import cpu_has_native_bf16
     assert bf16_by_default("cpu") == (cpu_has_native_bf16(), "" if cpu_has_native_bf16() else why)
+
+
+def _parser(**device_kwargs) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--device", **device_kwargs)
+    add_malloc_option(parser)
+    return parser
+
+
+def test_arguments_set_the_process_up_unless_the_default_malloc_is_asked_for(monkeypatch):
+    asked = []
+    monkeypatch.setattr(_env, "setup_process", lambda *, retain_memory: asked.append(retain_memory))
+    parse_and_set_up(_parser(default="cpu"), [])
+    parse_and_set_up(_parser(default="cpu"), ["--glibc-default-malloc"])
+    assert asked == [True, False]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the machines without CUDA")
+@pytest.mark.parametrize("device_kwargs, argv", [(dict(default="cpu"), ["--device", "cuda"]),
+                                                 (dict(action="append"), ["--device", "cpu", "--device", "cuda"])])
+def test_cuda_asked_for_where_there_is_none_is_a_usage_error(device_kwargs, argv, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        parse_and_set_up(_parser(**device_kwargs), argv)
+    assert exit_info.value.code == 2
+    assert "--device cuda: no CUDA device is available here" in capsys.readouterr().err
