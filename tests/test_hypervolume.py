@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import time
 
 import numpy as np
 import pandas as pd
@@ -89,15 +88,14 @@ def test_bad_arguments_name_the_fix(values, modes, reference, message):
         hypervolume(values, modes=modes, reference=reference)
 
 
-def test_200_points_in_3d_take_well_under_a_second():
+def test_200_non_dominated_points_in_3d_match_optuna():
+    """A front this size has 2^200 subsets: an inclusion-exclusion algorithm would never finish
+    here (speed itself is the benchmarks' business, not a timed test's)."""
     rng = np.random.default_rng(0)
     points = rng.random((200, 3))
     points /= np.linalg.norm(points, axis=1, keepdims=True)  # on a sphere: all non-dominated
-    start = time.perf_counter()
     volume = hypervolume(points, modes=["max"] * 3, reference=[0.0] * 3)
-    elapsed = time.perf_counter() - start
     assert volume == pytest.approx(compute_hypervolume(-points, np.zeros(3)), rel=1e-12)
-    assert elapsed < 1.0
 
 
 def test_front_hypervolume_on_a_table():
