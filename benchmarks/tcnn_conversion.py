@@ -26,7 +26,7 @@ from torch import nn
 
 import trainers.models  # noqa: F401  (registers the families)
 from benchmarks._env import parse_and_set_up, write_result
-from trainers._memory_format import runs_channels_last
+from trainers._memory_format import place_model
 
 NETWORKS = {  # name -> input shape (C, H, W)
     "ls_tcnn_resnet10_micro_s": (1, 28, 28),
@@ -66,9 +66,12 @@ def throughputs(name: str, shape: tuple[int, int, int], *, batch: int, repeats: 
     cnn = trained_looking(timm.create_model(name))
     tcnn = copy.deepcopy(cnn)
     tcnn.reparametrise()
-    fmt = torch.channels_last if runs_channels_last(cnn, torch.device("cpu")) else torch.contiguous_format
-    models = {"cnn": cnn.to(memory_format=fmt), "tcnn": tcnn.to(memory_format=fmt)}
-    x = torch.randn(batch, *shape).contiguous(memory_format=fmt)
+    cpu = torch.device("cpu")
+    channels_last = place_model(cnn, cpu)  # as train_trial places it, before and after the conversion
+    place_model(tcnn, cpu)
+    models = {"cnn": cnn, "tcnn": tcnn}
+    x = torch.randn(batch, *shape).contiguous(memory_format=torch.channels_last if channels_last
+                                              else torch.contiguous_format)
     times: dict[str, list[float]] = {k: [] for k in models}
     for i in range(warmup + repeats):
         for key, model in models.items():
@@ -78,7 +81,7 @@ def throughputs(name: str, shape: tuple[int, int, int], *, batch: int, repeats: 
                 times[key].append(time.perf_counter() - start)
     result = {f"{k}_images_per_s": batch / statistics.median(v) for k, v in times.items()}
     result["tcnn_over_cnn"] = result["tcnn_images_per_s"] / result["cnn_images_per_s"]
-    result["channels_last"] = fmt is torch.channels_last
+    result["channels_last"] = channels_last
     result["cnn_params"] = sum(p.numel() for p in cnn.parameters())
     result["tcnn_params"] = sum(p.numel() for p in tcnn.parameters())
     return result
