@@ -22,3 +22,28 @@ def _one_torch_thread_per_xdist_worker():
     if _XDIST_WORKER:
         torch.set_num_threads(1)  # per test: a test may set its own (test_data sets 2)
     yield
+
+
+@pytest.fixture()
+def s3(monkeypatch):
+    """A real S3-protocol server (moto's) on loopback, with credentials in the environment."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                       "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}.items():
+        monkeypatch.setenv(key, value)
+    yield f"endpoint_override={host}:{port}&scheme=http&region=us-east-1"
+    server.stop()
+
+
+@pytest.fixture()
+def s3_storage(s3) -> str:
+    """A storage URI on the `s3` server, its bucket created: s3://bucket/studies?<options>."""
+    import pyarrow.fs
+
+    storage = f"s3://bucket/studies?{s3}"
+    pyarrow.fs.FileSystem.from_uri(storage + "&allow_bucket_creation=true")[0].create_dir("bucket")
+    return storage

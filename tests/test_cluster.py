@@ -5,6 +5,11 @@ each (the spec asks for a slot per trial), so at most one trial runs per node an
 are forced onto both. Each node has its own dataset cache (``LOCALITY_SEARCH_CACHE`` in the
 node's environment, as on separate machines). Mid-search the worker node is killed: its trial
 is retried from its last checkpoint on the head, and the study ends with the exact trial count.
+
+It runs twice: with the study in a folder (a shared mount at the same path on every node), and at
+an s3:// URI on a real S3-protocol server (moto's, on loopback), where each node's trials write
+their checkpoints to the bucket themselves and the killed trial goes on from the one the worker
+node uploaded.
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+
+from search._storage import StudyLocation, study_location
 
 pytestmark = pytest.mark.ray
 
@@ -119,8 +126,15 @@ class Cluster:
             self.kill(name)
 
 
+@pytest.fixture(params=["folder", "s3"])
+def storage(request, tmp_path) -> str:
+    """Where the study lives: a folder, or an s3:// URI (its credentials then in the environment
+    the nodes start with)."""
+    return str(tmp_path / "results") if request.param == "folder" else request.getfixturevalue("s3_storage")
+
+
 @pytest.fixture()
-def cluster(tmp_path):
+def cluster(tmp_path, storage):
     c = Cluster(tmp_path)
     try:
         c.start_node("head", head=True)
@@ -132,25 +146,26 @@ def cluster(tmp_path):
         c.stop()
 
 
-def _epochs(study: Path) -> list[dict]:
+def _read(study: StudyLocation, name: str) -> list[dict]:
+    """The study's table `name` as the store holds it (at the URI itself, not the driver's
+    staging copy); [] before it is first written."""
     try:
-        return pq.read_table(study / "epochs.parquet").to_pylist()
+        if study.uri is None:
+            return pq.read_table(study.local / name).to_pylist()
+        with study.fs.open_input_file(f"{study.path}/{name}") as handle:
+            return pq.read_table(handle).to_pylist()
     except (FileNotFoundError, OSError):
         return []
 
 
-def _finished(study: Path) -> set[str]:
-    try:
-        return {r["trial_id"] for r in pq.read_table(study / "trials.parquet").to_pylist()}
-    except (FileNotFoundError, OSError):
-        return set()
+def _finished(study: StudyLocation) -> set[str]:
+    return {r["trial_id"] for r in _read(study, "trials.parquet")}
 
 
-def test_search_spreads_over_two_nodes_and_survives_losing_one(cluster, tmp_path):
+def test_search_spreads_over_two_nodes_and_survives_losing_one(cluster, storage, tmp_path):
     spec = tmp_path / "two_nodes.yaml"
     spec.write_text(SPEC)
-    storage = tmp_path / "results"
-    study = storage / "two_nodes"
+    study = study_location(storage, "two_nodes")
     head_id, worker_id = cluster.nodes_by_name["head"], cluster.nodes_by_name["worker"]
     env = {**cluster.env, "LOCALITY_SEARCH_CACHE": str(tmp_path / "cache-driver"), "PYTHONPATH": str(ROOT)}
     started = time.monotonic()
@@ -163,7 +178,7 @@ def test_search_spreads_over_two_nodes_and_survives_losing_one(cluster, tmp_path
     killed_trial = None
     deadline = time.monotonic() + 300
     while killed_trial is None and time.monotonic() < deadline and driver.poll() is None:
-        early = [r for r in _epochs(study) if r["node_id"] == worker_id and r["epoch"] <= 3]
+        early = [r for r in _read(study, "epochs.parquet") if r["node_id"] == worker_id and r["epoch"] <= 3]
         running = [r for r in early if r["trial_id"] not in _finished(study)]
         if running:
             killed_trial = running[0]["trial_id"]
@@ -176,8 +191,7 @@ def test_search_spreads_over_two_nodes_and_survives_losing_one(cluster, tmp_path
     wall = time.monotonic() - started
     assert driver.returncode == 0, output[-4000:]
 
-    trials = pq.read_table(study / "trials.parquet").to_pylist()
-    epochs = pq.read_table(study / "epochs.parquet").to_pylist()
+    trials, epochs = _read(study, "trials.parquet"), _read(study, "epochs.parquet")
     # The exact trial count, every one finished, each epoch recorded once.
     assert len(trials) == TRIALS and len({t["trial_id"] for t in trials}) == TRIALS
     assert [t["state"] for t in trials] == ["COMPLETE"] * TRIALS, [(t["state"], t["error"]) for t in trials]
@@ -192,6 +206,13 @@ def test_search_spreads_over_two_nodes_and_survives_losing_one(cluster, tmp_path
     killed_epochs = sorted((e["epoch"], e["node_id"]) for e in epochs if e["trial_id"] == killed_trial)
     assert killed_epochs[0][1] == worker_id and killed_epochs[-1][1] == head_id
     assert all(t["node_ip"] and t["hostname"] for t in trials)
+    if study.uri is not None:  # every trial's checkpoints in the bucket, nothing half-written there
+        import pyarrow.fs
+
+        objects = [i.path for i in study.fs.get_file_info(pyarrow.fs.FileSelector(study.path, recursive=True))]
+        with_checkpoints = {p.split("/ray/")[1].split("/")[0] for p in objects if "/checkpoint_" in p}
+        assert len(with_checkpoints) == TRIALS, with_checkpoints
+        assert not [p for p in objects if p.endswith(".tmp")]
     first_node = {t: min((e["epoch"], e["node_id"]) for e in epochs if e["trial_id"] == t)[1] for t in {e["trial_id"] for e in epochs}}
     placement = Counter("head" if n == head_id else "worker" for n in first_node.values())
     assert placement["head"] >= 2  # so two trials on one node needed the same dataset

@@ -111,21 +111,6 @@ def _run(*args: str, env: dict) -> subprocess.CompletedProcess:
                           env=env, timeout=600)
 
 
-@pytest.fixture()
-def s3(monkeypatch):
-    """A real S3-protocol server (moto's) on loopback, with credentials in the environment."""
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                       "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}.items():
-        monkeypatch.setenv(key, value)
-    yield f"endpoint_override={host}:{port}&scheme=http&region=us-east-1"
-    server.stop()
-
-
 @pytest.mark.ray
 # file:// takes the same path through pyarrow's filesystems; tests/test_resume.py runs, kills and
 # resumes a study at a file:// URI "on another machine"
@@ -137,11 +122,7 @@ def test_search_at_a_uri_then_read_and_resume_elsewhere(tmp_path, monkeypatch, r
     if scheme == "file":
         storage = f"file://{tmp_path}/bucket/studies"
     else:
-        import pyarrow.fs
-
-        query = request.getfixturevalue("s3")
-        storage = f"s3://bucket/studies?{query}"
-        pyarrow.fs.FileSystem.from_uri(storage + "&allow_bucket_creation=true")[0].create_dir("bucket")
+        storage = request.getfixturevalue("s3_storage")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     location = study_location(storage, "at_uri")
     uri = location.uri
