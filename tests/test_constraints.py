@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,9 +20,10 @@ import trainers.models  # noqa: F401
 from search._hypervolume import hypervolume
 from search._searcher import optuna_state_for
 from search._store import PROGRESS_COLUMNS, ResultsStore
+from trainers import throughput
 from trainers.config import Constraint, SettingError, ThroughputSettings, TrainSettings, TrialConfig
 from trainers.data import DatasetRequest, prepare_dataset
-from trainers.throughput import architecture_fingerprint, implementation_fingerprint, measure_model
+from trainers.throughput import architecture_fingerprint, implementation_fingerprint, measure_model, measure_throughput
 from trainers.train import train_trial
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -91,7 +93,6 @@ def test_measure_model_caches_per_architecture(tmp_path):
 
 def _scripted_rounds(monkeypatch, rounds):
     """Replace the timed rounds by `rounds`: (seconds per batch, CPU share) each, in order."""
-    from trainers import throughput
     script = iter(rounds)
     calls = []
 
@@ -109,7 +110,6 @@ def test_cpu_throughput_is_timed_again_when_another_process_took_cores(monkeypat
     """A round timed while another process held a core (the share of CPU time this process got is
     below the floor: Ray starting beside a study's first trial halved one measurement) is not
     kept: the next round, with the CPU to itself, is."""
-    from trainers.throughput import measure_throughput
     calls = _scripted_rounds(monkeypatch, [(0.4, 0.64), (0.2, 0.99), (0.1, 1.0)])
     result = measure_throughput(timm.create_model("ls_convit_nano"), input_shape=(1, 28, 28), batch_size=8,
                                 warmup=0, repeats=3)
@@ -118,7 +118,6 @@ def test_cpu_throughput_is_timed_again_when_another_process_took_cores(monkeypat
 
 
 def test_cpu_throughput_keeps_the_fastest_round_when_the_cpu_stays_busy(monkeypatch):
-    from trainers import throughput
     calls = _scripted_rounds(monkeypatch, [(0.5, 0.6), (0.3, 0.7), (0.4, 0.6), (0.35, 0.6), (0.45, 0.6), (0.1, 1.0)])
     result = throughput.measure_throughput(timm.create_model("ls_convit_nano"), input_shape=(1, 28, 28),
                                            batch_size=8, warmup=0, repeats=3)
@@ -128,7 +127,6 @@ def test_cpu_throughput_keeps_the_fastest_round_when_the_cpu_stays_busy(monkeypa
 
 def test_cpu_share_of_a_real_round(monkeypatch):
     """The share is measured, not assumed: a real round reports a positive share and which round it kept."""
-    from trainers.throughput import measure_throughput
     result = measure_throughput(timm.create_model("ls_convit_nano"), input_shape=(1, 28, 28), batch_size=8,
                                 warmup=1, repeats=2)
     assert result.cpu_share > 0 and 1 <= result.kept_round <= 5 and result.images_per_s > 0
@@ -152,6 +150,18 @@ def test_measure_model_measures_again_when_the_model_code_changes(tmp_path, monk
     assert not first["throughput_cached"] and not again["throughput_cached"]
     assert implementation_fingerprint(timm.create_model("ls_convit_nano")) == implementation_fingerprint(
         timm.create_model("ls_convit_nano", locality_strength=2.0))
+
+
+def test_the_c_kernels_are_part_of_the_implementation_fingerprint(tmp_path, monkeypatch):
+    """The attention kernels are C++ the models compile at run time: a faster kernel is new code too."""
+    sources = tmp_path / "models"
+    shutil.copytree(throughput.MODEL_SOURCES, sources, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(throughput, "MODEL_SOURCES", sources)
+    model = timm.create_model("ls_convit_nano")
+    before = implementation_fingerprint(model)
+    kernel = sources / "csrc" / "attention_core_fp32.cpp"
+    kernel.write_text(kernel.read_text() + "// a faster kernel\n")
+    assert implementation_fingerprint(model) != before
 
 
 @pytest.fixture(scope="module")

@@ -187,6 +187,9 @@ def measure_throughput(
     )
 
 
+MODEL_SOURCES = Path(__file__).resolve().parent / "models"  # read by implementation_fingerprint
+
+
 def architecture_fingerprint(model: nn.Module) -> str:
     """What the cost of a forward pass depends on in the model itself (see the module doc)."""
     digest = hashlib.sha256(repr(model).encode())
@@ -198,9 +201,9 @@ def architecture_fingerprint(model: nn.Module) -> str:
 def implementation_fingerprint(model: nn.Module) -> str:
     """The source that runs the model's forward: the files of every module defining one of its
     modules' classes (and their bases), plus this project's model files (shared helpers such as
-    `_common`). torch itself is keyed by its version. A speed-up in that code then gets a new
-    measurement instead of a number timed with the old code."""
-    files = set((Path(__file__).resolve().parent / "models").glob("*.py"))
+    `_common`) and the C++ kernels they build (`models/csrc`). torch itself is keyed by its version.
+    A speed-up in that code then gets a new measurement instead of a number timed with the old code."""
+    files = set(MODEL_SOURCES.glob("*.py")) | set((MODEL_SOURCES / "csrc").glob("*"))
     for module in model.modules():
         for cls in type(module).__mro__:
             source = getattr(sys.modules.get(cls.__module__), "__file__", None)
