@@ -200,8 +200,43 @@ struct Buffers {
         keys_t(D.dim * D.tokens_pad), values_t(D.dim * D.tokens_pad) {}
 };
 
-// src (N x d, strided) into dst (N x dim_pad, zero past d); and its transpose into dst_t when given
+// src's rows 0..7 (those past `rows` read as zero), 8 columns, transposed into dst_t's rows 0..7
+// (ld floats apart), in registers: unpack, shuffle, then swap 128-bit halves
+inline void transpose_8x8(const float* src, int64_t stride, int64_t rows, float* dst_t, int64_t ld) {
+  __m256 r[8], t[8];
+  for (int k = 0; k < 8; ++k) r[k] = k < rows ? _mm256_loadu_ps(src + k * stride) : _mm256_setzero_ps();
+  for (int k = 0; k < 8; k += 2) {
+    t[k] = _mm256_unpacklo_ps(r[k], r[k + 1]);
+    t[k + 1] = _mm256_unpackhi_ps(r[k], r[k + 1]);
+  }
+  for (int k = 0; k < 8; k += 4) {
+    r[k] = _mm256_shuffle_ps(t[k], t[k + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    r[k + 1] = _mm256_shuffle_ps(t[k], t[k + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    r[k + 2] = _mm256_shuffle_ps(t[k + 1], t[k + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    r[k + 3] = _mm256_shuffle_ps(t[k + 1], t[k + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  for (int k = 0; k < 4; ++k) {
+    _mm256_storeu_ps(dst_t + k * ld, _mm256_permute2f128_ps(r[k], r[k + 4], 0x20));
+    _mm256_storeu_ps(dst_t + (k + 4) * ld, _mm256_permute2f128_ps(r[k], r[k + 4], 0x31));
+  }
+}
+
+// src (N x d, strided) into dst (N x dim_pad, zero past d); and its transpose into dst_t (zero past
+// N) when given: in 8 x 8 blocks when d is a multiple of 8 (saves 1.0-1.1 ms of the kernel's 14-17 on AVX2
+// at B 256, N 49, d 24, against the scalar loop; merging the row copies into the blocks was slower)
 void gather(const Dims& D, Rows src, float* dst, float* dst_t = nullptr) {
+  if (dst_t != nullptr && D.dim % 8 == 0) {
+    for (int64_t i = 0; i < D.tokens; ++i) {
+      copy_row(dst + i * D.dim_pad, src.base + i * src.stride, D.dim);
+      for (int64_t c = D.dim; c < D.dim_pad; ++c) dst[i * D.dim_pad + c] = 0.f;
+    }
+    for (int64_t i = 0; i < D.tokens_pad; i += 8)  // tokens_pad is a multiple of 8
+      for (int64_t c = 0; c < D.dim; c += 8) {
+        const float* block = i < D.tokens ? src.base + i * src.stride + c : nullptr;  // null: all rows zero
+        transpose_8x8(block, src.stride, D.tokens - i, dst_t + c * D.tokens_pad + i, D.tokens_pad);
+      }
+    return;
+  }
   for (int64_t i = 0; i < D.tokens; ++i) {
     const float* row = src.base + i * src.stride;
     copy_row(dst + i * D.dim_pad, row, D.dim);
