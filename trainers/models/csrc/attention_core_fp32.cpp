@@ -222,14 +222,16 @@ inline void transpose_8x8(const float* src, int64_t stride, int64_t rows, float*
 }
 
 // src (N x d, strided) into dst (N x dim_pad, zero past d); and its transpose into dst_t (zero past
-// N) when given: in 8 x 8 blocks when d is a multiple of 8 (saves 1.0-1.1 ms of the kernel's 14-17 on AVX2
-// at B 256, N 49, d 24, against the scalar loop; merging the row copies into the blocks was slower)
+// N) when given: in 8 x 8 blocks when d is a multiple of 8 (saves 1.0-1.1 ms of the kernel's 14-17
+// on AVX2 at B 256, N 49, d 24, against the scalar loop; merging the row copies into the blocks
+// was slower)
 void gather(const Dims& D, Rows src, float* dst, float* dst_t = nullptr) {
-  if (dst_t != nullptr && D.dim % 8 == 0) {
-    for (int64_t i = 0; i < D.tokens; ++i) {
-      copy_row(dst + i * D.dim_pad, src.base + i * src.stride, D.dim);
-      for (int64_t c = D.dim; c < D.dim_pad; ++c) dst[i * D.dim_pad + c] = 0.f;
-    }
+  for (int64_t i = 0; i < D.tokens; ++i) {
+    copy_row(dst + i * D.dim_pad, src.base + i * src.stride, D.dim);
+    for (int64_t c = D.dim; c < D.dim_pad; ++c) dst[i * D.dim_pad + c] = 0.f;
+  }
+  if (dst_t == nullptr) return;
+  if (D.dim % 8 == 0) {
     for (int64_t i = 0; i < D.tokens_pad; i += 8)  // tokens_pad is a multiple of 8
       for (int64_t c = 0; c < D.dim; c += 8) {
         const float* block = i < D.tokens ? src.base + i * src.stride + c : nullptr;  // null: all rows zero
@@ -237,15 +239,10 @@ void gather(const Dims& D, Rows src, float* dst, float* dst_t = nullptr) {
       }
     return;
   }
-  for (int64_t i = 0; i < D.tokens; ++i) {
-    const float* row = src.base + i * src.stride;
-    copy_row(dst + i * D.dim_pad, row, D.dim);
-    for (int64_t c = D.dim; c < D.dim_pad; ++c) dst[i * D.dim_pad + c] = 0.f;
-    if (dst_t != nullptr)
-      for (int64_t c = 0; c < D.dim; ++c) dst_t[c * D.tokens_pad + i] = row[c];
+  for (int64_t c = 0; c < D.dim; ++c) {
+    for (int64_t i = 0; i < D.tokens; ++i) dst_t[c * D.tokens_pad + i] = src.base[i * src.stride + c];
+    std::fill(dst_t + c * D.tokens_pad + D.tokens, dst_t + (c + 1) * D.tokens_pad, 0.f);
   }
-  if (dst_t != nullptr)
-    for (int64_t c = 0; c < D.dim; ++c) std::fill(dst_t + c * D.tokens_pad + D.tokens, dst_t + (c + 1) * D.tokens_pad, 0.f);
 }
 
 // N x d of buf.out into a strided matrix
