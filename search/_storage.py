@@ -25,6 +25,7 @@ import hashlib
 import os
 import re
 import shutil
+import time
 import uuid
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -36,6 +37,7 @@ __all__ = ["is_uri", "StudyLocation", "study_location", "resuming_at", "resumed_
 JOURNAL_FILE = "optuna.journal"  # the Optuna study (search._searcher.HonestOptunaSearch)
 # The study's own files, beside Tune's folder ("ray"): what is uploaded and downloaded.
 STUDY_FILES = ("experiment.json", "trials.parquet", "epochs.parquet", "pareto.parquet", "progress.parquet", JOURNAL_FILE)
+_READ_ATTEMPTS = 5  # StudyLocation.read: tries before an object that keeps changing is an error
 _OBJECT_STORES = {"s3", "gcs", "abfs"}  # an upload is all or nothing; no rename needed (nor cheap)
 _URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
@@ -159,25 +161,48 @@ class StudyLocation:
             if not direct:
                 self.fs.move(temporary, target)
 
+    def read(self, name: str) -> bytes | None:
+        """The study file ``name`` as one upload of it wrote it (None where there is none yet).
+
+        An upload replaces the whole object, but a reader can still mix two of them: pyarrow
+        looks up the size first and then fetches byte ranges, so an upload landing in between
+        gives a truncated or spliced copy (seen: a Parquet file without its footer while the
+        driver uploaded). So the object is fetched in one request and kept only if its size
+        and time are the same before and after and the bytes are that size; else read again."""
+        if self.uri is None:
+            path = self.local / name
+            return path.read_bytes() if path.is_file() else None  # written by rename: whole
+        import pyarrow.fs
+
+        source = f"{self.path}/{name}"
+        try:
+            for attempt in range(_READ_ATTEMPTS):
+                before = self.fs.get_file_info(source)
+                if before.type != pyarrow.fs.FileType.File:
+                    return None
+                with self.fs.open_input_file(source) as src:
+                    data = src.read()
+                after = self.fs.get_file_info(source)
+                if len(data) == before.size == after.size and before.mtime == after.mtime:
+                    return data
+                time.sleep(0.1 * (attempt + 1))  # an upload is landing: let it finish
+        except OSError as exc:
+            raise self.unreachable(exc) from None
+        raise ConfigError(f"storage {self.uri}: {name} changed during each of {_READ_ATTEMPTS} reads; "
+                          "try again, or once the study's driver stops writing it")
+
     def pull(self, names: Iterable[str] = STUDY_FILES) -> list[str]:
         """Download ``names`` (those the URI has) into the staging folder; the names fetched."""
         if self.uri is None:
             return [n for n in names if (self.local / n).is_file()]
-        import pyarrow.fs
-
         self.local.mkdir(parents=True, exist_ok=True)
         fetched = []
         for name in names:
-            source = f"{self.path}/{name}"
+            data = self.read(name)
+            if data is None:
+                continue
             staged = self.local / f".{name}.{uuid.uuid4().hex[:8]}.tmp"
-            try:
-                if self.fs.get_file_info(source).type != pyarrow.fs.FileType.File:
-                    continue
-                with self.fs.open_input_stream(source) as src, open(staged, "wb") as dst:
-                    shutil.copyfileobj(src, dst, 1 << 20)
-            except OSError as exc:
-                staged.unlink(missing_ok=True)
-                raise self.unreachable(exc) from None
+            staged.write_bytes(data)
             os.replace(staged, self.local / name)
             fetched.append(name)
         return fetched

@@ -24,6 +24,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -148,14 +149,9 @@ def cluster(tmp_path, storage):
 
 def _read(study: StudyLocation, name: str) -> list[dict]:
     """The study's table `name` as the store holds it (at the URI itself, not the driver's
-    staging copy); [] before it is first written."""
-    try:
-        if study.uri is None:
-            return pq.read_table(study.local / name).to_pylist()
-        with study.fs.open_input_file(f"{study.path}/{name}") as handle:
-            return pq.read_table(handle).to_pylist()
-    except (FileNotFoundError, OSError):
-        return []
+    staging copy, read as any reader does while the driver uploads); [] before it is first written."""
+    data = study.read(name)
+    return [] if data is None else pq.read_table(pa.BufferReader(data)).to_pylist()
 
 
 def _finished(study: StudyLocation) -> set[str]:

@@ -73,6 +73,43 @@ def test_push_pull_round_trip(tmp_path, monkeypatch):
     assert not [p for p in elsewhere.local.iterdir() if p.name.startswith(".")]
 
 
+class _UploadsDuringReads:
+    """`location.fs` as it is, except that each file opened for reading is replaced at the URI
+    (by another client) after pyarrow looked up its size and before the bytes are fetched: the
+    race a reader runs against a driver uploading the study every few seconds."""
+
+    def __init__(self, location: StudyLocation, versions):
+        self._fs, self._versions = location.fs, iter(versions)
+        self._other = StudyLocation(location.uri).fs
+
+    def __getattr__(self, name):
+        return getattr(self._fs, name)
+
+    def open_input_file(self, path):
+        handle = self._fs.open_input_file(path)  # the size is looked up here
+        for data in self._versions:
+            with self._other.open_output_stream(path) as out:
+                out.write(data)
+            break
+        return handle
+
+
+def test_a_read_never_mixes_two_uploads_of_a_file(s3_storage, tmp_path, monkeypatch):
+    """An upload landing between pyarrow's size lookup and its byte fetch gives a copy of neither
+    version (a Parquet file without its footer, seen in test_cluster); StudyLocation.read (and
+    pull, which uses it) reads such a file again."""
+    monkeypatch.setenv("LOCALITY_SEARCH_CACHE", str(tmp_path / "cache" / "datasets"))
+    location = study_location(s3_storage, "racy")
+    with location.fs.open_output_stream(f"{location.path}/epochs.parquet") as out:
+        out.write(b"old" * 10)
+    location.fs = _UploadsDuringReads(location, [b"new" * 1000])
+    assert location.read("epochs.parquet") == b"new" * 1000  # not b"new" * 10: the first 30 bytes
+    assert location.read("trials.parquet") is None
+    location.fs = _UploadsDuringReads(location, [b"v%d" % i * (10 + i) for i in range(100)])  # never settles
+    with pytest.raises(ConfigError, match=r"^storage s3://\S+: epochs.parquet changed during each of 5 reads; try again"):
+        location.read("epochs.parquet")
+
+
 def test_a_resume_puts_what_the_snapshot_pickled_in_the_study_folder_as_it_is_now(tmp_path):
     """`search resume` of a moved study folder: the store, the journal's location and the trials
     Tune samples after the resume all follow the folder (tests/test_resume.py runs it whole)."""
