@@ -21,6 +21,10 @@ with its attention core on torch ops instead of the fused kernels
 (`trainers/models/_attention_kernel.py`: float32, and bf16 on bf16 hardware):
 `ratio_fused_kernel_gain[_bf16]` = torch ops / fused.
 
+Ours recomputing its maps (same rotation, fp32, where the float32 kernel is built): the same layer
+with the kernel's forward keeping no softmax maps for the backward (`KEPT_MAPS_BYTES` 0), so the
+backward recomputes them as it does over that budget: `ratio_kept_maps_gain` = recomputing / ours.
+
 The floor (same rotation, each precision): our layer's projections alone, forward + backward (the
 q/k/v matmul and the output projection, with the shapes and upstream gradients the layer has). They
 are the same matmuls as timm's (its qk and v are ours concatenated), so no attention core, however
@@ -57,6 +61,16 @@ def _torch_ops_step(layer: GPSA, x: torch.Tensor, precision: str = "fp32") -> No
         _step(layer, x, precision)
     finally:
         _attention_kernel.USE_FUSED_KERNEL = saved
+
+
+def _recomputing_step(layer: GPSA, x: torch.Tensor, precision: str = "fp32") -> None:
+    """`_step` with the float32 kernel keeping no softmax maps (its backward recomputes them)."""
+    saved = _attention_kernel.KEPT_MAPS_BYTES
+    _attention_kernel.KEPT_MAPS_BYTES = 0
+    try:
+        _step(layer, x, precision)
+    finally:
+        _attention_kernel.KEPT_MAPS_BYTES = saved
 
 
 def _projections_step(layer: GPSA, x: torch.Tensor, z: torch.Tensor, precision: str = "fp32") -> None:
@@ -110,11 +124,16 @@ def run(*, batch: int, tokens: int, dim: int, heads: int, repeats: int, warmup: 
                     for precision in precisions}
     if any(fused_kernel.values()):
         steps["ours_torch_ops"] = lambda precision: _torch_ops_step(ours, x, precision)
-    contenders = [(precision, name) for precision in precisions for name in steps]  # the rotation
+    if fused_kernel["fp32"]:
+        steps["ours_recomputing"] = lambda precision: _recomputing_step(ours, x, precision)
+    contenders = [(precision, name) for precision in precisions for name in steps  # the rotation
+                  if name != "ours_recomputing" or precision == "fp32"]  # (the bf16 kernel always recomputes)
     for _ in range(warmup):
         for precision, name in contenders:
             steps[name](precision)
-    times: dict[str, dict[str, list[float]]] = {precision: {name: [] for name in steps} for precision in precisions}
+    times: dict[str, dict[str, list[float]]] = {precision: {} for precision in precisions}
+    for precision, name in contenders:
+        times[precision][name] = []
     for _ in range(repeats):
         for precision, name in contenders:
             times[precision][name].append(_time(lambda: steps[name](precision), dev))
@@ -136,6 +155,7 @@ def run(*, batch: int, tokens: int, dim: int, heads: int, repeats: int, warmup: 
     }
     if fused_kernel["fp32"]:
         out["ratio_fused_kernel_gain"] = med["fp32"]["ours_torch_ops"] / med["fp32"]["ours"]
+        out["ratio_kept_maps_gain"] = med["fp32"]["ours_recomputing"] / med["fp32"]["ours"]
     if bf16:
         out.update({
             "median_s_bf16": med["bf16"],
@@ -193,6 +213,8 @@ def main(argv: list[str] | None = None) -> None:
         if "ratio_fused_kernel_gain" in result:
             print(f"  ours with the core on torch ops: {med['ours_torch_ops'] * 1e3:8.2f} ms -> "
                   f"fused kernel gain {result['ratio_fused_kernel_gain']:.2f}x")
+            print(f"  ours recomputing the softmax maps in the backward: {med['ours_recomputing'] * 1e3:8.2f} ms -> "
+                  f"kept maps gain {result['ratio_kept_maps_gain']:.2f}x")
         elif device == "cpu":
             print(f"  (the fused attention kernel is not built here: {result['fused_kernel_unavailable_because']['fp32']})")
         if "median_s_bf16" in result:

@@ -2,8 +2,9 @@
 in bf16, `csrc/attention_core_fp32.cpp` in float32), each where its CPU can run it: it builds; its
 outputs, gradients and the gate's sums (GPSA), or the score mask's gradient (GMM attention, float32
 only), match the papers' formulas in float64 for every token count its vector tails can meet,
-several head dims, the projection's strided layout and a contiguous one; the core gives the same outputs and gradients on it as on
-torch ops. Where it cannot be built the core falls back with one warning saying why, and
+several head dims, the projection's strided layout and a contiguous one; the float32 backward gives
+the same bits from the softmax maps its forward kept as from recomputing them; the core gives the
+same outputs and gradients on it as on torch ops. Where it cannot be built the core falls back with one warning saying why, and
 concurrent first uses build it once."""
 from __future__ import annotations
 
@@ -105,7 +106,8 @@ def test_forward_and_backward_match_float64(kernel, tokens, dim, mix):
     qkv, gate, pos, d_out = _inputs(batch, heads, tokens, dim, gated, "projection", dtype=dtype)
     mask = _score_mask(heads, tokens) if mix == "masked" else None
     out = torch.empty(batch, tokens, heads, dim, dtype=dtype).transpose(1, 2)
-    row_max, row_inv = ops.attention_forward(qkv, gate, pos, mask, scale, out, True)
+    row_max, row_inv, no_maps = ops.attention_forward(qkv, gate, pos, mask, scale, out, True, False)
+    assert no_maps.numel() == 0
 
     qkv64 = qkv.double().requires_grad_()
     gate64 = gate.double().requires_grad_() if gated else None
@@ -120,14 +122,15 @@ def test_forward_and_backward_match_float64(kernel, tokens, dim, mix):
     torch.testing.assert_close(row_inv.double(), 1 / sums, atol=0, rtol=1e-5)
     # inference: the same output, nothing kept
     again = torch.empty_like(out)
-    empty_max, empty_inv = ops.attention_forward(qkv, gate, pos, mask, scale, again, False)
+    empty_max, empty_inv, _ = ops.attention_forward(qkv, gate, pos, mask, scale, again, False, False)
     assert torch.equal(again, out) and empty_max.numel() == empty_inv.numel() == 0
 
     out64.backward(d_out.double())
     d_qkv = torch.empty_like(qkv)  # the projection's layout, as qkv
     coef = scale * (torch.ones(heads) if gate is None else 1 - gate)
     sums = mix != "plain"
-    d_attn_sum, dots = ops.attention_backward(d_out, qkv, gate, pos, mask, row_max, row_inv, coef, scale, d_qkv, sums)
+    d_attn_sum, dots = ops.attention_backward(d_out, qkv, gate, pos, mask, row_max, row_inv, no_maps, coef, scale,
+                                              d_qkv, sums)
     assert d_qkv.stride() == qkv.stride()
     assert _relative(d_qkv, qkv64.grad) < GRAD_TOL[dtype]  # bf16: dS and the products rounded
     if gated:  # sum_b dA and sum <dA, soft> per head: float32 from the inputs, no rounding
@@ -142,9 +145,26 @@ def test_forward_and_backward_match_float64(kernel, tokens, dim, mix):
         assert _relative(d_attn_sum, mask64.grad) < GRAD_TOL[dtype]
     # without the sums: the same d_qkv, nothing else
     alone = torch.empty_like(qkv)
-    empty_sum, empty_dots = ops.attention_backward(d_out, qkv, gate, pos, mask, row_max, row_inv, coef, scale, alone,
-                                                   False)
+    empty_sum, empty_dots = ops.attention_backward(d_out, qkv, gate, pos, mask, row_max, row_inv, no_maps, coef, scale,
+                                                   alone, False)
     assert torch.equal(alone, d_qkv) and empty_sum.numel() == empty_dots.numel() == 0
+    if dtype != torch.float32:
+        return
+    # float32 with the softmax maps kept: the same forward; the maps softmax(S) (rows padded with
+    # zeros); from them the same backward, bit for bit, with and without the sums
+    kept_out = torch.empty_like(out)
+    *kept_stats, maps = ops.attention_forward(qkv, gate, pos, mask, scale, kept_out, True, True)
+    assert torch.equal(kept_out, out) and all(torch.equal(a, b) for a, b in zip(kept_stats, (row_max, row_inv)))
+    maps = maps.view(batch, heads, tokens, -1)
+    assert maps.shape[-1] >= tokens and maps.shape[-1] % 8 == 0
+    torch.testing.assert_close(maps[..., :tokens].double(), soft64.detach(), atol=1e-6, rtol=1e-5)
+    assert not maps[..., tokens:].any()
+    for with_sums, expected in ((sums, (d_attn_sum, dots)), (False, (empty_sum, empty_dots))):
+        d_kept = torch.empty_like(qkv)
+        got = ops.attention_backward(d_out, qkv, gate, pos, mask, row_max, row_inv, maps.flatten(), coef, scale,
+                                     d_kept, with_sums)
+        assert torch.equal(d_kept, d_qkv)
+        assert all(torch.equal(a, b) for a, b in zip(got, expected))
 
 
 def test_any_layout_gives_the_same_bits(kernel):
@@ -154,9 +174,10 @@ def test_any_layout_gives_the_same_bits(kernel):
     results = []
     for q in (qkv, qkv.contiguous()):
         out = torch.empty(2, 4, 49, 24, dtype=dtype)
-        stats = ops.attention_forward(q, gate, pos, None, 0.2, out, True)
+        keep_maps = dtype == torch.float32
+        saved = ops.attention_forward(q, gate, pos, None, 0.2, out, True, keep_maps)
         d_qkv = torch.empty_like(q)
-        ops.attention_backward(d_out, q, gate, pos, None, *stats, 0.2 * (1 - gate), 0.2, d_qkv, False)
+        ops.attention_backward(d_out, q, gate, pos, None, *saved, 0.2 * (1 - gate), 0.2, d_qkv, False)
         results.append((out, d_qkv))
     assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
 
@@ -166,7 +187,7 @@ def test_nan_stays_in_its_row(kernel):
     qkv, gate, pos, _ = _inputs(2, 4, 49, 24, True, "contiguous", dtype=dtype)
     qkv[0, 1, 2, 7, 3] = float("nan")  # q of batch 1, head 2, token 7
     out = torch.empty(2, 4, 49, 24, dtype=dtype)
-    ops.attention_forward(qkv, gate, pos, None, 0.2, out, False)
+    ops.attention_forward(qkv, gate, pos, None, 0.2, out, False, False)
     assert out[1, 2, 7].isnan().all()
     out[1, 2, 7] = 0
     assert out.isfinite().all()
@@ -178,27 +199,37 @@ def test_bad_inputs_are_refused_with_a_message(kernel):
     out = torch.empty(2, 4, 9, 8, dtype=dtype)
     other, name = (torch.float32, "bfloat16") if dtype == torch.bfloat16 else (torch.bfloat16, "float32")
     with pytest.raises(RuntimeError, match=name):
-        ops.attention_forward(qkv.to(other), gate, pos, None, 0.2, out, True)
+        ops.attention_forward(qkv.to(other), gate, pos, None, 0.2, out, True, False)
     with pytest.raises(RuntimeError, match="unit stride along d"):
-        ops.attention_forward(qkv.transpose(3, 4), gate, pos, None, 0.2, out, True)
+        ops.attention_forward(qkv.transpose(3, 4), gate, pos, None, 0.2, out, True, False)
     if dtype == torch.bfloat16:
         with pytest.raises(RuntimeError, match="even head dim"):
-            ops.attention_forward(qkv[..., :7], gate, pos, None, 0.2, out[..., :7], True)  # even strides, odd d
+            ops.attention_forward(qkv[..., :7], gate, pos, None, 0.2, out[..., :7], True, False)  # even strides, odd d
     with pytest.raises(RuntimeError, match="pos"):
-        ops.attention_forward(qkv, gate, pos[:, :8], None, 0.2, out, True)
+        ops.attention_forward(qkv, gate, pos[:, :8], None, 0.2, out, True, False)
     with pytest.raises(RuntimeError, match="come together"):
-        ops.attention_forward(qkv, gate, None, None, 0.2, out, True)
+        ops.attention_forward(qkv, gate, None, None, 0.2, out, True, False)
     with pytest.raises(RuntimeError, match="out"):
-        ops.attention_forward(qkv, gate, pos, None, 0.2, out[:1], True)
+        ops.attention_forward(qkv, gate, pos, None, 0.2, out[:1], True, False)
     mask = _score_mask(4, 9)
     if dtype == torch.bfloat16:
         with pytest.raises(RuntimeError, match="no score mask"):
-            ops.attention_forward(qkv, None, None, mask, 0.2, out, True)
+            ops.attention_forward(qkv, None, None, mask, 0.2, out, True, False)
+        with pytest.raises(RuntimeError, match="recomputes its maps"):
+            ops.attention_forward(qkv, gate, pos, None, 0.2, out, True, True)
+        stats = ops.attention_forward(qkv, gate, pos, None, 0.2, out, True, False)[:2]
+        with pytest.raises(RuntimeError, match="recomputes its maps"):
+            ops.attention_backward(out, qkv, gate, pos, None, *stats, torch.zeros(2 * 4 * 9 * 16), 1 - gate, 0.2,
+                                   torch.empty_like(qkv), False)
     else:
         with pytest.raises(RuntimeError, match="not both"):
-            ops.attention_forward(qkv, gate, pos, mask, 0.2, out, True)
+            ops.attention_forward(qkv, gate, pos, mask, 0.2, out, True, False)
         with pytest.raises(RuntimeError, match="mask"):
-            ops.attention_forward(qkv, None, None, mask[:, :8], 0.2, out, True)
+            ops.attention_forward(qkv, None, None, mask[:, :8], 0.2, out, True, False)
+        *stats, maps = ops.attention_forward(qkv, gate, pos, None, 0.2, out, True, True)
+        with pytest.raises(RuntimeError, match="maps"):  # kept for another shape
+            ops.attention_backward(out, qkv, gate, pos, None, *stats, maps[1:], 1 - gate, 0.2, torch.empty_like(qkv),
+                                   False)
 
 
 @pytest.fixture(params=[True, False], ids=["fused_kernel", "torch_ops"])
@@ -275,6 +306,50 @@ class _CustomOps(TorchDispatchMode):
         if func.namespace.startswith("locality_search"):
             self.calls[f"{func.namespace}.{func.overloadpacket.__name__}"] += 1
         return func(*args, **(kwargs or {}))
+
+
+class _KeptMaps(TorchDispatchMode):
+    """Records the size of the maps each float32 kernel backward got (0: recomputed)."""
+
+    def __init__(self):
+        super().__init__()
+        self.sizes = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket.__name__ == "attention_backward" and func.namespace.startswith("locality_search"):
+            self.sizes.append(args[7].numel())  # (d_out, qkv, gate, pos, mask, row_max, row_inv, maps, ...)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("mix", ["gated", "masked"])
+def test_the_float32_core_keeps_small_maps_and_recomputes_large_ones_to_the_same_bits(mix, monkeypatch):
+    """Training in float32: the forward keeps the softmax maps when they fit KEPT_MAPS_BYTES and the
+    backward uses them; over it they are recomputed; either way the same output and gradients."""
+    _skip_unless_built(torch.float32)
+    B, H, N, d = 3, 4, 49, 8
+    qkv0, gate0, pos0, d_out = _inputs(B, H, N, d, True, "projection", dtype=torch.float32)
+    mask0 = _score_mask(H, N)
+    padded_bytes = B * H * N * 64 * 4  # N rows padded to 64 floats (upper bound: 16 lanes)
+
+    def run(budget):
+        monkeypatch.setattr(_attention_kernel, "KEPT_MAPS_BYTES", budget)
+        qkv, gate, pos, mask = (t.clone().requires_grad_() for t in (qkv0, gate0, pos0, mask0))
+        with _KeptMaps() as recorder:
+            if mix == "gated":
+                out = _attention_core.gated_attention(qkv, gate, pos, 0.3)
+                inputs = (qkv, gate, pos)
+            else:
+                out = _attention_core.masked_attention(qkv, mask, 0.3)
+                inputs = (qkv, mask)
+            (out * d_out).sum().backward()
+        return recorder.sizes, [out.detach()] + [t.grad for t in inputs]
+
+    kept_sizes, kept = run(padded_bytes)
+    recomputed_sizes, recomputed = run(padded_bytes - 1)
+    assert len(kept_sizes) == 1 and B * H * N * N <= kept_sizes[0] <= B * H * N * 64
+    assert recomputed_sizes == [0]
+    for a, b in zip(kept, recomputed):
+        assert torch.equal(a, b)
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp32"])

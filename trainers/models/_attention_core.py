@@ -17,8 +17,9 @@ that multiplies it natively (`cpu_has_native_bf16`), else in float32 (fp16, or e
 float32 GEMMs are the quicker ones). No map is rounded twice.
 
 With bf16 GEMMs, and in float32, the whole core, forward and backward, runs as one fused kernel
-per direction where it is built (`_attention_kernel`: the maps formed per (batch, head) in cache and
-recomputed in the backward rather than kept, q, k, v read in the projection's layout); elsewhere
+per direction where it is built (`_attention_kernel`: the maps formed per (batch, head) in cache,
+recomputed in the backward rather than kept, except the float32 softmax maps where they are small,
+q, k, v read in the projection's layout); elsewhere
 (float64, fp16, emulated bf16), and where the kernel cannot be built, on the torch ops below.
 """
 from typing import Optional, Tuple
@@ -113,15 +114,17 @@ def _on_kernel(qkv: torch.Tensor) -> bool:
 
 def _kernel_forward(qkv: torch.Tensor, gate: Optional[torch.Tensor], pos: Optional[torch.Tensor],
                     mask: Optional[torch.Tensor], scale: float,
-                    keep_stats: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(out (B, H, N, d), the rows' max and 1 / sum, or empty) on the fused kernel, for bf16 or
-    float32 qkv in its own strides. out is the (B, H, N, d) view of a (B, N, H, d)-contiguous buffer, so the
-    caller's transpose + reshape to (B, N, C) is free."""
+                    for_backward: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(out (B, H, N, d), and for the backward the rows' max and 1 / sum and the softmax maps where
+    the kernel keeps them (`keeps_maps`), else empty tensors) on the fused kernel, for bf16 or
+    float32 qkv in its own strides. out is the (B, H, N, d) view of a (B, N, H, d)-contiguous
+    buffer, so the caller's transpose + reshape to (B, N, C) is free."""
     _, B, H, N, d = qkv.shape
     out = qkv.new_empty(B, N, H, d).transpose(1, 2)
-    row_max, row_inv = _attention_kernel.kernels(qkv.dtype).attention_forward(qkv, gate, pos, mask, scale, out,
-                                                                              keep_stats)
-    return out, row_max, row_inv
+    keep_maps = for_backward and _attention_kernel.keeps_maps(qkv)
+    row_max, row_inv, maps = _attention_kernel.kernels(qkv.dtype).attention_forward(qkv, gate, pos, mask, scale, out,
+                                                                                    for_backward, keep_maps)
+    return out, row_max, row_inv, maps
 
 
 class _Attention(torch.autograd.Function):
@@ -133,7 +136,8 @@ class _Attention(torch.autograd.Function):
     (qkv cast on the way in when that differs, the output cast back on the way out), the softmax,
     the mixing and the maps' gradients in the map dtype; the qkv gradient comes back in qkv's dtype
     and memory layout. Autocast is off inside, so every op runs in the dtype chosen here. On the
-    fused kernel (`_on_kernel`) only qkv and two numbers per map row are kept for the backward.
+    fused kernel (`_on_kernel`) qkv and two numbers per map row are kept for the backward, and in
+    float32 the softmax maps where they are small (`_attention_kernel.keeps_maps`).
     """
 
     @staticmethod
@@ -145,8 +149,8 @@ class _Attention(torch.autograd.Function):
         ctx.in_strides = torch.empty_like(qkv, device='meta').stride()
         ctx.on_kernel = _on_kernel(qkv)
         if ctx.on_kernel:
-            out, row_max, row_inv = _kernel_forward(qkv, gate, pos, mask, scale, keep_stats=True)
-            ctx.save_for_backward(qkv, gate, pos, mask, row_max, row_inv)
+            out, row_max, row_inv, maps = _kernel_forward(qkv, gate, pos, mask, scale, for_backward=True)
+            ctx.save_for_backward(qkv, gate, pos, mask, row_max, row_inv, maps)
             return out
         assert mask is None, 'a score mask runs on the float32 kernel only (masked_core_usable)'
         with torch.autocast('cpu', enabled=False):
@@ -164,14 +168,14 @@ class _Attention(torch.autograd.Function):
 
     @staticmethod
     def _kernel_backward(ctx, d_out: torch.Tensor):
-        qkv, gate, pos, mask, row_max, row_inv = ctx.saved_tensors
+        qkv, gate, pos, mask, row_max, row_inv, maps = ctx.saved_tensors
         H = qkv.shape[2]
         d_qkv = torch.empty_strided(qkv.shape, ctx.in_strides, dtype=qkv.dtype, device=qkv.device)
         coef = ctx.scale * (torch.ones(H) if gate is None else 1. - gate)  # dS's factor per head
         map_grads = any(ctx.needs_input_grad[1:4])
         d_attn_sum, soft_dot = _attention_kernel.kernels(qkv.dtype).attention_backward(
-            _attention_kernel.d_out_for_kernel(d_out, qkv.dtype), qkv, gate, pos, mask, row_max, row_inv, coef,
-            ctx.scale, d_qkv, map_grads)  # sum_b dA (H, N, N) and sum <dA, softmax(S)> per head, for the
+            _attention_kernel.d_out_for_kernel(d_out, qkv.dtype), qkv, gate, pos, mask, row_max, row_inv, maps,
+            coef, ctx.scale, d_qkv, map_grads)  # sum_b dA (H, N, N) and sum <dA, softmax(S)> per head, for the
         d_gate = d_pos = d_mask = None   # gate's grads; or the mask's gradient (H, N, N)
         if ctx.needs_input_grad[3]:
             d_mask = d_attn_sum
@@ -224,7 +228,7 @@ def _core(qkv: torch.Tensor, gate: Optional[torch.Tensor], pos: Optional[torch.T
           mask: Optional[torch.Tensor] = None) -> torch.Tensor:
     if not torch.is_grad_enabled() or not any(t is not None and t.requires_grad for t in (qkv, gate, pos, mask)):
         if _on_kernel(qkv):
-            return _kernel_forward(qkv, gate, pos, mask, scale, keep_stats=False)[0]
+            return _kernel_forward(qkv, gate, pos, mask, scale, for_backward=False)[0]
         assert mask is None, 'a score mask runs on the float32 kernel only (masked_core_usable)'
         with torch.autocast('cpu', enabled=False):
             out = attention_inference(as_gemm(qkv.transpose(1, 2)), scale, gate, pos)  # (H, B, N, d)
@@ -263,8 +267,8 @@ def masked_attention(qkv: torch.Tensor, mask: torch.Tensor, scale: float) -> tor
     the mask, on the float32 kernel: only where `masked_core_usable(qkv)`.
 
     qkv: (3, B, H, N, d) float32, any strides (q, k, v stacked); mask: M (H, N, N), shared by the
-    batch. Returns (B, H, N, d). The kernel keeps only qkv and two numbers per map row for the
-    backward (the masked maps are recomputed), where torch ops would keep two B x H x N x N maps.
+    batch. Returns (B, H, N, d). The kernel keeps qkv, two numbers per map row and, where they are
+    small, the softmax maps for the backward, where torch ops would keep two B x H x N x N maps.
     """
     return _core(qkv, None, None, scale, mask.to(torch.float32).contiguous())
 

@@ -2,11 +2,12 @@
 AVX512-BF16) and in float32 (`csrc/attention_core_fp32.cpp`, AVX2 + FMA, or AVX-512): per (batch,
 head) the scores (in float32 optionally times GMM attention's mask), softmax, GPSA's mix with its
 positional attention and the product with v forward; the maps' recomputation, the four products of
-the backward, the softmax backward and the gate's sums (or the mask's gradient) backward. The N x N maps never leave the kernel's cache-sized buffers (the backward
-recomputes them from two numbers per row instead of keeping them), its GEMMs are register-tiled
-SIMD loops (AVX512-BF16 dot products in bf16, FMAs in float32), and it reads q, k, v and writes the
-output and the gradients in the caller's strides, so the projection's (B, N, 3, H, d) output needs
-no layout copy.
+the backward, the softmax backward and the gate's sums (or the mask's gradient) backward. The maps
+are formed in cache-sized buffers; the backward recomputes them from two numbers per row, except
+that in float32 the forward keeps the softmax maps for it where they are small (`keeps_maps`). Its
+GEMMs are register-tiled SIMD loops (AVX512-BF16 dot products in bf16, FMAs in float32), and it
+reads q, k, v and writes the output and the gradients in the caller's strides, so the projection's
+(B, N, 3, H, d) output needs no layout copy.
 
 The core (`_attention_core`) runs on it wherever its GEMMs run in bfloat16 (CPU autocast on a CPU
 with bf16 hardware, as `precision: auto` trains there) or in float32 (fp32 training and inference,
@@ -41,9 +42,17 @@ import torch
 
 from trainers._atomic import atomic_write
 
-__all__ = ["DTYPES", "MAX_TOKENS", "USE_FUSED_KERNEL", "available", "build_error", "d_out_for_kernel", "kernels", "usable"]
+__all__ = [
+    "DTYPES", "KEPT_MAPS_BYTES", "MAX_TOKENS", "USE_FUSED_KERNEL", "available", "build_error", "d_out_for_kernel",
+    "keeps_maps", "kernels", "usable",
+]
 
 MAX_TOKENS = 1024  # the kernel's row buffer (kMaxTokens)
+# The most a float32 forward keeps of softmax maps for its backward, per call: keeping them instead
+# of recomputing saves the backward's scores product and exp, 2.0-2.3 of the kernel's 15.5-16 ms
+# fwd+bwd on an AVX2 EPYC at B 256, N 49, d 24, where they take 11 MiB (ConViT-Ti at 32 px; at
+# 224 px, N 197: 168 MiB)
+KEPT_MAPS_BYTES = 256 << 20
 _DISABLE_ENV = "LOCALITY_SEARCH_CPU_KERNELS"
 # False: the core runs on torch ops (the benchmarks time both side by side)
 USE_FUSED_KERNEL = True
@@ -185,6 +194,14 @@ def usable(qkv: torch.Tensor) -> bool:
     # torch.compile first (`available` asks), before _kernel_layout reads a fake tensor's data pointer
     return (qkv.device.type == "cpu" and (dim % 2 == 0 or qkv.dtype != torch.bfloat16)
             and available(qkv.dtype, tokens) and _kernel_layout(qkv))
+
+
+def keeps_maps(qkv: torch.Tensor) -> bool:
+    """Whether the kernel's forward on `qkv` (as `usable`) keeps the softmax maps for the backward:
+    float32 (the bf16 kernel always recomputes them), the maps within KEPT_MAPS_BYTES (an upper
+    bound: rows padded to 16 floats)."""
+    _, batch, heads, tokens, _ = qkv.shape
+    return qkv.dtype == torch.float32 and batch * heads * tokens * -(-tokens // 16) * 16 * 4 <= KEPT_MAPS_BYTES
 
 
 def d_out_for_kernel(d_out: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -17,8 +17,9 @@ Implementation notes:
 
 * The mask multiplies the scores, so it cannot be an additive `attn_mask` of
   `scaled_dot_product_attention`. In float32 on the CPU, attention runs on the fused float32 kernel
-  of `_attention_core` (`masked_attention`: the masked maps formed per (batch, head) in cache,
-  recomputed in the backward; the mask's gradient summed over the batch in the kernel), unless
+  of `_attention_core` (`masked_attention`: the masked maps formed per (batch, head) in cache, the
+  softmax maps kept for the backward where small, else recomputed; the mask's gradient summed over
+  the batch in the kernel), unless
   attention dropout is on while training. Elsewhere (CUDA, bf16 autocast, float64, no kernel) it is
   explicit torch ops (matmul, mask multiply, softmax, matmul) and materialises B x H x N x N.
   (FlexAttention could fuse `score * M[h, q, k]` on CUDA, but it cannot train on CPU; it is not used

@@ -260,9 +260,10 @@ void form_maps(const Dims& D, Rows q, Rows k, float scale, const float* gate, co
   }
 }
 
-// mask: always null here (kScoreMask: the ops refuse one for this kernel)
+// mask, kept: always null here (kScoreMask, kKeepsMaps: the ops refuse them for this kernel)
 void forward_map(const Dims& D, const Heads& qkv, int64_t b, int64_t h, float scale, const float* gate,
-                 const float* pos, const float* /*mask*/, Rows out, Buffers& buf, float* row_max, float* row_inv) {
+                 const float* pos, const float* /*mask*/, Rows out, Buffers& buf, float* row_max, float* row_inv,
+                 float* /*kept*/) {
   const Rows v = qkv.at(2, b, h);
   form_maps(D, qkv.at(0, b, h), qkv.at(1, b, h), scale, gate, pos, h, buf, row_max, row_inv, false);
   interleave_rows(v.base, v.stride, D.tokens, D.dim, buf.rows_i.data(), D.dim_pad);
@@ -272,7 +273,8 @@ void forward_map(const Dims& D, const Heads& qkv, int64_t b, int64_t h, float sc
 // sum_rows: this thread's sum_b dA (H x N x N, or null); head_dot: its sum <dA, soft> for head h
 void backward_map(const Dims& D, const Heads& qkv, const Heads& d_qkv, Rows d_out, int64_t b, int64_t h, float scale,
                   const float* gate, const float* pos, const float* /*mask*/, const float* row_max,
-                  const float* row_inv, float coef, Buffers& buf, float* sum_rows, double* head_dot) {
+                  const float* row_inv, const float* /*kept*/, float coef, Buffers& buf, float* sum_rows,
+                  double* head_dot) {
   const int64_t N = D.tokens, ld = D.tokens_pad, n_even = round_up(N, 2);
   const Rows q = qkv.at(0, b, h), k = qkv.at(1, b, h), v = qkv.at(2, b, h);
   form_maps(D, q, k, scale, gate, pos, h, buf, const_cast<float*>(row_max), const_cast<float*>(row_inv), true);
@@ -322,6 +324,7 @@ void backward_map(const Dims& D, const Heads& qkv, const Heads& d_qkv, Rows d_ou
 using Element = bf16;
 constexpr at::ScalarType kElement = at::kBFloat16;
 constexpr bool kScoreMask = false;  // GMM attention in bf16 runs on torch ops
+constexpr bool kKeepsMaps = false;  // the ops refuse keep_maps: the backward recomputes
 
 // 32-bit aligned rows: the kernel reads bf16 pairs as words
 void check_layout(const at::Tensor& t, int64_t dims, const char* what) {

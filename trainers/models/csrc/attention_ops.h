@@ -2,7 +2,8 @@
 // gate's sums per thread chunk, and their registration with torch. Shared by attention_core.cpp
 // (bf16) and attention_core_fp32.cpp (float32), each of which includes it last, having defined in
 // its anonymous namespace: Element and kElement (its element type), kLanes, kMaxTokens, kScoreMask
-// (whether it multiplies the scores by a mask: GMM attention), Dims, Rows and Heads
+// (whether it multiplies the scores by a mask: GMM attention), kKeepsMaps (whether its forward can
+// keep the softmax maps for its backward), Dims, Rows and Heads
 // (attention_views.h's views over Element), Buffers, forward_map, backward_map, check_layout (what
 // it needs of a view beyond unit stride along d) and check_dims (of the sizes); and
 // ATTENTION_LIBRARY, the ops' namespace.
@@ -61,18 +62,26 @@ const float* floats_or_null(const c10::optional<at::Tensor>& t) {
   return t.has_value() ? t->data_ptr<float>() : nullptr;
 }
 
+// softmax maps as a forward keeps them: (B*H*N, tokens_pad) float32, rows zero past N
+int64_t kept_floats(const Dims& D) { return D.batch * D.heads * D.tokens * D.tokens_pad; }
+
 // Writes out (B, H, N, d), any strides as check_view; returns each row's max and 1 / sum
-// ((B*H*N,) float32 each, batch-major), or empty tensors without `keep_stats` (inference)
+// ((B*H*N,) float32 each, batch-major), or empty tensors without `keep_stats` (inference); and
+// with `keep_maps` the softmax maps for the backward (kept_floats), else an empty tensor
 std::vector<at::Tensor> attention_forward(const at::Tensor& qkv, const c10::optional<at::Tensor>& gate,
                                           const c10::optional<at::Tensor>& pos, const c10::optional<at::Tensor>& mask,
-                                          double scale, const at::Tensor& out, bool keep_stats) {
+                                          double scale, const at::Tensor& out, bool keep_stats, bool keep_maps) {
   const Dims D = dims_of(qkv);
   check_out(out, D, "out");
   check_mix(gate, pos, mask, D);
+  TORCH_CHECK(!keep_maps || kKeepsMaps, "attention: this kernel (", kElement == at::kBFloat16 ? "bfloat16" : "float32",
+              ") recomputes its maps; keep_maps must be false");
   const int64_t rows = D.batch * D.heads * D.tokens;
   const at::TensorOptions floats = qkv.options().dtype(at::kFloat);
   at::Tensor row_max = at::empty({keep_stats ? rows : 0}, floats);
   at::Tensor row_inv = at::empty({keep_stats ? rows : 0}, floats);
+  at::Tensor maps = at::empty({keep_maps ? kept_floats(D) : 0}, floats);
+  float* kept = keep_maps ? maps.data_ptr<float>() : nullptr;
   const Heads heads{qkv.data_ptr<Element>(), qkv.strides()};
   const float *g = floats_or_null(gate), *p = floats_or_null(pos), *mk = floats_or_null(mask);
   float* mx = keep_stats ? row_max.data_ptr<float>() : nullptr;
@@ -84,18 +93,20 @@ std::vector<at::Tensor> attention_forward(const at::Tensor& qkv, const c10::opti
       const int64_t b = m / D.heads, h = m % D.heads;
       const Rows out_rows{o + b * out.stride(0) + h * out.stride(1), out.stride(2)};
       forward_map(D, heads, b, h, static_cast<float>(scale), g, p, mk, out_rows, buf,
-                  keep_stats ? mx + m * D.tokens : nullptr, keep_stats ? inv + m * D.tokens : nullptr);
+                  keep_stats ? mx + m * D.tokens : nullptr, keep_stats ? inv + m * D.tokens : nullptr,
+                  keep_maps ? kept + m * D.tokens * D.tokens_pad : nullptr);
     }
   });
-  return {row_max, row_inv};
+  return {row_max, row_inv, maps};
 }
 
 // Writes d_qkv (strides as qkv's may be, its own); returns sum_b dA (H, N, N) and sum <dA, soft> per
 // head (H), float32, or empty tensors without `sums`; with a mask, the mask's gradient (H, N, N)
-// in place of sum_b dA
+// in place of sum_b dA. soft_maps: as the forward kept them, or empty (recomputed from the rows' stats)
 std::vector<at::Tensor> attention_backward(const at::Tensor& d_out, const at::Tensor& qkv,
                                            const c10::optional<at::Tensor>& gate, const c10::optional<at::Tensor>& pos,
-                                           const c10::optional<at::Tensor>& mask, const at::Tensor& row_max, const at::Tensor& row_inv, const at::Tensor& coef,
+                                           const c10::optional<at::Tensor>& mask, const at::Tensor& row_max,
+                                           const at::Tensor& row_inv, const at::Tensor& soft_maps, const at::Tensor& coef,
                                            double scale, const at::Tensor& d_qkv, bool sums) {
   const Dims D = dims_of(qkv);
   check_out(d_out, D, "d_out");
@@ -105,12 +116,16 @@ std::vector<at::Tensor> attention_backward(const at::Tensor& d_out, const at::Te
   const int64_t H = D.heads, N = D.tokens, maps = D.batch * H;
   check_floats(row_max, {maps * N}, "row_max");
   check_floats(row_inv, {maps * N}, "row_inv");
+  const bool kept = soft_maps.numel() > 0;
+  TORCH_CHECK(!kept || kKeepsMaps, "attention: this kernel recomputes its maps; pass an empty maps tensor");
+  if (kept) check_floats(soft_maps, {kept_floats(D)}, "maps");
   check_floats(coef, {H}, "coef");
   const Heads heads{qkv.data_ptr<Element>(), qkv.strides()}, d_heads{d_qkv.data_ptr<Element>(), d_qkv.strides()};
   const float *g = floats_or_null(gate), *p = floats_or_null(pos), *mk = floats_or_null(mask);
   const float* mx = row_max.data_ptr<float>();
   const float* inv = row_inv.data_ptr<float>();
   const float* c = coef.data_ptr<float>();
+  const float* kept_maps = kept ? soft_maps.data_ptr<float>() : nullptr;
   Element* dout = d_out.data_ptr<Element>();
   // the maps in one contiguous chunk per thread, each chunk with its own sums (added afterwards): no
   // two tasks add into the same memory, and the sums do not depend on scheduling
@@ -128,7 +143,8 @@ std::vector<at::Tensor> attention_backward(const at::Tensor& d_out, const at::Te
         const int64_t b = m / H, h = m % H;
         const Rows d_out_rows{dout + b * d_out.stride(0) + h * d_out.stride(1), d_out.stride(2)};
         backward_map(D, heads, d_heads, d_out_rows, b, h, static_cast<float>(scale), g, p, mk, mx + m * N, inv + m * N,
-                     c[h], buf, sum_rows, sums ? &head_dots[h] : nullptr);
+                     kept ? kept_maps + m * N * D.tokens_pad : nullptr, c[h], buf, sum_rows,
+                     sums ? &head_dots[h] : nullptr);
       }
       if (sums)
         for (int64_t h = 0; h < H; ++h) dots.data_ptr<float>()[chunk * H + h] = static_cast<float>(head_dots[h]);
@@ -146,9 +162,9 @@ std::vector<at::Tensor> attention_backward(const at::Tensor& d_out, const at::Te
 
 ATTENTION_TORCH_LIBRARY(ATTENTION_LIBRARY, m) {
   m.def("attention_forward(Tensor qkv, Tensor? gate, Tensor? pos, Tensor? mask, float scale, Tensor(a!) out, "
-        "bool keep_stats) -> Tensor[]");
+        "bool keep_stats, bool keep_maps) -> Tensor[]");
   m.def("attention_backward(Tensor d_out, Tensor qkv, Tensor? gate, Tensor? pos, Tensor? mask, Tensor row_max, "
-        "Tensor row_inv, Tensor coef, float scale, Tensor(a!) d_qkv, bool sums) -> Tensor[]");
+        "Tensor row_inv, Tensor maps, Tensor coef, float scale, Tensor(a!) d_qkv, bool sums) -> Tensor[]");
 }
 
 ATTENTION_TORCH_LIBRARY_IMPL(ATTENTION_LIBRARY, CPU, m) {
