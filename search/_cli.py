@@ -20,9 +20,19 @@ EXIT_USER_ERROR = 2
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # argparse's own exit code is 2 too; keep one line
-        self.print_usage(sys.stderr)
-        print(f"error: {message}", file=sys.stderr)
+        print(f"error: {self.prog}: {message}; see {self.prog} --help", file=sys.stderr)
         sys.exit(EXIT_USER_ERROR)
+
+
+def _port(text: str) -> int:
+    """A TCP port, 0 (any free one) to 65535."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port (0 to 65535; 0 picks a free one)")
+    return port
 
 
 def _add_filters(parser: argparse.ArgumentParser) -> None:
@@ -107,7 +117,7 @@ def _build_parser() -> argparse.ArgumentParser:
                            help="study folders, e.g. results/convit_locality (several: their fronts side by side)")
     dashboard.add_argument("--host", default="127.0.0.1",
                            help="address to listen on (default 127.0.0.1; another needs --allow-remote)")
-    dashboard.add_argument("--port", type=int, default=8050, help="port (default 8050; 0 picks a free one)")
+    dashboard.add_argument("--port", type=_port, default=8050, help="port (default 8050; 0 picks a free one)")
     dashboard.add_argument("--allow-remote", action="store_true",
                            help="let --host be a non-loopback address: the page has no login, and anyone who reaches "
                            "it sees every trial, config and path of the studies")
@@ -161,15 +171,33 @@ def _filters_text(args: argparse.Namespace) -> str:
     return " ".join(parts)
 
 
+def _empty_front_reason(args: argparse.Namespace) -> str:
+    """Why the study's front is empty: the filters, or its trials' states."""
+    from search._query import load_trials
+
+    if args.where or args.family or args.device:
+        device = [f"--device {args.device}"] if args.device else []
+        return f"no COMPLETE trial passes {' '.join([_filters_text(args)] + device).strip()}"
+    states = load_trials(args.study)["state"].value_counts()
+    if states.empty:
+        return "no trial has finished yet"
+    counts = ", ".join(f"{n} {state}" for state, n in states.items())
+    return f"none of its finished trials completed ({counts})"
+
+
 def _cmd_pareto(args: argparse.Namespace) -> int:
     from search._filter import split_families
     from search._query import fixed_settings, format_front, format_trial, front_devices, front_of, load_experiment
     from search._select import check_rule, select
 
     families = split_families(args.family)
-    rule = args.select or ("knee" if args.export else None)
+    rule = args.select or ("knee" if args.export is not None else None)
     if rule is not None:
         check_rule(rule)
+    if args.export is not None:
+        from search._export import check_export_path
+
+        check_export_path(args.export)
     front, objectives = front_of(args.study, where=args.where, families=families, device=args.device,
                                  mix_devices=args.mix_devices)
     devices = front_devices(front, objectives)
@@ -180,9 +208,10 @@ def _cmd_pareto(args: argparse.Namespace) -> int:
         if devices and args.format == "table":
             print(f"{len(devices)} fronts, one per device that measured throughput ({', '.join(devices)}); "
                   "--device NAME shows one, --mix-devices compares them anyway")
-        print(format_front(front, objectives, fmt=args.format))
+        empty = _empty_front_reason(args) if front.empty and args.format == "table" else ""
+        print(format_front(front, objectives, fmt=args.format, empty=empty))
         return 0
-    check_rule(rule, columns=front.columns)
+    check_rule(rule, table=front)
     if front.empty:
         narrowed = f" that passes {_filters_text(args)}" if args.where or args.family else ""
         raise ConfigError(f"{args.study}: the front is empty: no COMPLETE trial{narrowed}; nothing to select")
@@ -192,7 +221,7 @@ def _cmd_pareto(args: argparse.Namespace) -> int:
         narrowed = f", after {_filters_text(args)}" if args.where or args.family else ""
         print(f"selected by {rule}{default} from a front of {len(front)} trials{narrowed}:")
     print(format_trial(row, objectives, fmt=args.format, fixed=fixed_settings(load_experiment(args.study), row)))
-    if args.export:
+    if args.export is not None:
         from search._export import export_trial, write_export
 
         config = export_trial(args.study, row, selected_by=rule, where=args.where, families=families)
@@ -221,9 +250,14 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
 def _cmd_check(args: argparse.Namespace) -> int:
     from search._spec import load_spec
+    from trainers.data import load_catalog
 
     for path in args.specs:
         spec = load_spec(path)
+        try:
+            load_catalog(spec.dataset.name)  # as `run` does before its data: an unknown dataset
+        except ConfigError as exc:
+            raise ConfigError(f"{path}: dataset: {exc}") from None
         models = f"{len(spec.candidates)} models, " if spec.conditional else ""
         print(f"{path}: ok ({spec.name}: {models}{len(spec.all_params())} knobs, {spec.budget.trials} trials)")
     return 0
@@ -257,5 +291,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USER_ERROR
     except KeyboardInterrupt:
-        print("interrupted; finished trials are in the study folder", file=sys.stderr)
+        kept = "; finished trials are in the study folder" if args.command in ("run", "resume") else ""
+        print(f"interrupted{kept}", file=sys.stderr)
         return 130

@@ -64,6 +64,11 @@ def compare_studies(
         raise ConfigError("compare: pass at least two study folders")
     given = [str(p) for p in paths]
     paths = [study_dir(p) for p in paths]  # a URI: its staging copy
+    seen: dict[Path, str] = {}
+    for path, name in zip(paths, given):
+        if path.resolve() in seen:
+            raise ConfigError(f"compare: {seen[path.resolve()]} and {name} are the same study; pass each study once")
+        seen[path.resolve()] = name
     objectives = _objectives(load_experiment(paths[0]), paths[0])
     for path in paths[1:]:
         other = _objectives(load_experiment(path), path)
@@ -86,7 +91,7 @@ def compare_studies(
     labels = _labels([Path(g.partition("?")[0]) if "://" in g else Path(g) for g in given])
     fronts, summary = [], []
     for label, path, where_given in zip(labels, paths, given):
-        trials = load_trials(path)
+        trials = load_trials(path, objectives)
         front = _study_front(path, trials, objectives, where=where, families=families)
         fronts.append(front.assign(study=label))
         summary.append({"study": label, "path": where_given, "trials": len(trials),

@@ -164,8 +164,10 @@ def study_payload(path: str | os.PathLike, *, label: str | None = None) -> dict[
     try:
         meta = json.loads(meta_file.read_text())
         table = read_table(trials_file)
+        progress_file = path / "progress.parquet"
+        ptable = read_table(progress_file) if progress_file.is_file() else None
     except (OSError, ValueError, pa.ArrowException) as exc:  # a torn read cannot happen (atomic renames); a bad file can
-        return {**base, "error": f"{path}: cannot read the study ({exc})", "n": 0}
+        return {**base, "error": f"{path}: cannot read the study ({exc})", "n": 0}  # (ConfigError is a ValueError)
     spec = meta.get("spec") or {}
     objectives = [tuple(o) for o in meta.get("objectives") or []]
     knob_names = [c for c in table.column_names if c not in TRIAL_COLUMNS]
@@ -197,9 +199,7 @@ def study_payload(path: str | os.PathLike, *, label: str | None = None) -> dict[
             front = [int(i) for i in rows]
 
     progress = None
-    progress_file = path / "progress.parquet"
-    if progress_file.is_file():
-        ptable = read_table(progress_file)
+    if ptable is not None:
         progress = {c: _column_json(ptable.column(c), c) for c in PROGRESS_PAGE_COLUMNS if c in ptable.column_names}
     budget = spec.get("budget") or {}
     return {

@@ -26,7 +26,7 @@ from search._query import load_experiment, study_dir
 from search._storage import is_uri
 from search._schema import FieldError, SpecLocation, from_dict
 from search._spec import DatasetSpec, ParamSpec, SearchSpec, to_plain
-from trainers._atomic import atomic_write
+from trainers._atomic import atomic_write, folder_problem
 from trainers.config import ThroughputSettings, TrainSettings
 from trainers.data import DatasetRequest
 from trainers.errors import ConfigError
@@ -200,10 +200,24 @@ def export_trial(
     })
 
 
+def check_export_path(path: str | os.PathLike) -> Path:
+    """``path`` as a file `write_export` can write (ConfigError naming the fix otherwise), checked
+    before the trial is selected and printed."""
+    if not str(path).strip():
+        raise ConfigError("--export '': pass a file name such as best.yaml")
+    path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"--export {path}: is a folder; pass a file name such as {path / 'best.yaml'}")
+    problem = folder_problem(path.parent)
+    if problem:
+        raise ConfigError(f"--export {path}: {problem}; pass a path in a folder you can write to")
+    return path
+
+
 def write_export(config: Mapping[str, Any], path: str | os.PathLike) -> Path:
     """Write ``config`` to ``path`` as YAML (safe_dump), atomically; an existing file is replaced
     and a missing folder created."""
-    path = Path(path)
+    path = check_export_path(path)
     source = config.get("source") or {}
     header = (
         f"# Trial {source.get('trial_id')} of the study {source.get('study')}"
@@ -212,8 +226,6 @@ def write_export(config: Mapping[str, Any], path: str | os.PathLike) -> Path:
         + "# `source:` is provenance only; every other key is what training reads.\n"
     )
     text = header + yaml.safe_dump(dict(config), sort_keys=False, default_flow_style=False)
-    if path.is_dir():
-        raise ConfigError(f"--export {path}: is a folder; pass a file name such as {path / 'best.yaml'}")
     atomic_write(path, lambda handle: handle.write(text.encode()))
     return path
 
@@ -221,6 +233,8 @@ def write_export(config: Mapping[str, Any], path: str | os.PathLike) -> Path:
 def load_export(path: str | os.PathLike) -> ExportedTrial:
     """Read and validate an exported config; every problem is a one-line :class:`ConfigError`."""
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"{path}: is a folder; pass the YAML file `python -m search pareto STUDY --export FILE` wrote")
     if not path.is_file():
         raise ConfigError(
             f"{path}: no such file; export a trial first: python -m search pareto STUDY --select knee --export {path}"

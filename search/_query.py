@@ -63,11 +63,27 @@ def load_experiment(path: str | Path) -> dict:
     meta = path / "experiment.json"
     if not meta.is_file():
         raise ConfigError(f"{meta}: missing; the folder is not a study written by `python -m search run`")
-    return json.loads(meta.read_text())
+    try:
+        data = json.loads(meta.read_bytes())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{meta}: not valid JSON ({exc}); the study's files are damaged: restore it from a copy, "
+                          "or run the spec again under another name") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{meta}: a JSON {type(data).__name__}, not the object `python -m search run` writes; "
+                          "the study's files are damaged")
+    return data
 
 
-def load_trials(path: str | Path) -> pd.DataFrame:
-    return read_table(_experiment_dir(path) / "trials.parquet").to_pandas()
+def load_trials(path: str | Path, objectives: Sequence[tuple[str, str]] = ()) -> pd.DataFrame:
+    """trials.parquet; ConfigError where it lacks the columns every study has, or those of
+    ``objectives`` (the study's own, from experiment.json)."""
+    file = _experiment_dir(path) / "trials.parquet"
+    trials = read_table(file).to_pandas()
+    missing = [c for c in ("trial_id", "state", *(c for c, _ in objectives)) if c not in trials.columns]
+    if missing:
+        raise ConfigError(f"{file}: no column {', '.join(map(repr, missing))}; its experiment.json and trials.parquet "
+                          "are not one study's (the files were edited or mixed)")
+    return trials
 
 
 def _objectives(meta: dict, path: str | Path) -> list[tuple[str, str]]:
@@ -75,7 +91,13 @@ def _objectives(meta: dict, path: str | Path) -> list[tuple[str, str]]:
         raise ConfigError(
             f"{path}/experiment.json: no 'objectives'; the folder is not a study written by `python -m search run`"
         )
-    return [tuple(o) for o in meta["objectives"]]
+    objectives = meta["objectives"]
+    if (not isinstance(objectives, list) or not objectives
+            or not all(isinstance(o, list) and len(o) == 2 and isinstance(o[0], str) and o[1] in ("min", "max")
+                       for o in objectives)):
+        raise ConfigError(f"{path}/experiment.json: 'objectives' is {objectives!r}, not a list of [column, min|max] "
+                          "pairs; the study's files are damaged")
+    return [tuple(o) for o in objectives]
 
 
 def _complete_front(
@@ -126,7 +148,7 @@ def front_of(
     and ``families`` have narrowed the trials (see :func:`search.filter_trials`); one front per
     measuring device unless ``device`` picks one or ``mix_devices``."""
     objectives = _objectives(load_experiment(path), path)
-    front = _complete_front(load_trials(path), objectives, where=where, families=families, device=device,
+    front = _complete_front(load_trials(path, objectives), objectives, where=where, families=families, device=device,
                             mix_devices=mix_devices)
     return front, objectives
 
@@ -181,15 +203,17 @@ def load(path: str | Path) -> Experiment:
         epochs = read_table(epochs_file).to_pandas()
     else:  # typed and empty, so column access works before the first epoch is written
         epochs = pa.schema([(n, t) for n, (t, _) in EPOCH_COLUMNS.items()]).empty_table().to_pandas()
-    return Experiment(
-        path=Path(path), spec=meta, objectives=_objectives(meta, path), trials=load_trials(path), epochs=epochs
-    )
+    objectives = _objectives(meta, path)
+    return Experiment(path=Path(path), spec=meta, objectives=objectives, trials=load_trials(path, objectives),
+                      epochs=epochs)
 
 
 def format_front(
-    front: pd.DataFrame, objectives: list[tuple[str, str]], *, fmt: str, leading: Sequence[str] = ()
+    front: pd.DataFrame, objectives: list[tuple[str, str]], *, fmt: str, leading: Sequence[str] = (),
+    empty: str = "no trial has completed yet",
 ) -> str:
-    """``front`` as a table, JSON records or CSV; ``leading`` columns (e.g. ``study``) go first."""
+    """``front`` as a table, JSON records or CSV; ``leading`` columns (e.g. ``study``) go first;
+    ``empty``: why the front is empty, for the table."""
     config_columns = [c for c in front.columns if c not in TRIAL_COLUMNS and c not in leading]
     objective_columns = [c for c, _ in objectives]
     columns = list(leading) + ["trial_id", "family"] + objective_columns
@@ -201,7 +225,7 @@ def format_front(
     if fmt == "csv":
         return view.to_csv(index=False)
     if view.empty:
-        return "(the front is empty: no trial has completed yet)"
+        return f"(the front is empty: {empty})"
     shown = view.copy()
     if "throughput" in shown:
         shown["throughput"] = shown["throughput"].map(lambda v: f"{v:,.0f}")

@@ -30,7 +30,8 @@ import pandas as pd
 from search._dashboard import render_page, studies_payload
 from search._query import load, study_dir
 from search._store import TRIAL_COLUMNS
-from trainers._atomic import atomic_write
+from trainers._atomic import atomic_write, folder_problem
+from trainers.errors import ConfigError
 
 __all__ = ["Report", "write_report", "front_png"]
 
@@ -229,14 +230,33 @@ def _write_shared(path: Path, data: bytes) -> None:
     path.chmod(0o666 & ~umask)
 
 
+def _report_path(out: str | os.PathLike | None) -> Path | None:
+    """``out`` as an .html path in a folder that is there or can be made (None: the default),
+    checked before any work."""
+    if out is None:
+        return None
+    path = Path(out)
+    if not str(out).strip() or not path.name:
+        raise ConfigError(f"--out {str(out)!r}: not a file name; pass a path such as report.html")
+    if path.suffix.lower() not in (".html", ".htm"):
+        path = path.with_suffix(".html")
+    if path.is_dir():
+        raise ConfigError(f"--out {out}: {path} is a folder; pass a file name such as report.html")
+    problem = folder_problem(path.parent)
+    if problem:
+        raise ConfigError(f"--out {out}: {problem}; write the report in a folder you can write to")
+    return path
+
+
 def write_report(study: str | os.PathLike, *, out: str | os.PathLike | None = None) -> Report:
-    """Write ``out`` (default ``<study>/report.html``) and ``<out stem>-front.png`` beside it."""
+    """Write ``out`` (default ``<study>/report.html``) and ``<out stem>-front.png`` beside it: both
+    or, on an error (ConfigError), neither."""
     started = time.perf_counter()
+    out_path = _report_path(out)
     study = study_dir(study)  # ConfigError, naming the fix, when it is not a study; a URI: its staging copy
     exp = load(study)
-    out_path = Path(out) if out is not None else study / "report.html"
-    if out_path.suffix.lower() not in (".html", ".htm"):
-        out_path = out_path.with_suffix(".html")
+    if out_path is None:
+        out_path = study / "report.html"
     png_path = out_path.with_name(out_path.stem + "-front.png")
     objectives = list(exp.objectives)
     front = exp.front()
@@ -247,10 +267,11 @@ def write_report(study: str | os.PathLike, *, out: str | os.PathLike | None = No
     name = exp.spec.get("name") or study.name
     png = front_png(trials, front=front, x=x, y=y, modes=modes,
                     title=f"{name}: {len(front)} trials on the Pareto front, of {len(trials)} finished")
-    _write_shared(png_path, png)
 
     counts = trials["state"].value_counts().to_dict() if len(trials) else {}
     payload = studies_payload([study])
+    if payload["studies"][0].get("error"):
+        raise ConfigError(payload["studies"][0]["error"])
     progress = payload["studies"][0].get("progress") or {}
     volume = (progress.get("hypervolume") or [None])[-1]
     complete = trials[trials["state"] == "COMPLETE"]
@@ -283,5 +304,6 @@ def write_report(study: str | os.PathLike, *, out: str | os.PathLike | None = No
         "</section>"
     )
     page = render_page(data=payload, title=f"{name}: Pareto report", static_html=static_html)
+    _write_shared(png_path, png)
     _write_shared(out_path, page.encode())
     return Report(html=out_path, png=png_path, trials=len(trials), front=len(front), seconds=time.perf_counter() - started)

@@ -27,7 +27,7 @@ import pyarrow as pa
 from search._export import ExportedTrial, load_export
 from search._schema import SpecLocation
 from search._store import TRIAL_COLUMNS, write_atomic
-from trainers._atomic import atomic_write
+from trainers._atomic import atomic_write, folder_problem
 from trainers.errors import ConfigError
 
 __all__ = ["retrain", "RetrainResult", "RESULT_COLUMNS", "default_out_dir"]
@@ -88,6 +88,9 @@ def default_out_dir(config: str | os.PathLike) -> Path:
 def _check_out_dir(out: Path, *, force: bool) -> None:
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out}: is a file; pass a folder")
+    problem = folder_problem(out)
+    if problem:
+        raise ConfigError(f"--out {out}: {problem}; pass a folder you can write to")
     if out.is_dir() and any(out.iterdir()) and not force:
         raise ConfigError(f"--out {out}: not empty; pass another --out, or --force to overwrite model.pt and result.parquet there")
 

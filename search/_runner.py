@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import json
 import logging
 import os
 import re
@@ -14,9 +13,11 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from search._driver import driving
+from search._query import load_experiment
 from search._spec import ParamSpec, SearchSpec, to_plain
 from search._storage import STUDY_FILES, StudyLocation, resuming_at, study_location
 from search._store import TRIAL_VALUE_OF, ResultsStore, write_json_atomic
+from trainers._atomic import folder_problem
 from trainers.errors import ConfigError
 
 __all__ = ["run_study", "resume_study", "default_cache_dir", "OptunaSpace", "make_sampler"]
@@ -121,6 +122,10 @@ def check_ray_address(address: str, *, timeout_s: float = 5.0) -> None:
 
 
 def _check_experiment_dir(location: StudyLocation) -> None:
+    if location.uri is None:
+        problem = folder_problem(location.local)
+        if problem:
+            raise ConfigError(f"{location}: {problem}; pass --storage DIR, a folder you can write to")
     if location.exists("trials.parquet") or location.exists("experiment.json"):
         raise ConfigError(
             f"{location} already holds a study; pass --name NEW_NAME (or --storage DIR) for a new one, "
@@ -497,10 +502,9 @@ def resume_study(
     check_dashboard_host(dashboard_host, allow_remote=allow_remote_dashboard, address=address)
     _tune_environment()
     location = StudyLocation(exp_dir)
-    if location.uri:
-        location.local.mkdir(parents=True, exist_ok=True)  # the staging folder, filled by pull()
-    elif not (location.local / "experiment.json").is_file():
+    if not location.exists("experiment.json"):
         raise _no_study(location)
+    location.local.mkdir(parents=True, exist_ok=True)  # a URI's staging folder, filled by pull()
     with driving(location.local):
         return _resume(location, address=address, cache_dir=cache_dir, dashboard_host=dashboard_host, out=out)
 
@@ -523,7 +527,10 @@ def _resume(location: StudyLocation, *, address: str | None, cache_dir: str | os
     tune_dir, filesystem = location.tune_dir(), location.tune_storage()[1]
     if not meta_path.is_file():
         raise _no_study(location)
-    plain = json.loads(meta_path.read_text())["spec"]
+    meta = load_experiment(exp_dir)
+    if not isinstance(meta.get("spec"), dict):
+        raise ConfigError(f"{meta_path}: no 'spec' object; the study's files are damaged")
+    plain = dict(meta["spec"])
     plain.pop("source", None)
     spec = from_dict(SearchSpec, plain, SpecLocation(str(meta_path)))
     limit = spec.budget.time_limit_s
@@ -535,8 +542,9 @@ def _resume(location: StudyLocation, *, address: str | None, cache_dir: str | os
                   f"nothing left to resume in {location}", file=out, flush=True)
             return exp_dir
     if not tune.Tuner.can_restore(tune_dir, storage_filesystem=filesystem):
-        raise ConfigError(f"{location}: Ray Tune saved no state there yet (the study stopped before its first trial); "
-                          "delete the folder and run the spec again")
+        raise ConfigError(f"{location}: Ray Tune saved no state there (the study stopped before its first trial, or "
+                          "its ray/ folder is gone), so it cannot be resumed; run the spec again with --name NEW_NAME "
+                          "(what this study has stays readable)")
     data = _prepare_data(spec, cache_dir, out)
     _prepare_cpu_kernel()
     _init_ray(address, dashboard_host, out)

@@ -157,10 +157,11 @@ def _dataclass_from_dict(cls: Any, value: Any, where: SpecLocation) -> Any:
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     for key in value:
         if key not in fields:
-            close = difflib.get_close_matches(str(key), list(fields), n=1)
+            offered = [name for name, f in fields.items() if not f.metadata.get("internal")]
+            close = difflib.get_close_matches(str(key), offered, n=1)
             hint = f"did you mean {close[0]!r}? " if close else ""
             raise where.child(str(key)).error(
-                f"unknown key; {hint}allowed keys here: {', '.join(fields)}"
+                f"unknown key; {hint}allowed keys here: {', '.join(offered)}"
             )
     kwargs = {}
     for name, field in fields.items():

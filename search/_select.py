@@ -42,11 +42,19 @@ def _parse_rule(rule: str) -> tuple[str, str] | None:
     raise ConfigError(f"unknown rule {rule!r}; use one of {', '.join(RULES)}")
 
 
-def check_rule(rule: str, *, columns: Sequence[str] | None = None) -> None:
-    """Raise ConfigError unless ``rule`` is a rule and (given ``columns``) its column is one of them."""
+def check_rule(rule: str, *, table: pd.DataFrame | None = None) -> None:
+    """Raise ConfigError unless ``rule`` is a rule and (given ``table``) its column is a numeric
+    column of it."""
     target = _parse_rule(rule)
-    if target is not None and columns is not None and target[0] not in columns:
-        raise ConfigError(f"--select {rule}: no column {target[0]!r}; the trials have {', '.join(map(str, columns))}")
+    if target is None or table is None:
+        return
+    if target[0] not in table.columns:
+        raise ConfigError(f"--select {rule}: no column {target[0]!r}; the trials have {', '.join(map(str, table.columns))}")
+    if not pd.api.types.is_numeric_dtype(table[target[0]]) or pd.api.types.is_bool_dtype(table[target[0]]):
+        numeric = [str(c) for c in table.columns
+                   if pd.api.types.is_numeric_dtype(table[c]) and not pd.api.types.is_bool_dtype(table[c])]
+        raise ConfigError(f"--select {rule}: {target[0]!r} is not a numeric column; max: and min: take one of "
+                          f"{', '.join(numeric)}")
 
 
 def select(front: pd.DataFrame, *, objectives: Sequence[tuple[str, str]], rule: str) -> pd.Series:

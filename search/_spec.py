@@ -222,7 +222,8 @@ class SearchSpec:
     constraints: tuple[str, ...] = ()  # e.g. "throughput >= 5000": broken ones are rejected untrained
     storage: str = "results"
     description: str = ""
-    source: str = ""  # the file it came from (not part of the YAML)
+    # the file it came from: set by load_spec, not a YAML key (`internal`: not offered in messages)
+    source: str = dataclasses.field(default="", metadata={"internal": True})
 
     def __post_init__(self) -> None:
         if not self.name or any(c in self.name for c in "/\\ \t") or self.name.startswith("."):

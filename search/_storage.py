@@ -46,6 +46,14 @@ def is_uri(location: str | os.PathLike) -> bool:
     return bool(_URI.match(str(location)))
 
 
+def _check_uri(uri: str) -> None:
+    """ConfigError for a URI that names no bucket or path (``s3://``, ``file:///``)."""
+    scheme, _, rest = uri.partition("?")[0].partition("://")
+    if not rest.strip("/"):
+        example = "file:///shared/studies" if scheme == "file" else f"{scheme}://bucket/studies"
+        raise ConfigError(f"storage {uri}: no bucket or path after {scheme}://; pass one such as {example}")
+
+
 # During `search resume`: the study's location now, and the other locations Tune's snapshot named.
 _resuming: "tuple[StudyLocation, list[str]] | None" = None
 
@@ -96,6 +104,7 @@ class StudyLocation:
             return
         import pyarrow.fs
 
+        _check_uri(self.uri)
         try:
             self.fs, self.path = pyarrow.fs.FileSystem.from_uri(self.uri)
         except (pyarrow.ArrowInvalid, pyarrow.ArrowNotImplementedError, OSError) as exc:
@@ -195,12 +204,12 @@ class StudyLocation:
         """Download ``names`` (those the URI has) into the staging folder; the names fetched."""
         if self.uri is None:
             return [n for n in names if (self.local / n).is_file()]
-        self.local.mkdir(parents=True, exist_ok=True)
         fetched = []
         for name in names:
             data = self.read(name)
             if data is None:
                 continue
+            self.local.mkdir(parents=True, exist_ok=True)  # (not for a URI that holds no study)
             staged = self.local / f".{name}.{uuid.uuid4().hex[:8]}.tmp"
             staged.write_bytes(data)
             os.replace(staged, self.local / name)
@@ -213,6 +222,7 @@ def study_location(storage: str | os.PathLike, name: str | None = None) -> Study
     if name is None:
         return StudyLocation(storage)
     if is_uri(storage):
+        _check_uri(str(storage))  # (else "s3://" + name would be a relative path)
         base, sep, query = str(storage).partition("?")  # s3://bucket/prefix?endpoint_override=...
         return StudyLocation(f"{base.rstrip('/')}/{name}{sep}{query}")
     return StudyLocation(Path(storage).expanduser() / name)

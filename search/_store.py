@@ -31,6 +31,7 @@ import pyarrow.parquet as pq
 from search._hypervolume import hypervolume
 from search._pareto import DEVICE_COLUMN, device_groups, pareto_mask
 from trainers._atomic import atomic_write
+from trainers.errors import ConfigError
 
 if TYPE_CHECKING:
     from search._storage import StudyLocation
@@ -159,9 +160,17 @@ def write_json_atomic(data: Any, path: Path) -> None:
 
 
 def read_table(path: str | os.PathLike) -> pa.Table:
-    """One version of a store file, even while the search rewrites it (see the module doc)."""
-    with pa.OSFile(os.fspath(path)) as handle:  # one open; its size is the opened file's
-        return pq.read_table(handle)
+    """One version of a store file, even while the search rewrites it (see the module doc).
+    ConfigError where it is there but not a Parquet file pyarrow can read (a damaged study)."""
+    try:
+        with pa.OSFile(os.fspath(path)) as handle:  # one open; its size is the opened file's
+            return pq.read_table(handle)
+    except FileNotFoundError:
+        raise
+    except (OSError, pa.ArrowException) as exc:
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ConfigError(f"{path}: not a readable Parquet file ({reason}); the study's files are damaged: "
+                          "restore this one from a copy, or run the spec again under another name") from None
 
 
 class ResultsStore:

@@ -8,7 +8,23 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
-__all__ = ["atomic_write"]
+__all__ = ["atomic_write", "folder_problem"]
+
+
+def folder_problem(path: str | os.PathLike) -> str | None:
+    """Why files cannot be written in a folder at ``path`` (made first where missing): a file in
+    its place or above it, or a folder that refuses a new file; None when they can. For a check
+    before long work (a dataset conversion, a search, a training run) that would end in that write."""
+    path = Path(path).expanduser().absolute()
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    if not existing.is_dir():
+        return f"{existing} is a file, not a folder"
+    try:  # a file there, as atomic_write makes one (permissions, read-only or special file systems)
+        with tempfile.NamedTemporaryFile(dir=existing, prefix=".write-check-"):
+            pass
+    except OSError as exc:
+        return f"cannot write in {existing} ({exc.strerror or exc})"
+    return None
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> None:

@@ -37,6 +37,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import yaml
 
+from trainers._atomic import folder_problem
 from trainers.errors import ConfigError
 
 from . import _readers
@@ -527,7 +528,7 @@ def _load(final: Path) -> PreparedDataset | None:
     """The PreparedDataset stored in ``final``, or None when it is not a complete entry."""
     try:
         meta = json.loads((final / META_FILE).read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
+    except (FileNotFoundError, NotADirectoryError, json.JSONDecodeError):
         return None
     if meta.get("format_version") != FORMAT_VERSION:
         return None
@@ -581,6 +582,10 @@ def prepare_dataset(request: DatasetRequest, *, cache_dir: str | os.PathLike) ->
     prepared = _load(final)
     if prepared is not None:
         return prepared
+    problem = folder_problem(cache_dir)
+    if problem:
+        raise ConfigError(f"dataset cache {cache_dir}: {problem}; choose another cache directory (--cache-dir DIR or "
+                          "LOCALITY_SEARCH_CACHE)")
     try:
         cache_dir.mkdir(parents=True, exist_ok=True)
         lock_path = cache_dir / f".{stem}.lock"
