@@ -26,7 +26,7 @@ from search._query import load_experiment, study_dir
 from search._storage import is_uri
 from search._schema import FieldError, SpecLocation, from_dict
 from search._spec import DatasetSpec, ParamSpec, SearchSpec, to_plain
-from trainers._atomic import atomic_write, folder_problem
+from trainers._atomic import atomic_write, check_output_file
 from trainers.config import ThroughputSettings, TrainSettings
 from trainers.data import DatasetRequest
 from trainers.errors import ConfigError
@@ -203,15 +203,7 @@ def export_trial(
 def check_export_path(path: str | os.PathLike) -> Path:
     """``path`` as a file `write_export` can write (ConfigError naming the fix otherwise), checked
     before the trial is selected and printed."""
-    if not str(path).strip():
-        raise ConfigError("--export '': pass a file name such as best.yaml")
-    path = Path(path)
-    if path.is_dir():
-        raise ConfigError(f"--export {path}: is a folder; pass a file name such as {path / 'best.yaml'}")
-    problem = folder_problem(path.parent)
-    if problem:
-        raise ConfigError(f"--export {path}: {problem}; pass a path in a folder you can write to")
-    return path
+    return check_output_file(path, option="--export", example="best.yaml")
 
 
 def write_export(config: Mapping[str, Any], path: str | os.PathLike) -> Path:

@@ -30,7 +30,7 @@ import pandas as pd
 from search._dashboard import render_page, studies_payload
 from search._query import load, study_dir
 from search._store import TRIAL_COLUMNS
-from trainers._atomic import atomic_write, folder_problem
+from trainers._atomic import atomic_write, check_output_file
 from trainers.errors import ConfigError
 
 __all__ = ["Report", "write_report", "front_png"]
@@ -236,16 +236,9 @@ def _report_path(out: str | os.PathLike | None) -> Path | None:
     if out is None:
         return None
     path = Path(out)
-    if not str(out).strip() or not path.name:
-        raise ConfigError(f"--out {str(out)!r}: not a file name; pass a path such as report.html")
-    if path.suffix.lower() not in (".html", ".htm"):
+    if path.name and path.suffix.lower() not in (".html", ".htm"):
         path = path.with_suffix(".html")
-    if path.is_dir():
-        raise ConfigError(f"--out {out}: {path} is a folder; pass a file name such as report.html")
-    problem = folder_problem(path.parent)
-    if problem:
-        raise ConfigError(f"--out {out}: {problem}; write the report in a folder you can write to")
-    return path
+    return check_output_file(path if str(out).strip() else out, option="--out", example="report.html")
 
 
 def write_report(study: str | os.PathLike, *, out: str | os.PathLike | None = None) -> Report:

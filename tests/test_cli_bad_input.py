@@ -80,7 +80,7 @@ def test_report_checks_its_out_path_first_and_writes_both_files_or_neither(study
 
 def test_export_checks_its_path_before_printing_the_trial(study, tmp_path, capsys):
     (tmp_path / "afile").write_text("x")
-    cases = [("", "pass a file name"), (tmp_path, "is a folder"),
+    cases = [("", "not a file name"), (tmp_path, "is a folder"),
              (tmp_path / "afile" / "b.yaml", "is a file, not a folder")]
     for path, message in cases:
         code, out, err = _run(capsys, "pareto", study, "--export", path)

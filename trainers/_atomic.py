@@ -8,7 +8,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
-__all__ = ["atomic_write", "folder_problem"]
+from trainers.errors import ConfigError
+
+__all__ = ["atomic_write", "check_output_file", "folder_problem"]
 
 
 def folder_problem(path: str | os.PathLike) -> str | None:
@@ -25,6 +27,21 @@ def folder_problem(path: str | os.PathLike) -> str | None:
     except OSError as exc:
         return f"cannot write in {existing} ({exc.strerror or exc})"
     return None
+
+
+def check_output_file(value: str | os.PathLike, *, option: str, example: str) -> Path:
+    """``value``, given for the command-line ``option``, as a file that can be written (its folder
+    made where missing); ConfigError naming the fix otherwise, e.g. ``--out '': not a file name``.
+    ``example``: a file name to suggest."""
+    path = Path(value)
+    if not str(value).strip() or not path.name:
+        raise ConfigError(f"{option} {str(value)!r}: not a file name; pass one such as {example}")
+    if path.is_dir():
+        raise ConfigError(f"{option} {value}: is a folder; pass a file name such as {path / example}")
+    problem = folder_problem(path.parent)
+    if problem:
+        raise ConfigError(f"{option} {value}: {problem}; pass a path in a folder you can write to")
+    return path
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> None:
