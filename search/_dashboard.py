@@ -38,6 +38,7 @@ import numpy as np
 import pyarrow as pa
 
 from search._pareto import DEVICE_COLUMN, device_groups, pareto_mask
+from search._query import read_experiment_json
 from search._store import TRIAL_COLUMNS, read_table
 from trainers.errors import ConfigError
 
@@ -162,7 +163,7 @@ def study_payload(path: str | os.PathLike, *, label: str | None = None) -> dict[
         missing = "experiment.json" if not meta_file.is_file() else "trials.parquet"
         return {**base, "error": f"{path}: no {missing} yet; waiting for `python -m search run` to write it", "n": 0}
     try:
-        meta = json.loads(meta_file.read_text())
+        meta = read_experiment_json(meta_file)
         table = read_table(trials_file)
         progress_file = path / "progress.parquet"
         ptable = read_table(progress_file) if progress_file.is_file() else None

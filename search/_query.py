@@ -59,8 +59,11 @@ def _experiment_dir(path: str | Path) -> Path:
 
 def load_experiment(path: str | Path) -> dict:
     """experiment.json: the spec, its objectives and versions."""
-    path = _experiment_dir(path)
-    meta = path / "experiment.json"
+    return read_experiment_json(_experiment_dir(path) / "experiment.json")
+
+
+def read_experiment_json(meta: Path) -> dict:
+    """The experiment.json file ``meta`` as a dict; ConfigError where it is missing or damaged."""
     if not meta.is_file():
         raise ConfigError(f"{meta}: missing; the folder is not a study written by `python -m search run`")
     try:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from search._driver import driving
-from search._query import load_experiment
+from search._query import read_experiment_json
 from search._spec import ParamSpec, SearchSpec, to_plain
 from search._storage import STUDY_FILES, StudyLocation, resuming_at, study_location
 from search._store import TRIAL_VALUE_OF, ResultsStore, write_json_atomic
@@ -527,7 +527,7 @@ def _resume(location: StudyLocation, *, address: str | None, cache_dir: str | os
     tune_dir, filesystem = location.tune_dir(), location.tune_storage()[1]
     if not meta_path.is_file():
         raise _no_study(location)
-    meta = load_experiment(exp_dir)
+    meta = read_experiment_json(meta_path)  # (trials.parquet may not be there yet)
     if not isinstance(meta.get("spec"), dict):
         raise ConfigError(f"{meta_path}: no 'spec' object; the study's files are damaged")
     plain = dict(meta["spec"])

@@ -170,3 +170,13 @@ def test_reading_a_uri_with_no_study_leaves_no_staging_folder(tmp_path, capsys, 
     assert "no trials.parquet there" in _user_error(capsys, "pareto", missing)
     assert "no experiment.json" in _user_error(capsys, "resume", missing)
     assert not (tmp_path / "cache").exists()
+
+
+@pytest.mark.parametrize("damage", ["experiment a list", "experiment not JSON", "progress not Parquet"])
+def test_the_dashboard_shows_a_damaged_study_as_an_error(study, damage):
+    from search._dashboard import study_payload
+
+    name, mangle, message = DAMAGE[damage]
+    (study / name).write_bytes(mangle((study / name).read_bytes()))
+    payload = study_payload(study)
+    assert payload["n"] == 0 and message in payload["error"] and name in payload["error"]
