@@ -13,10 +13,13 @@ Layers (all dim 96, 4 heads, the width of the *_micro models):
   gmm_K      Gaussian Mixture Mask attention with K kernels per head: in float32 on a CPU with the
              float32 kernel, on it (`masked_attention`); elsewhere explicit scores, mask, softmax
   gmm_K3_ops (where gmm runs on the kernel) gmm_K3 on its torch ops (USE_FUSED_KERNEL off)
-  refiner_r  Refiner attention with expansion ratio r, 3x3 kernel (plus a class token, as in the model)
+  refiner_r  Refiner attention with expansion ratio r, 3x3 kernel (plus a class token, as in the model):
+             in float32 on a CPU with the float32 kernel, its maps refined there (`Refiner.choose_path`)
+  refiner_r2_ops (where the refiner runs on the kernel) refiner_r2 on its torch ops (USE_FUSED_KERNEL off)
   gpsa       ConViT's GPSA, for reference
 Each is timed alternately with the others after a warm-up (so load drifts hit all alike); the
-median of each and its ratio to plain are printed and written to benchmarks/results/.
+median of each and its ratio to plain are printed and written to benchmarks/results/, with the
+kernels' gains (`kernel_gain`: the *_ops layer's time over the same layer's on the kernel).
 """
 
 from __future__ import annotations
@@ -35,8 +38,11 @@ from trainers.models.ls_gmm import GMMAttention
 from trainers.models.ls_refiner import RefinedAttention
 
 
-def _layers(dim: int, heads: int, tokens: int, plain_fused: bool,
-            gmm_ops: bool) -> dict[str, tuple[torch.nn.Module, int]]:
+_ON_TORCH_OPS = {"gmm_K3_ops": "gmm_K3", "refiner_r2_ops": "refiner_r2"}  # contender -> the layer it runs off the kernel
+
+
+def _layers(dim: int, heads: int, tokens: int, plain_fused: bool, gmm_ops: bool,
+            refiner_ops: bool) -> dict[str, tuple[torch.nn.Module, int]]:
     """name -> (layer, extra prefix tokens it expects)."""
     side = math.isqrt(tokens)
     grid = (side, side)
@@ -49,6 +55,8 @@ def _layers(dim: int, heads: int, tokens: int, plain_fused: bool,
         layers["gmm_K3_ops"] = (GMMAttention(dim, num_heads=heads, num_kernels=3, grid_size=grid), 0)
     for r in (1, 2, 4, 6):
         layers[f"refiner_r{r}"] = (RefinedAttention(dim, num_heads=heads, grid_size=grid, ratio=r, kernel_size=3), 1)
+    if refiner_ops:
+        layers["refiner_r2_ops"] = (RefinedAttention(dim, num_heads=heads, grid_size=grid, ratio=2, kernel_size=3), 1)
     layers["gpsa"] = (GPSA(dim, num_heads=heads, grid_size=grid), 0)
     return layers
 
@@ -62,8 +70,10 @@ def run(*, batch: int, tokens: int, dim: int, heads: int, repeats: int, warmup: 
     plain_fused = _attention_core.use_explicit_core(probe)
     # and GMM on the float32 kernel (bf16 autocast: its GEMMs' dtype, which has no kernel with a mask)
     gmm_ops = not bf16 and _attention_core.masked_core_usable(probe)
+    # and the Refiner's maps on it (float32 maps on the CPU; under bf16 autocast its maps are bf16)
+    refiner_ops = not bf16 and dev.type == "cpu" and _attention_kernel.available(torch.float32, tokens + 1)
     layers = {name: (layer.to(dev), extra)
-              for name, (layer, extra) in _layers(dim, heads, tokens, plain_fused, gmm_ops).items()}
+              for name, (layer, extra) in _layers(dim, heads, tokens, plain_fused, gmm_ops, refiner_ops).items()}
     inputs = {name: torch.randn(batch, tokens + extra, dim, device=dev, requires_grad=True)
               for name, (_, extra) in layers.items()}
 
@@ -72,7 +82,7 @@ def run(*, batch: int, tokens: int, dim: int, heads: int, repeats: int, warmup: 
         layer.zero_grad(set_to_none=True)
         x.grad = None
         _attention_core.PLAIN_ATTENTION_ON_EXPLICIT_CORE = name != "plain_fused"
-        _attention_kernel.USE_FUSED_KERNEL = name != "gmm_K3_ops"
+        _attention_kernel.USE_FUSED_KERNEL = name not in _ON_TORCH_OPS
         try:
             sync(dev)
             start = time.perf_counter()
@@ -99,6 +109,7 @@ def run(*, batch: int, tokens: int, dim: int, heads: int, repeats: int, warmup: 
                        autocast="bfloat16" if bf16 else None),
         "median_s": median,
         "ratio_to_plain": {name: m / median["plain"] for name, m in median.items()},
+        "kernel_gain": {layer: median[ops] / median[layer] for ops, layer in _ON_TORCH_OPS.items() if ops in median},
     }
 
 
@@ -128,7 +139,9 @@ def main(argv: list[str] | None = None) -> None:
             print(f"[{args.device} {precision}] batch={args.batch} tokens={tokens} dim={args.dim} "
                   f"heads={args.heads} threads={torch.get_num_threads()}")
             for name, seconds in result["median_s"].items():
-                print(f"  {name:<12} {seconds * 1e3:8.2f} ms   {result['ratio_to_plain'][name]:5.2f}x plain")
+                print(f"  {name:<14} {seconds * 1e3:8.2f} ms   {result['ratio_to_plain'][name]:5.2f}x plain")
+            for layer, gain in result["kernel_gain"].items():
+                print(f"  kernel gain, {layer}: {gain:.2f}x")
     path = write_result("attention_blocks", results, device=args.device)
     print(f"-> {path}")
 

@@ -23,6 +23,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import trainers.models  # noqa: F401  (registers ls_convit_* with timm)
 
 from trainers.models import _attention_core, _attention_kernel
+from trainers.throughput import count_flops
 
 REPO = Path(__file__).resolve().parents[1]
 _SWITCHED_ON = os.environ.get("LOCALITY_SEARCH_CPU_KERNELS", "1") != "0"
@@ -373,6 +374,29 @@ def test_convit_runs_the_kernel_of_its_gemms_dtype(precision, train, monkeypatch
     blocks = len(model.blocks)
     assert recorder.calls == ({f"{namespace}.attention_forward": blocks, f"{namespace}.attention_backward": blocks}
                               if train else {f"{namespace}.attention_forward": blocks})
+
+
+@pytest.mark.parametrize("name", ["ls_convit_nano", "ls_gmm_nano"])
+def test_flops_are_the_same_on_the_kernel_as_on_torch_ops(name, monkeypatch):
+    """The trials' `flops` column (`count_flops`) counts the core's two products on the kernel too (a
+    custom op FlopCounterMode knew nothing of: ConViT's attention went uncounted), also for a model
+    whose first forward is the counted one (the kernel loads, registering its formula, during it)."""
+    _skip_unless_built(torch.float32)
+    counts = {}
+    for fused in (False, True):
+        monkeypatch.setattr(_attention_kernel, "USE_FUSED_KERNEL", fused)
+        counts[fused] = count_flops(timm.create_model(name), (1, 28, 28))
+    assert counts[True] == counts[False]
+    # and in a fresh process, where the kernel is loaded by the counted model's forward
+    script = textwrap.dedent(f"""
+        import timm, trainers.models
+        from trainers.throughput import count_flops
+        print(count_flops(timm.create_model({name!r}), (1, 28, 28)))
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert int(done.stdout.split()[-1]) == counts[False]
 
 
 @pytest.mark.parametrize("train", [True, False])

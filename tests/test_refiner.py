@@ -7,7 +7,9 @@ import torch
 import torch.nn.functional as F
 
 import trainers.models  # noqa: F401  (registers ls_refiner_* with timm)
+from trainers.models import _attention_kernel
 from trainers.models.ls_refiner import LocalityRefinerViT, RefinedAttention, Refiner
+from trainers.throughput import count_flops
 
 NANO = dict(img_size=28, patch_size=4, in_chans=1, num_classes=10)  # 7 x 7 = 49 patches
 
@@ -27,15 +29,15 @@ def _randomise(refiner: Refiner, seed: int = 0) -> Refiner:
 
 def _reference_refine(refiner: Refiner, a: torch.Tensor) -> torch.Tensor:
     """The refiner as one dense H -> H conv over the key grid per query row, composed here from E, C, R
-    (differentiable); the class-token key column mixed by R @ E, not convolved."""
-    B, H, N, _ = a.shape
-    (gh, gw), k = refiner.grid_size, refiner.kernel_size
+    (differentiable); the prefix (class-token) key columns mixed by R @ E, not convolved."""
+    B, H, Q, N = a.shape
+    (gh, gw), k, P = refiner.grid_size, refiner.kernel_size, refiner.num_prefix_tokens
     E, C, R = refiner.expand, refiner.kernel, refiner.reduce
     w_dense = torch.einsum('oe,eab,ei->oiab', R, C, E)  # (H, H, k, k)
-    patches = a[..., 1:].permute(0, 2, 1, 3).reshape(B * N, H, gh, gw)  # (B*N, H, h, w)
-    conv = F.conv2d(patches, w_dense, padding=k // 2).reshape(B, N, H, gh * gw).permute(0, 2, 1, 3)
-    cls = torch.einsum('oi,bin->bon', R @ E, a[..., 0]).unsqueeze(-1)
-    return torch.cat((cls, conv), dim=-1)
+    patches = a[..., P:].permute(0, 2, 1, 3).reshape(B * Q, H, gh, gw)  # (B*Q, H, h, w)
+    conv = F.conv2d(patches, w_dense, padding=k // 2).reshape(B, Q, H, gh * gw).permute(0, 2, 1, 3)
+    prefix = torch.einsum('oi,biqp->boqp', R @ E, a[..., :P])
+    return torch.cat((prefix, conv), dim=-1)
 
 
 # --- exactness ----------------------------------------------------------------------------------
@@ -119,6 +121,119 @@ def test_default_path_choice():
     assert Refiner(3, 1, 3, (14, 14)).choose_path(196) == 'conv'  # large grid: depthwise conv2d
     assert Refiner(3, 6, 3, (14, 14)).choose_path(196) == 'conv'
     assert Refiner(4, 6, 1, (7, 7)).choose_path(49) == 'mix'  # 1 x 1 kernels: one H x H mixing
+    # on the float32 kernel where its multiply-adds are a quarter of the composed operator's or fewer
+    assert Refiner(4, 2, 3, (7, 7)).choose_path(49, on_kernel=True) == 'kernel'  # 4 * 8 * 17 <= 16 * 50
+    assert Refiner(4, 3, 3, (7, 7)).choose_path(49, on_kernel=True) == 'dense'  # 4 * 12 * 17 > 16 * 50
+    assert Refiner(4, 2, 5, (7, 7)).choose_path(49, on_kernel=True) == 'dense'  # 4 * 8 * 33 > 16 * 50
+    assert Refiner(3, 3, 3, (14, 14)).choose_path(196, on_kernel=True) == 'kernel'
+    assert Refiner(4, 6, 1, (7, 7)).choose_path(49, on_kernel=True) == 'mix'
+
+
+def _kernel_or_skip():
+    if not _attention_kernel.available(torch.float32, 1):
+        pytest.skip(f'the float32 CPU kernel is not built here: {_attention_kernel.build_error(torch.float32)}')
+    return _attention_kernel.kernels(torch.float32)
+
+
+# H, ratio, k, grid, prefix keys: k = 3 (compiled for it) and any odd k (5; 7 on a 3 x 3 grid, whose
+# taps reach past every border), grids whose patch count leaves a vector tail, no prefix key
+_KERNEL_SHAPES = [(4, 2, 3, (7, 7), 1), (3, 3, 5, (4, 6), 1), (2, 1, 3, (5, 4), 0), (3, 2, 3, (14, 14), 1),
+                  (2, 2, 7, (3, 3), 2), (1, 1, 3, (1, 9), 1)]
+
+
+@pytest.mark.parametrize('H, ratio, k, grid, prefix', _KERNEL_SHAPES)
+def test_the_float32_kernel_matches_the_dense_conv_in_float64(H, ratio, k, grid, prefix):
+    """The fused per-row pass (csrc/refiner_fp32.h): maps and every gradient as the float64 reference."""
+    _kernel_or_skip()
+    ref64 = _randomise(Refiner(H, ratio, k, grid, num_prefix_tokens=prefix).double(), seed=H + k)
+    ref32 = Refiner(H, ratio, k, grid, num_prefix_tokens=prefix)
+    ref32.load_state_dict(ref64.state_dict())
+    gh, gw = grid
+    B, N = 3, prefix + gh * gw
+    a64 = _random_maps(B, H, N, seed=1).requires_grad_()
+    a32 = a64.detach().float().requires_grad_()
+    assert ref32._kernel_usable(a32)
+    ref32.force_path = 'kernel'  # whether or not `choose_path` would take it for this shape
+    expected, got = _reference_refine(ref64, a64), ref32(a32)
+    scale = expected.abs().max().item()
+    torch.testing.assert_close(got.double(), expected.detach(), atol=2e-6 * scale, rtol=0)
+    upstream = torch.randn(expected.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    grads64 = torch.autograd.grad(expected, (a64, ref64.expand, ref64.kernel, ref64.reduce), upstream)
+    grads32 = torch.autograd.grad(got, (a32, ref32.expand, ref32.kernel, ref32.reduce), upstream.float())
+    for name, g32, g64 in zip(('maps', 'expand', 'kernel', 'reduce'), grads32, grads64):
+        torch.testing.assert_close(g32.double(), g64, atol=5e-6 * g64.abs().max().item(), rtol=0, msg=name)
+
+
+def test_the_kernels_weight_gradients_do_not_depend_on_the_thread_count():
+    """Summed per fixed chunk of rows, then over the chunks in order: the same bits on 1 or 2 threads."""
+    ops = _kernel_or_skip()
+    gen = torch.Generator().manual_seed(0)
+    H, eh, k = 4, 8, 3
+    maps, d_out = torch.rand(H, 1000, 50, generator=gen), torch.randn(H, 1000, 50, generator=gen)
+    weights = (torch.randn(eh, H, generator=gen), torch.randn(eh, k, k, generator=gen), torch.randn(H, eh, generator=gen))
+    threads = torch.get_num_threads()
+    try:
+        results = []
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            results.append(ops.refine_backward(d_out, maps, *weights, 7, 7))
+    finally:
+        torch.set_num_threads(threads)
+    for one, two in zip(*results):
+        assert torch.equal(one, two)
+
+
+def test_the_kernel_refuses_bad_inputs_with_a_message():
+    ops = _kernel_or_skip()
+    maps = torch.rand(4, 10, 50)
+    E, C, R = torch.randn(8, 4), torch.randn(8, 3, 3), torch.randn(4, 8)
+    for args, message in [((maps.double(), E, C, R, 7, 7), 'maps: a contiguous'),
+                          ((maps, E[:, :3], C, R, 7, 7), 'expand: \\(rH, H\\)'),
+                          ((maps, E, torch.randn(8, 2, 2), R, 7, 7), 'k odd'),
+                          ((maps, E, C, R.T.contiguous(), 7, 7), 'reduce: \\(H, rH\\)'),
+                          ((maps, E, C, R, 8, 7), 'grid: h \\* w <= N')]:
+        with pytest.raises(RuntimeError, match=message):
+            ops.refine_forward(*args)
+
+
+@pytest.mark.parametrize('train', [False, True])
+def test_the_refiner_model_on_the_kernel_matches_its_torch_ops(train, monkeypatch):
+    """ls_refiner_nano end to end, float32 on the CPU: the kernel path (its default there) and the torch
+    path (USE_FUSED_KERNEL off) give the same logits and gradients to float32 rounding."""
+    _kernel_or_skip()
+    torch.manual_seed(0)
+    model = timm.create_model('ls_refiner_nano', **NANO).train(train)
+    x = torch.randn(4, 1, 28, 28)
+    results = []
+    for fused in (True, False):
+        monkeypatch.setattr(_attention_kernel, 'USE_FUSED_KERNEL', fused)
+        model.zero_grad()
+        logits = model(x)
+        logits.square().sum().backward()
+        results.append((logits.detach(), [p.grad.clone() for p in model.parameters()]))
+    (logits_k, grads_k), (logits_t, grads_t) = results
+    torch.testing.assert_close(logits_k, logits_t, atol=2e-5 * logits_t.abs().max().item(), rtol=0)
+    for g_k, g_t in zip(grads_k, grads_t):
+        torch.testing.assert_close(g_k, g_t, atol=5e-5 * g_t.abs().max().item() + 1e-12, rtol=0)
+
+
+def test_flops_count_what_the_kernel_computes(monkeypatch):
+    """`count_flops` (the trials' `flops` column) counts the kernel's multiply-adds: expand, k x k taps
+    per patch key, reduce, per query row, in each refined block, in place of the torch path's GEMMs."""
+    _kernel_or_skip()
+    model = timm.create_model('ls_refiner_nano', **NANO)
+    refiner = model.blocks[0].attn.refiner
+    monkeypatch.setattr(_attention_kernel, 'USE_FUSED_KERNEL', False)
+    on_torch_ops, torch_path = count_flops(model, (1, 28, 28)), refiner.choose_path(49, backward=False)
+    monkeypatch.setattr(_attention_kernel, 'USE_FUSED_KERNEL', True)
+    on_kernel = count_flops(model, (1, 28, 28))
+    H, eh, k, N, patches = refiner.num_heads, refiner.expanded_heads, refiner.kernel_size, 50, 49
+    rows = N  # one image: a query row per token
+    refined = sum(block.use_refiner for block in model.blocks)
+    per_block_kernel = 2 * rows * (eh * H * N + eh * k * k * patches + H * eh * N)
+    assert torch_path == 'matmul'  # what the torch path counted: expand, the banded (N, N) GEMM, reduce
+    per_block_torch = 2 * rows * (eh * H * N + eh * N * N + H * eh * N)
+    assert on_torch_ops - on_kernel == refined * (per_block_torch - per_block_kernel)
 
 
 @pytest.mark.parametrize('path', ['matmul', 'conv', 'dense'])

@@ -109,6 +109,8 @@ def count_flops(model: nn.Module, input_shape: tuple[int, int, int]) -> int:
     model.eval()
     device = next(model.parameters()).device
     x = torch.zeros((1, *input_shape), device=device)
+    with torch.inference_mode():
+        model(x)  # first: loads (or builds) the CPU kernels, registering their formulas before the count
     with FlopCounterMode(display=False) as counter, torch.inference_mode():
         model(x)
     model.train(was_training)

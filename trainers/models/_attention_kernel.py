@@ -7,7 +7,8 @@ are formed in cache-sized buffers; the backward recomputes them from two numbers
 that in float32 the forward keeps the softmax maps for it where they are small (`keeps_maps`). Its
 GEMMs are register-tiled SIMD loops (AVX512-BF16 dot products in bf16, FMAs in float32), and it
 reads q, k, v and writes the output and the gradients in the caller's strides, so the projection's
-(B, N, 3, H, d) output needs no layout copy.
+(B, N, 3, H, d) output needs no layout copy. The float32 library also refines the Refiner's maps
+(`csrc/refiner_fp32.h`, ops ``refine_forward`` and ``refine_backward``; `ls_refiner.Refiner`).
 
 The core (`_attention_core`) runs on it wherever its GEMMs run in bfloat16 (CPU autocast on a CPU
 with bf16 hardware, as `precision: auto` trains there) or in float32 (fp32 training and inference,
@@ -39,6 +40,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 import torch
+from torch.utils.flop_counter import register_flop_formula
 
 from trainers._atomic import atomic_write
 
@@ -162,7 +164,27 @@ def kernels(dtype: torch.dtype = torch.bfloat16) -> Optional[Any]:
             warnings.warn(f"the fused CPU attention kernel ({str(dtype).removeprefix('torch.')}) is not used ({error}); "
                           "the attention core runs on torch ops, slower", RuntimeWarning, stacklevel=2)
         return None
-    return getattr(torch.ops, kernel.namespace)
+    ops = getattr(torch.ops, kernel.namespace)
+    _register_flop_formulas(ops)
+    return ops
+
+
+def _register_flop_formulas(ops: Any) -> None:
+    """What `torch.utils.flop_counter` counts for the kernels' forwards (a multiply-add is 2), as for
+    the torch ops they replace: the trials' `flops` column must not depend on whether a kernel was
+    built. The attention core: its two products (GPSA's mix and a mask are elementwise, uncounted
+    on torch ops too). The Refiner: its expand, k x k taps per patch key and reduce per row."""
+    @register_flop_formula(ops.attention_forward)
+    def _attention(qkv_shape, *args, **kwargs) -> int:
+        _, batch, heads, tokens, dim = qkv_shape
+        return 2 * 2 * batch * heads * tokens * tokens * dim
+
+    if hasattr(ops, "refine_forward"):
+        @register_flop_formula(ops.refine_forward)
+        def _refine(maps_shape, expand_shape, kernel_shape, reduce_shape, grid_h, grid_w, **kwargs) -> int:
+            heads, rows, tokens = maps_shape
+            expanded, k, _ = kernel_shape
+            return 2 * rows * (expanded * heads * tokens + expanded * k * k * grid_h * grid_w + heads * expanded * tokens)
 
 
 def build_error(dtype: torch.dtype = torch.bfloat16) -> Optional[str]:

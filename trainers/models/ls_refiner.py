@@ -22,7 +22,10 @@ with H heads, A = softmax(Q K^T / sqrt(d)) of shape (B, H, N, N), N = 1 + h * w 
 
 Implementation: the maps are kept heads first, (H, B*N, N), so the mixings over heads are single
 GEMMs with no layout copies (`Refiner.refine_rows`). The refiner is linear in A, so it is computed
-whichever of four equal ways is cheapest (`Refiner.choose_path`): for small grids (h*w <= 16 k^2,
+whichever of five equal ways is cheapest (`Refiner.choose_path`). On the CPU in float32 (k > 1), one
+fused pass per query row in the float32 attention kernel (`csrc/refiner_fp32.h`: expand, the k x k
+taps on the key grid, reduce, all in registers and L1; k^2 multiply-adds per key where the GEMMs
+below spend N, most of them on zeros). Elsewhere on torch ops: for small grids (h*w <= 16 k^2,
 e.g. the 7 x 7 Fashion-MNIST grid) the conv as one banded (N, N) matrix per expanded head (a GEMM;
 several times faster than a grouped conv2d on CPU) or, once r is large enough, the composed H -> H
 operator as one (H*N, H*N) GEMM, whose cost does not grow with r; for larger grids (14 x 14 at
@@ -80,6 +83,7 @@ import torch.nn.functional as F
 from timm.layers import DropPath, LayerNorm, PatchEmbed, calculate_drop_path_rates, trunc_normal_
 from timm.models import generate_default_cfgs, register_model
 
+from trainers.models import _attention_kernel
 from trainers.models._common import (
     MHSA, GridSize, Mlp, _build_without_weights, _cfg, _check_int, _check_real, _check_vit_args, _fashion_mnist_cfg,
     _init_vit_weights,
@@ -110,7 +114,7 @@ class Refiner(nn.Module):
         self.grid_size: GridSize = (int(grid_size[0]), int(grid_size[1]))
         self.num_prefix_tokens = num_prefix_tokens
         self.init_std = init_std
-        self.force_path: Optional[str] = None  # None: by grid size; 'matmul' or 'conv' (tests, benchmarks)
+        self.force_path: Optional[str] = None  # None: `choose_path`; or one of its paths (tests, benchmarks)
         self.expand = nn.Parameter(torch.empty(eh, num_heads))
         self.kernel = nn.Parameter(torch.empty(eh, kernel_size, kernel_size))
         self.reduce = nn.Parameter(torch.empty(num_heads, eh))
@@ -157,7 +161,9 @@ class Refiner(nn.Module):
             raise ValueError(f'Refiner expects {P} prefix + {gh}x{gw} patch tokens = {P + gh * gw}, got {N}; '
                              'build the model with the img_size/patch_size of the input')
         backward = torch.is_grad_enabled() and (maps.requires_grad or self.kernel.requires_grad)
-        path = self.choose_path(gh * gw, backward=backward)
+        path = self.choose_path(gh * gw, backward=backward, on_kernel=self._kernel_usable(maps))
+        if path == 'kernel':  # (H, M, N) in and out, fused per row
+            return _RefineOnKernel.apply(maps.contiguous(), self.expand, self.kernel, self.reduce, gh, gw)
         if path == 'dense':  # one GEMM over (head, key) pairs: (M, H*N) @ (H*N, H*N)
             rows = maps.permute(1, 0, 2).reshape(M, H * N)  # (M, H*N): [m, (i, key)]
             out = rows @ self.dense_operator()  # (M, H*N): [m, (o, key)]
@@ -178,10 +184,24 @@ class Refiner(nn.Module):
             x = torch.cat((x[..., :P], patches.view(eh, M, gh * gw)), dim=-1)  # (rH, M, N)
         return (self.reduce @ x.view(eh, M * N)).view(H, M, N)
 
-    def choose_path(self, num_patches: int, *, backward: bool = True) -> str:
+    def _kernel_usable(self, maps: torch.Tensor) -> bool:
+        """Whether `maps` and the weights can go to the float32 kernel: CPU float32, the kernel built
+        here (`_attention_kernel.available`: also off under torch.compile and USE_FUSED_KERNEL)."""
+        return (maps.device.type == 'cpu' and maps.dtype == torch.float32
+                and all(p.dtype == torch.float32 for p in (self.expand, self.kernel, self.reduce))
+                and max(self.num_heads, self.expanded_heads) <= _MAX_KERNEL_HEADS
+                and _attention_kernel.available(torch.float32, maps.shape[-1]))
+
+    def choose_path(self, num_patches: int, *, backward: bool = True, on_kernel: bool = False) -> str:
         """How `refine_rows` computes (all give the same maps, tested; `force_path` overrides):
 
         'mix'     k = 1: one H x H mixing (the 1 x 1 kernels are scales); cost independent of r.
+        'kernel'  k > 1 with `on_kernel` (CPU float32, the kernel built), where its multiply-adds per
+                  row, rH N (2H + k^2), are at most 1 / _KERNEL_COST_FACTOR of the composed operator's,
+                  (H N)^2: its loops run at about a quarter of the GEMMs' rate. Measured, refining
+                  alone, fwd+bwd / fwd (AVX2 EPYC, 2 threads, B 256): 7 x 7, H 4: r 1 1.7x / 1.8x the
+                  fastest torch path, r 2 1.5x / 1.8x, r 3 1.0x / 1.6x (not chosen), r 4 0.62x / 0.82x;
+                  8 x 8, r 2: 2.0x / 2.6x; 14 x 14, H 3, r 3 (Refiner-Ti, B 8): 2.6x / 2.6x.
         'matmul'  expand, the k x k conv as a banded (N, N) matrix per expanded head (one batched GEMM;
                   on the CPU several times faster than a grouped conv2d for small grids), reduce.
         'conv'    expand, depthwise conv2d over the key grid, reduce (large grids, where the banded
@@ -197,6 +217,11 @@ class Refiner(nn.Module):
             return self.force_path
         if self.kernel_size == 1:
             return 'mix'
+        if on_kernel:
+            H, tokens = self.num_heads, self.num_prefix_tokens + num_patches
+            kernel_cost = self.expanded_heads * (2 * H + self.kernel_size ** 2)  # per key, as the dense's
+            if _KERNEL_COST_FACTOR * kernel_cost <= H * H * tokens:
+                return 'kernel'
         if num_patches <= 16 * self.kernel_size ** 2:
             dense = 2 * self.ratio >= self.num_heads if backward else 2 * self.ratio > self.num_heads
             return 'dense' if dense else 'matmul'
@@ -227,6 +252,30 @@ class Refiner(nn.Module):
         H, N = self.num_heads, self.num_prefix_tokens + self.grid_size[0] * self.grid_size[1]
         mixed = torch.einsum('oe,ejm,ei->imoj', self.reduce, self.key_operator(with_prefix=True), self.expand)
         return mixed.reshape(H * N, H * N)
+
+
+_MAX_KERNEL_HEADS = 64  # the kernel's per-vector arrays (kMaxRefinerHeads)
+_KERNEL_COST_FACTOR = 4  # the kernel's loops vs MKL's GEMMs, per multiply-add (`Refiner.choose_path`)
+
+
+class _RefineOnKernel(torch.autograd.Function):
+    """`Refiner.refine_rows` on the float32 kernel: (H, M, N) maps -> refined maps, and back the
+    gradients of the maps and of expand, kernel and reduce (summed over rows in double)."""
+
+    @staticmethod
+    def forward(ctx, maps: torch.Tensor, expand: torch.Tensor, kernel: torch.Tensor, reduce: torch.Tensor,
+                grid_h: int, grid_w: int) -> torch.Tensor:
+        ctx.save_for_backward(maps, expand, kernel, reduce)
+        ctx.grid = (grid_h, grid_w)
+        return _attention_kernel.kernels(torch.float32).refine_forward(maps, expand.contiguous(), kernel.contiguous(),
+                                                                      reduce.contiguous(), grid_h, grid_w)
+
+    @staticmethod
+    def backward(ctx, d_out: torch.Tensor):
+        maps, expand, kernel, reduce = ctx.saved_tensors
+        d_maps, d_expand, d_kernel, d_reduce = _attention_kernel.kernels(torch.float32).refine_backward(
+            d_out.contiguous(), maps, expand.contiguous(), kernel.contiguous(), reduce.contiguous(), *ctx.grid)
+        return d_maps, d_expand, d_kernel, d_reduce, None, None
 
 
 class RefinedAttention(nn.Module):
