@@ -75,7 +75,7 @@ TRIAL_COLUMNS: dict[str, tuple[pa.DataType, str]] = {
     "architecture": (pa.string(), "fingerprint of the measured architecture (same value: same network, whatever the training knobs)"),
     "torch_version": (pa.string(), "torch version of the trial"),
     "params": (pa.int64(), "trainable + frozen parameters"),
-    "flops": (pa.int64(), "forward FLOPs per image (multiply-add = 2), as the model computes them at inference (e.g. the Refiner's path, see `choose_path`)"),
+    "flops": (pa.int64(), "forward FLOPs per image (multiply-add = 2), as the model computes them at inference (e.g. the Refiner's path, see `choose_path`; the CPU kernels' products counted as on torch ops)"),
     "seed": (pa.int64(), "training seed"),
     "spec_hash": (pa.string(), "hash of the search spec (without storage and trial count)"),
     "git_commit": (pa.string(), "commit of this project that ran the study"),
