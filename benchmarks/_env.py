@@ -2,8 +2,10 @@
 
     write_result("gpsa_layer", {...})  ->  benchmarks/results/gpsa_layer-<device-slug>.json
 
-On a CPU the slug also names the instruction set torch's kernels use ("amd-epyc-avx512",
-"amd-epyc-avx2"): a VM's model name alone can be the same for CPUs generations apart.
+On a CPU the slug also names the instruction set torch's kernels use, and where the model name
+carries no model number (a VM's "AMD EPYC") the CPU family too ("amd-epyc-avx2-fam25": Zen 3,
+"amd-epyc-avx512-fam25": Zen 4, "amd-epyc-avx512-fam26": Zen 5): one VM model name covers CPUs
+generations apart.
 """
 from __future__ import annotations
 
@@ -28,15 +30,26 @@ __all__ = [
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 
-def _cpu_name() -> str:
+def _cpuinfo_field(name: str) -> str | None:
+    """The first /proc/cpuinfo line's value for `name` (e.g. "model name"), or None (not Linux)."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
             for line in f:
-                if line.lower().startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+                key, _, value = line.partition(":")
+                if key.strip().lower() == name:
+                    return value.strip()
     except OSError:
         pass
-    return platform.processor() or platform.machine() or "unknown CPU"
+    return None
+
+
+def _cpu_name() -> str:
+    return _cpuinfo_field("model name") or platform.processor() or platform.machine() or "unknown CPU"
+
+
+def _cpu_family() -> int | None:
+    family = _cpuinfo_field("cpu family")
+    return int(family) if family and family.isdigit() else None
 
 
 def sync(device: torch.device) -> None:
@@ -109,6 +122,7 @@ def environment(device: str | torch.device = "cpu") -> dict[str, Any]:
         "device": str(torch.device(device)),
         "device_name": device_name(device),
         "cpu": _cpu_name(),
+        "cpu_family": _cpu_family(),  # x86 family: 25 for AMD Zen 3 and 4, 26 for Zen 5
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),  # the ISA torch's CPU kernels use
         "cpu_native_bf16": cpu_has_native_bf16(),  # picks the GPSA core's GEMM dtype under bf16 autocast
         "cuda_available": torch.cuda.is_available(),
@@ -135,10 +149,13 @@ def _slug(text: str) -> str:
 
 
 def result_slug(env: dict[str, Any]) -> str:
-    """The device part of a result's file name: the device's name, and on a CPU its ISA level."""
+    """The device part of a result's file name: the device's name, and on a CPU its ISA level and,
+    where the name has no model number, its family."""
     slug = _slug(env["device_name"])
     if env["device"] == "cpu" and env.get("cpu_capability"):
         slug += "-" + _slug(env["cpu_capability"])
+    if env["device"] == "cpu" and env.get("cpu_family") is not None and not any(c.isdigit() for c in env["device_name"]):
+        slug += f"-fam{env['cpu_family']}"
     return slug
 
 

@@ -10,8 +10,9 @@ Layers (all dim 96, 4 heads, the width of the *_micro models):
              core (`_attention_core`)
   plain_fused  (where plain runs on the explicit core) the same layer on torch's fused kernel
              (PLAIN_ATTENTION_ON_EXPLICIT_CORE off)
-  gmm_K      Gaussian Mixture Mask attention with K kernels per head: in float32 on a CPU with the
-             float32 kernel, on it (`masked_attention`); elsewhere explicit scores, mask, softmax
+  gmm_K      Gaussian Mixture Mask attention with K kernels per head: on a CPU in float32, or under
+             bf16 autocast with bf16 hardware, on that dtype's kernel (`masked_attention`);
+             elsewhere explicit scores, mask, softmax
   gmm_K3_ops (where gmm runs on the kernel) gmm_K3 on its torch ops (USE_FUSED_KERNEL off)
   refiner_r  Refiner attention with expansion ratio r, 3x3 kernel (plus a class token, as in the model):
              in float32 on a CPU with the float32 kernel, its maps refined there (`Refiner.choose_path`)
@@ -68,8 +69,8 @@ def run(*, batch: int, tokens: int, dim: int, heads: int, repeats: int, warmup: 
     # where the two differ: MHSA on the explicit core (its choice for a qkv of this shape and dtype)
     probe = torch.zeros(3, 1, heads, tokens, dim // heads, dtype=torch.bfloat16 if bf16 else torch.float32, device=dev)
     plain_fused = _attention_core.use_explicit_core(probe)
-    # and GMM on the float32 kernel (bf16 autocast: its GEMMs' dtype, which has no kernel with a mask)
-    gmm_ops = not bf16 and _attention_core.masked_core_usable(probe)
+    # and GMM on a kernel (float32, or bf16 under autocast on bf16 hardware)
+    gmm_ops = _attention_core.masked_core_usable(probe)
     # and the Refiner's maps on it (float32 maps on the CPU; under bf16 autocast its maps are bf16)
     refiner_ops = not bf16 and dev.type == "cpu" and _attention_kernel.available(torch.float32, tokens + 1)
     layers = {name: (layer.to(dev), extra)

@@ -9,15 +9,24 @@ from benchmarks import _env
 from benchmarks._env import add_malloc_option, bf16_by_default, environment, parse_and_set_up, result_slug
 
 
-def test_cpu_result_names_carry_the_instruction_set():
-    # One VM model name ("AMD EPYC") covers CPUs generations apart: the ISA keeps their JSONs apart.
-    env = {"device": "cpu", "device_name": "AMD EPYC", "cpu_capability": "AVX512"}
-    assert result_slug(env) == "amd-epyc-avx512"
-    assert result_slug({**env, "cpu_capability": "AVX2"}) == "amd-epyc-avx2"
+def test_cpu_result_names_carry_the_instruction_set_and_a_nameless_cpus_family():
+    # One VM model name ("AMD EPYC") covers CPUs generations apart: the ISA and the family (Zen 3
+    # and 4: 25, Zen 5: 26) keep their JSONs apart.
+    env = {"device": "cpu", "device_name": "AMD EPYC", "cpu_capability": "AVX512", "cpu_family": 26}
+    assert result_slug(env) == "amd-epyc-avx512-fam26"
+    assert result_slug({**env, "cpu_family": 25}) == "amd-epyc-avx512-fam25"
+    assert result_slug({**env, "cpu_capability": "AVX2", "cpu_family": 25}) == "amd-epyc-avx2-fam25"
+    assert result_slug({**env, "cpu_family": None}) == "amd-epyc-avx512"
+    # a model number names the CPU already
+    assert result_slug({**env, "device_name": "AMD EPYC 9654 96-Core Processor"}) == "amd-epyc-9654-96-core-processor-avx512"
     assert result_slug({"device": "cuda", "device_name": "NVIDIA H100 80GB HBM3",
-                        "cpu_capability": "AVX512"}) == "nvidia-h100-80gb-hbm3"
+                        "cpu_capability": "AVX512", "cpu_family": 25}) == "nvidia-h100-80gb-hbm3"
     here = environment("cpu")
-    assert result_slug(here).endswith("-" + torch.backends.cpu.get_cpu_capability().lower())
+    assert torch.backends.cpu.get_cpu_capability().lower() in result_slug(here)
+    with open("/proc/cpuinfo", encoding="utf-8") as f:
+        family_line = next((line for line in f if line.startswith("cpu family")), None)
+    if family_line is not None:
+        assert here["cpu_family"] == int(family_line.split(":")[1])
 
 
 def test_bf16_columns_are_off_where_bf16_is_emulated(monkeypatch):

@@ -1,6 +1,6 @@
 """The explicit attention core for the CPU: softmax(Q K^T * scale) @ V from the B x H x N x N maps,
 optionally mixed with a positional attention shared by the batch (GPSA: (1 - s) softmax + s P),
-with a hand-written backward. On the float32 kernel also with the scores multiplied by a mask
+with a hand-written backward. On the fused kernels also with the scores multiplied by a mask
 shared by the batch (GMM attention: softmax((Q K^T * scale) * M) @ V, `masked_attention`).
 
 At the token counts of these models (N <= 197) the maps are small and the GEMMs batched, so on a
@@ -131,7 +131,7 @@ class _Attention(torch.autograd.Function):
     """The core with a hand-written backward (see `attention` and `gated_attention`).
 
     gate and pos (both None for plain attention) come in the map dtype (float32/64); mask (H, N, N),
-    float32, only with float32 qkv on the float32 kernel (`masked_core_usable`); qkv may be
+    float32, only on a fused kernel (`masked_core_usable`); qkv may be
     bfloat16/float16 (from an autocast linear). The batched GEMMs run in `gemm_dtype(qkv.dtype)`
     (qkv cast on the way in when that differs, the output cast back on the way out), the softmax,
     the mixing and the maps' gradients in the map dtype; the qkv gradient comes back in qkv's dtype
@@ -152,7 +152,7 @@ class _Attention(torch.autograd.Function):
             out, row_max, row_inv, maps = _kernel_forward(qkv, gate, pos, mask, scale, for_backward=True)
             ctx.save_for_backward(qkv, gate, pos, mask, row_max, row_inv, maps)
             return out
-        assert mask is None, 'a score mask runs on the float32 kernel only (masked_core_usable)'
+        assert mask is None, 'a score mask runs on the fused kernels only (masked_core_usable)'
         with torch.autocast('cpu', enabled=False):
             qkv_gemm = as_gemm(qkv)
             out, soft, attn = _attention_forward(qkv_gemm, gate, pos, scale)
@@ -229,7 +229,7 @@ def _core(qkv: torch.Tensor, gate: Optional[torch.Tensor], pos: Optional[torch.T
     if not torch.is_grad_enabled() or not any(t is not None and t.requires_grad for t in (qkv, gate, pos, mask)):
         if _on_kernel(qkv):
             return _kernel_forward(qkv, gate, pos, mask, scale, for_backward=False)[0]
-        assert mask is None, 'a score mask runs on the float32 kernel only (masked_core_usable)'
+        assert mask is None, 'a score mask runs on the fused kernels only (masked_core_usable)'
         with torch.autocast('cpu', enabled=False):
             out = attention_inference(as_gemm(qkv.transpose(1, 2)), scale, gate, pos)  # (H, B, N, d)
             return _as_output(out.transpose(0, 1), qkv.dtype)
@@ -257,17 +257,19 @@ def gated_attention(qkv: torch.Tensor, gate: torch.Tensor, pos: torch.Tensor, sc
 
 def masked_core_usable(qkv: torch.Tensor) -> bool:
     """Whether `masked_attention` can run on `qkv` ((3, B, H, N, d), the projection's output
-    permuted): float32 on the CPU with the float32 kernel usable (the bf16 kernel and the torch ops
-    path have no score mask; GMM attention keeps its own torch ops there)."""
-    return qkv.dtype == torch.float32 and _attention_kernel.usable(qkv)
+    permuted): on the CPU in float32, or in bf16 on bf16 hardware (under autocast), with that
+    dtype's kernel usable (the torch ops path has no score mask; GMM attention keeps its own torch
+    ops elsewhere)."""
+    return qkv.dtype in _attention_kernel.DTYPES and _on_kernel(qkv)
 
 
 def masked_attention(qkv: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
     """softmax((Q K^T * scale) * M) @ V per head (GMM attention's eq. 9), differentiable in qkv and
-    the mask, on the float32 kernel: only where `masked_core_usable(qkv)`.
+    the mask, on a fused kernel: only where `masked_core_usable(qkv)`.
 
-    qkv: (3, B, H, N, d) float32, any strides (q, k, v stacked); mask: M (H, N, N), shared by the
-    batch. Returns (B, H, N, d). The kernel keeps qkv, two numbers per map row and, where they are
+    qkv: (3, B, H, N, d) float32 or bf16, any strides (q, k, v stacked); mask: M (H, N, N), shared
+    by the batch, applied in float32 (as the softmax and the mask's gradient). Returns (B, H, N, d)
+    in qkv's dtype. The kernel keeps qkv, two numbers per map row and, in float32 where they are
     small, the softmax maps for the backward, where torch ops would keep two B x H x N x N maps.
     """
     return _core(qkv, None, None, scale, mask.to(torch.float32).contiguous())

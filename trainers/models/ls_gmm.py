@@ -16,12 +16,13 @@ Init (paper): alpha ~ N(0, 2^2), sigma ~ N(10, 10^2); knobs `alpha_init_mean/std
 Implementation notes:
 
 * The mask multiplies the scores, so it cannot be an additive `attn_mask` of
-  `scaled_dot_product_attention`. In float32 on the CPU, attention runs on the fused float32 kernel
-  of `_attention_core` (`masked_attention`: the masked maps formed per (batch, head) in cache, the
-  softmax maps kept for the backward where small, else recomputed; the mask's gradient summed over
-  the batch in the kernel), unless
-  attention dropout is on while training. Elsewhere (CUDA, bf16 autocast, float64, no kernel) it is
-  explicit torch ops (matmul, mask multiply, softmax, matmul) and materialises B x H x N x N.
+  `scaled_dot_product_attention`. On the CPU in float32, and under bf16 autocast on a CPU with bf16
+  hardware, attention runs on `_attention_core`'s fused kernel of that dtype (`masked_attention`:
+  the masked maps formed per (batch, head) in cache and in float32, the float32 softmax maps kept
+  for the backward where small, else recomputed; the mask's gradient summed over the batch in the
+  kernel), unless attention dropout is on while training. Elsewhere (CUDA, float64, fp16, emulated
+  bf16, no kernel) it is explicit torch ops (matmul, mask multiply, softmax, matmul) and
+  materialises B x H x N x N.
   (FlexAttention could fuse `score * M[h, q, k]` on CUDA, but it cannot train on CPU; it is not used
   here at all.) The mask itself does not depend on the input: it is computed once per forward
   (H x N x N) and shared by the batch; 1/sqrt(d) is folded into it.
@@ -220,7 +221,7 @@ class GMMAttention(nn.Module):
         B, N, C = x.shape
         qkv = self._qkv(x)
         if masked_core_usable(qkv) and not (self.training and self.attn_drop.p > 0.):
-            out = masked_attention(qkv, self._scaled_mask(N), 1.)  # (B, H, N, d), the fused float32 kernel
+            out = masked_attention(qkv, self._scaled_mask(N), 1.)  # (B, H, N, d), on a fused kernel
         else:
             scores, v = self._scores(qkv)
             out = self.attn_drop(scores.softmax(dim=-1)) @ v

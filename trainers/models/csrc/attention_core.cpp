@@ -6,15 +6,18 @@
 //
 // Forward, per (batch b, head h), with q, k, v (N x d, bf16):
 //     S = scale q k^T                             (float32, from bf16 products)
+//       or S = (scale q k^T) * M[h] elementwise with a score mask (GMM attention; M float32)
 //     soft = softmax(S) per row                   (float32; each row's max and 1 / sum kept)
 //     A = (1 - s_h) soft + s_h P[h]  (GPSA) or A = soft, rounded to bf16
 //     out = A v                                   (rounded to bf16)
 // Backward, from dO and the same inputs, recomputing S, soft and A bit for bit from the rows' max
 // and 1 / sum rather than keeping B x H x N x N maps from the forward:
 //     dA = dO v^T,  dV = A^T dO
-//     dS = c_h soft (dA - <dA, soft>) with c_h = (1 - s_h) scale (plain attention: scale)
+//     dS = c_h soft (dA - <dA, soft>) with c_h = (1 - s_h) scale (plain attention: scale),
+//          times M[h] elementwise with a mask
 //     dQ = dS k,  dK = dS^T q
-//     and, for the gate and P's gradients, sum_b dA (H x N x N) and sum_{b, i} <dA_i, soft_i> per head.
+//     and, for the gate and P's gradients, sum_b dA (H x N x N) and sum_{b, i} <dA_i, soft_i> per head;
+//     with a mask instead, for its gradient, sum_b (soft (dA - <dA, soft>)) * (scale q k^T) (H x N x N).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -182,11 +185,13 @@ using Heads = QkvHeads<bf16>;
 // One thread's buffers, N x N maps with rows tokens_pad apart
 struct Buffers {
   std::vector<float> scores, d_attn, out;  // S then soft; dA; an N x d product before its rounding
+  std::vector<float> raw;                  // scale q k^T before a mask
   std::vector<bf16> attn, d_scores;        // A; dS (rows zero past N up to tokens_pad)
   std::vector<uint32_t> keys_t, values_t, rows_i, maps_i;
   alignas(64) float e[kMaxTokens + kLanes];
-  Buffers(const Dims& D, bool /*masked: never, kScoreMask*/)
+  Buffers(const Dims& D, bool masked)
       : scores(D.tokens * D.tokens_pad), d_attn(D.tokens * D.tokens_pad), out(D.tokens * D.dim_pad),
+        raw(masked ? D.tokens * D.tokens_pad : 0),
         attn(D.tokens * D.tokens_pad), d_scores(D.tokens * D.tokens_pad), keys_t(D.dim / 2 * D.tokens_pad),
         values_t(D.dim / 2 * D.tokens_pad), rows_i(D.pairs * D.dim_pad), maps_i(D.pairs * D.tokens_pad) {}
 };
@@ -205,20 +210,28 @@ void product_into(const Dims& D, const uint32_t* a, int64_t am, int64_t ap, cons
   store_rows(D, buf.out.data(), dst);
 }
 
-// S = scale q k^T, then row by row soft and A into buf.attn (bf16, zero past N). Forward
-// (recompute false): each row's max and 1 / sum into row_max and row_inv when they are given.
+// S = scale q k^T (with a mask: that product kept in buf.raw, S = it times the mask), then row by
+// row soft and A into buf.attn (bf16, zero past N). Forward (recompute false): each row's max and
+// 1 / sum into row_max and row_inv when they are given.
 // Backward (recompute true): soft from them, bit for bit as the forward had it, left in buf.scores.
-void form_maps(const Dims& D, Rows q, Rows k, float scale, const float* gate, const float* pos, int64_t h,
-               Buffers& buf, float* row_max, float* row_inv, bool recompute) {
+void form_maps(const Dims& D, Rows q, Rows k, float scale, const float* gate, const float* pos, const float* mask,
+               int64_t h, Buffers& buf, float* row_max, float* row_inv, bool recompute) {
   const int64_t N = D.tokens, ld = D.tokens_pad, n_even = round_up(N, 2);
+  float* product = mask == nullptr ? buf.scores.data() : buf.raw.data();
   transpose_words(k.base, k.stride, N, D.dim / 2, buf.keys_t.data(), ld);
-  gemm(N, ld / kLanes, words(q.base), q.stride / 2, 1, buf.keys_t.data(), ld, D.dim / 2, buf.scores.data(), ld,
-       scale);
+  gemm(N, ld / kLanes, words(q.base), q.stride / 2, 1, buf.keys_t.data(), ld, D.dim / 2, product, ld, scale);
   float* e = buf.e;
   const float g = pos == nullptr ? 0.f : gate[h];
   const __m512 vg = _mm512_set1_ps(g), vc = _mm512_set1_ps(1.f - g);
   for (int64_t i = 0; i < N; ++i) {
     float* s = buf.scores.data() + i * ld;
+    if (mask != nullptr) {  // (lanes past N are read masked below)
+      const float* m = mask + (h * N + i) * N;
+      for (int64_t j = 0; j < N; j += kLanes) {
+        const __mmask16 k = tail_mask(j, N);
+        _mm512_storeu_ps(s + j, _mm512_mul_ps(_mm512_loadu_ps(product + i * ld + j), _mm512_maskz_loadu_ps(k, m + j)));
+      }
+    }
     __m512 vmax;
     if (recompute) {
       vmax = _mm512_set1_ps(row_max[i]);
@@ -260,29 +273,30 @@ void form_maps(const Dims& D, Rows q, Rows k, float scale, const float* gate, co
   }
 }
 
-// mask, kept: always null here (kScoreMask, kKeepsMaps: the ops refuse them for this kernel)
+// kept: always null here (kKeepsMaps: the ops refuse it for this kernel)
 void forward_map(const Dims& D, const Heads& qkv, int64_t b, int64_t h, float scale, const float* gate,
-                 const float* pos, const float* /*mask*/, Rows out, Buffers& buf, float* row_max, float* row_inv,
+                 const float* pos, const float* mask, Rows out, Buffers& buf, float* row_max, float* row_inv,
                  float* /*kept*/) {
   const Rows v = qkv.at(2, b, h);
-  form_maps(D, qkv.at(0, b, h), qkv.at(1, b, h), scale, gate, pos, h, buf, row_max, row_inv, false);
+  form_maps(D, qkv.at(0, b, h), qkv.at(1, b, h), scale, gate, pos, mask, h, buf, row_max, row_inv, false);
   interleave_rows(v.base, v.stride, D.tokens, D.dim, buf.rows_i.data(), D.dim_pad);
   product_into(D, words(buf.attn.data()), D.tokens_pad / 2, 1, buf.rows_i.data(), buf, out);  // A v
 }
 
-// sum_rows: this thread's sum_b dA (H x N x N, or null); head_dot: its sum <dA, soft> for head h
+// sum_rows: this thread's sum_b dA, or with a mask sum_b soft (dA - <dA, soft>) * buf.raw (H x N x N,
+// or null); head_dot: its sum <dA, soft> for head h
 void backward_map(const Dims& D, const Heads& qkv, const Heads& d_qkv, Rows d_out, int64_t b, int64_t h, float scale,
-                  const float* gate, const float* pos, const float* /*mask*/, const float* row_max,
+                  const float* gate, const float* pos, const float* mask, const float* row_max,
                   const float* row_inv, const float* /*kept*/, float coef, Buffers& buf, float* sum_rows,
                   double* head_dot) {
   const int64_t N = D.tokens, ld = D.tokens_pad, n_even = round_up(N, 2);
   const Rows q = qkv.at(0, b, h), k = qkv.at(1, b, h), v = qkv.at(2, b, h);
-  form_maps(D, q, k, scale, gate, pos, h, buf, const_cast<float*>(row_max), const_cast<float*>(row_inv), true);
+  form_maps(D, q, k, scale, gate, pos, mask, h, buf, const_cast<float*>(row_max), const_cast<float*>(row_inv), true);
   // dA = dO v^T (N x N, float32)
   transpose_words(v.base, v.stride, N, D.dim / 2, buf.values_t.data(), ld);
   gemm(N, ld / kLanes, words(d_out.base), d_out.stride / 2, 1, buf.values_t.data(), ld, D.dim / 2,
        buf.d_attn.data(), ld);
-  // dS = coef soft (dA - <dA, soft>) row by row, in bf16 (zero past N); the gate's sums
+  // dS = coef soft (dA - <dA, soft>) row by row, times the mask, in bf16 (zero past N); the sums
   const __m512 vc = _mm512_set1_ps(coef);
   for (int64_t i = 0; i < N; ++i) {
     const float* s = buf.scores.data() + i * ld;
@@ -294,16 +308,25 @@ void backward_map(const Dims& D, const Heads& qkv, const Heads& d_qkv, Rows d_ou
       const __m512 dv = _mm512_maskz_loadu_ps(k, da + j);
       vdot = _mm512_fmadd_ps(dv, _mm512_maskz_loadu_ps(k, s + j), vdot);
       // unmasked: past N the lanes add 0 to the next row (the accumulator ends in kLanes of padding)
-      if (acc != nullptr) _mm512_storeu_ps(acc + j, _mm512_add_ps(_mm512_loadu_ps(acc + j), dv));
+      if (acc != nullptr && mask == nullptr) _mm512_storeu_ps(acc + j, _mm512_add_ps(_mm512_loadu_ps(acc + j), dv));
     }
     const float dot = _mm512_reduce_add_ps(vdot);
     if (head_dot != nullptr) *head_dot += dot;
     const __m512 vd = _mm512_set1_ps(dot);
     bf16* ds = buf.d_scores.data() + i * ld;
+    const float* m = mask == nullptr ? nullptr : mask + (h * N + i) * N;
+    const float* product = mask == nullptr ? nullptr : buf.raw.data() + i * ld;
     for (int64_t j = 0; j < n_even; j += kLanes) {
       const __mmask16 k = tail_mask(j, N);
+      // d(loss)/d(S), S masked or not: zero past N
       const __m512 g = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, s + j), _mm512_sub_ps(_mm512_maskz_loadu_ps(k, da + j), vd));
-      store_bf16(ds + j, _mm512_mul_ps(vc, g), tail_mask(j, n_even));
+      if (m == nullptr) {
+        store_bf16(ds + j, _mm512_mul_ps(vc, g), tail_mask(j, n_even));
+        continue;
+      }
+      if (acc != nullptr)
+        _mm512_mask_storeu_ps(acc + j, k, _mm512_fmadd_ps(g, _mm512_loadu_ps(product + j), _mm512_maskz_loadu_ps(k, acc + j)));
+      store_bf16(ds + j, _mm512_mul_ps(_mm512_mul_ps(vc, g), _mm512_maskz_loadu_ps(k, m + j)), tail_mask(j, n_even));
     }
   }
   // dV = A^T dO
@@ -323,7 +346,7 @@ void backward_map(const Dims& D, const Heads& qkv, const Heads& d_qkv, Rows d_ou
 
 using Element = bf16;
 constexpr at::ScalarType kElement = at::kBFloat16;
-constexpr bool kScoreMask = false;  // GMM attention in bf16 runs on torch ops
+constexpr bool kScoreMask = true;
 constexpr bool kKeepsMaps = false;  // the ops refuse keep_maps: the backward recomputes
 
 // 32-bit aligned rows: the kernel reads bf16 pairs as words
