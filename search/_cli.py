@@ -126,6 +126,8 @@ def _build_parser() -> argparse.ArgumentParser:
     report.add_argument("study", help="a study folder or URI, e.g. results/convit_locality")
     report.add_argument("--out", metavar="PATH.html",
                         help="where to write it (default: STUDY/report.html); the PNG goes beside it as <name>-front.png")
+    for command in commands.choices.values():  # for `main`'s message on arguments the command does not take
+        command.set_defaults(command_parser=command)
     return parser
 
 
@@ -280,7 +282,9 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _build_parser().parse_args(argv)
+    args, unknown = _build_parser().parse_known_args(argv)
+    if unknown:  # named by the command's parser, whose --help lists what it takes (parse_args names the top level)
+        args.command_parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     handler = {
         "run": _cmd_run, "resume": _cmd_resume, "pareto": _cmd_pareto, "train": _cmd_train, "compare": _cmd_compare, "check": _cmd_check,
         "dashboard": _cmd_dashboard, "report": _cmd_report,

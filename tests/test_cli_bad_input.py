@@ -117,7 +117,8 @@ def test_train_checks_its_out_folder_before_training(study, tmp_path, capsys):
 @pytest.mark.parametrize("argv, message", [
     (["run", "x.yaml", "--trials", "abc"], "python -m search run: argument --trials: invalid int value"),
     (["pareto", "s", "--format", "xml"], "invalid choice: 'xml'"),
-    (["run", "x.yaml", "--bogus"], "unrecognized arguments: --bogus"),
+    (["run", "x.yaml", "--bogus"], "python -m search run: unrecognized arguments: --bogus; see python -m search run --help"),
+    (["pareto", "s", "--bogus", "x"], "python -m search pareto: unrecognized arguments: --bogus x"),
     (["dashboard", "s", "--port", "-1"], "'-1' is not a port"),
     (["dashboard", "s", "--port", "70000"], "'70000' is not a port"),
 ])
