@@ -54,7 +54,7 @@ autocast on a CPU with bf16 GEMMs, and in float32 where the float32 kernel is bu
 neither holds). They also add "torch-ops-core ls_convit_*" (and in the micro group
 "torch-ops-core ls_gmm_micro"): the same model with its attention core on torch ops instead of the
 fused CPU kernels (`trainers/models/_attention_kernel.py`, where they are built: float32, and bf16
-on bf16 hardware; GMM attention has a kernel in float32 only), and `cpu_kernel_gain` (with over
+on bf16 hardware, GMM attention's masked core included), and `cpu_kernel_gain` (with over
 without).
 """
 
@@ -214,7 +214,7 @@ def _group(name: str, *, cuda: bool = False, precisions: tuple[str, ...] = ("fp3
             builders[FUSED_MHSA + "ls_convit_micro"] = lambda: _with_fused_mhsa(convit_micro())
             if _any_cpu_kernel(precisions):
                 builders[TORCH_OPS_CORE + "ls_convit_micro"] = lambda: _with_torch_ops_core(convit_micro())
-                # GMM attention: on the float32 kernel where it is built, else its torch ops either way
+                # GMM attention: on the kernel of its GEMMs' dtype where it is built, else its torch ops either way
                 builders[TORCH_OPS_CORE + "ls_gmm_micro"] = lambda: _with_torch_ops_core(gmm_micro())
         return builders, "deit micro (ls_convit_micro, 0 GPSA)", (1, 28, 28), extra
     raise ValueError(name)

@@ -24,6 +24,8 @@ import trainers.models  # noqa: F401  (registers ls_convit_* with timm)
 from trainers.models import _attention_core, _attention_kernel
 from trainers.throughput import count_flops
 
+from tests._layers import run_layer
+
 REPO = Path(__file__).resolve().parents[1]
 _SWITCHED_ON = os.environ.get("LOCALITY_SEARCH_CPU_KERNELS", "1") != "0"
 _CAPABILITY = torch.backends.cpu.get_cpu_capability()
@@ -451,14 +453,7 @@ def test_gmm_attention_under_bf16_autocast_runs_the_bf16_kernel_as_close_to_floa
     weights = torch.linspace(-1, 1, 48)
 
     def run(module, dtype, bf16):
-        module.zero_grad()
-        inputs = x.to(dtype, copy=True).requires_grad_(train)
-        with torch.set_grad_enabled(train), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            out = module(inputs)
-            if train:
-                (out.to(dtype) * weights.to(dtype)).sum().backward()
-        grads = [inputs.grad] + [p.grad for p in module.parameters()] if train else []
-        return [out.detach()] + grads
+        return run_layer(module, x, dtype=dtype, bf16=bf16, train=train, upstream=weights)
 
     reference = run(copy.deepcopy(layer).double(), torch.float64, False)
     with _CustomOps() as recorder:

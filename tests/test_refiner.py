@@ -11,6 +11,8 @@ from trainers.models import _attention_kernel
 from trainers.models.ls_refiner import LocalityRefinerViT, RefinedAttention, Refiner
 from trainers.throughput import count_flops
 
+from tests._layers import run_layer
+
 NANO = dict(img_size=28, patch_size=4, in_chans=1, num_classes=10)  # 7 x 7 = 49 patches
 
 
@@ -127,6 +129,12 @@ def test_default_path_choice():
     assert Refiner(4, 2, 5, (7, 7)).choose_path(49, on_kernel=True) == 'dense'  # 4 * 8 * 33 > 16 * 50
     assert Refiner(3, 3, 3, (14, 14)).choose_path(196, on_kernel=True) == 'kernel'
     assert Refiner(4, 6, 1, (7, 7)).choose_path(49, on_kernel=True) == 'mix'
+    # against the bf16 GEMMs of the torch paths under CPU autocast: the same rule for the forward
+    # alone, an eighth for forward + backward
+    low = dict(on_kernel=True, low_precision_gemms=True)
+    assert Refiner(4, 2, 3, (7, 7)).choose_path(49, backward=False, **low) == 'kernel'
+    assert Refiner(4, 1, 3, (7, 7)).choose_path(49, **low) == 'kernel'  # 8 * 4 * 17 <= 16 * 50
+    assert Refiner(4, 2, 3, (7, 7)).choose_path(49, **low) == 'dense'  # 8 * 8 * 17 > 16 * 50
 
 
 def _kernel_or_skip():
@@ -215,6 +223,55 @@ def test_the_refiner_model_on_the_kernel_matches_its_torch_ops(train, monkeypatc
     torch.testing.assert_close(logits_k, logits_t, atol=2e-5 * logits_t.abs().max().item(), rtol=0)
     for g_k, g_t in zip(grads_k, grads_t):
         torch.testing.assert_close(g_k, g_t, atol=5e-5 * g_t.abs().max().item() + 1e-12, rtol=0)
+
+
+class _RefineOps(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts the float32 kernel's refine ops."""
+
+    def __enter__(self):
+        self.calls = []
+        return super().__enter__()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace == 'locality_search_fp32' and func.overloadpacket.__name__.startswith('refine'):
+            self.calls.append(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize('ratio, train, on_kernel', [(2, False, True), (1, True, True), (2, True, False)])
+def test_under_bf16_autocast_the_maps_go_to_the_kernel_in_float32_where_the_rule_takes_it(ratio, train, on_kernel):
+    """RefinedAttention under CPU bf16 autocast: where `takes_float32_maps` (the kernel against bf16
+    GEMMs: r <= 2 for the forward alone on 7 x 7, r = 1 for forward + backward) the softmax writes
+    float32 maps and the float32 kernel refines them; elsewhere bf16 maps on torch ops. Either way the
+    output and gradients are as close to the float64 layer's as bf16 allows, the float32 maps no
+    less close than the bf16 ones."""
+    import copy
+
+    _kernel_or_skip()
+    torch.manual_seed(0)
+    layer = RefinedAttention(32, 4, (7, 7), ratio=ratio, kernel_size=3)
+    _randomise(layer.refiner)
+    x = torch.randn(3, 50, 32)
+    upstream = torch.randn(3, 50, 32)
+
+    def run(module, dtype, bf16):
+        return run_layer(module, x, dtype=dtype, bf16=bf16, train=train, upstream=upstream)
+
+    reference = run(copy.deepcopy(layer).double(), torch.float64, False)
+    assert layer.refiner.takes_float32_maps(x.device, backward=train) == on_kernel
+    with _RefineOps() as recorder:
+        got = run(layer, torch.float32, True)
+    assert recorder.calls == ((['refine_forward', 'refine_backward'] if train else ['refine_forward'])
+                              if on_kernel else [])
+    original = Refiner.takes_float32_maps
+    try:  # the same layer handing bf16 maps to the torch paths
+        Refiner.takes_float32_maps = lambda self, device, *, backward: False
+        bf16_maps = run(layer, torch.float32, True)
+    finally:
+        Refiner.takes_float32_maps = original
+    for a, b, ref in zip(got, bf16_maps, reference):
+        error, bf16_error = ((t.double() - ref).abs().max().item() / ref.abs().max().item() for t in (a, b))
+        assert error < 3e-2 and (error < 1.5 * bf16_error + 1e-3 if on_kernel else error == bf16_error)
 
 
 def test_flops_count_what_the_kernel_computes(monkeypatch):

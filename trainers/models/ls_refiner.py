@@ -25,7 +25,8 @@ GEMMs with no layout copies (`Refiner.refine_rows`). The refiner is linear in A,
 whichever of five equal ways is cheapest (`Refiner.choose_path`). On the CPU in float32 (k > 1), one
 fused pass per query row in the float32 attention kernel (`csrc/refiner_fp32.h`: expand, the k x k
 taps on the key grid, reduce, all in registers and L1; k^2 multiply-adds per key where the GEMMs
-below spend N, most of them on zeros). Elsewhere on torch ops: for small grids (h*w <= 16 k^2,
+below spend N, most of them on zeros); under CPU autocast too, where it beats the torch paths' bf16
+GEMMs (`Refiner.takes_float32_maps`: the attention's softmax then writes float32 maps). Elsewhere on torch ops: for small grids (h*w <= 16 k^2,
 e.g. the 7 x 7 Fashion-MNIST grid) the conv as one banded (N, N) matrix per expanded head (a GEMM;
 several times faster than a grouped conv2d on CPU) or, once r is large enough, the composed H -> H
 operator as one (H*N, H*N) GEMM, whose cost does not grow with r; for larger grids (14 x 14 at
@@ -161,7 +162,8 @@ class Refiner(nn.Module):
             raise ValueError(f'Refiner expects {P} prefix + {gh}x{gw} patch tokens = {P + gh * gw}, got {N}; '
                              'build the model with the img_size/patch_size of the input')
         backward = torch.is_grad_enabled() and (maps.requires_grad or self.kernel.requires_grad)
-        path = self.choose_path(gh * gw, backward=backward, on_kernel=self._kernel_usable(maps))
+        path = self.choose_path(gh * gw, backward=backward, on_kernel=self._kernel_usable(maps),
+                                low_precision_gemms=_under_cpu_autocast(maps))
         if path == 'kernel':  # (H, M, N) in and out, fused per row
             return _RefineOnKernel.apply(maps.contiguous(), self.expand, self.kernel, self.reduce, gh, gw)
         if path == 'dense':  # one GEMM over (head, key) pairs: (M, H*N) @ (H*N, H*N)
@@ -187,12 +189,25 @@ class Refiner(nn.Module):
     def _kernel_usable(self, maps: torch.Tensor) -> bool:
         """Whether `maps` and the weights can go to the float32 kernel: CPU float32, the kernel built
         here (`_attention_kernel.available`: also off under torch.compile and USE_FUSED_KERNEL)."""
-        return (maps.device.type == 'cpu' and maps.dtype == torch.float32
-                and all(p.dtype == torch.float32 for p in (self.expand, self.kernel, self.reduce))
-                and max(self.num_heads, self.expanded_heads) <= _MAX_KERNEL_HEADS
-                and _attention_kernel.available(torch.float32, maps.shape[-1]))
+        return maps.dtype == torch.float32 and self._kernel_usable_on(maps.device, maps.shape[-1])
 
-    def choose_path(self, num_patches: int, *, backward: bool = True, on_kernel: bool = False) -> str:
+    def _kernel_usable_on(self, device: torch.device, tokens: int) -> bool:
+        return (device.type == 'cpu' and all(p.dtype == torch.float32 for p in (self.expand, self.kernel, self.reduce))
+                and max(self.num_heads, self.expanded_heads) <= _MAX_KERNEL_HEADS
+                and _attention_kernel.available(torch.float32, tokens))
+
+    def takes_float32_maps(self, device: torch.device, *, backward: bool) -> bool:
+        """Under CPU autocast, whether the attention should hand this refiner its maps in float32
+        (softmax with a float32 output) rather than in the GEMMs' bf16: where it then refines them on
+        the float32 kernel (`choose_path` with `low_precision_gemms`). Otherwise the bf16 torch paths
+        are as quick or quicker (measured, see `choose_path`)."""
+        tokens = self.num_prefix_tokens + self.grid_size[0] * self.grid_size[1]
+        return (self._kernel_usable_on(device, tokens) and
+                self.choose_path(tokens - self.num_prefix_tokens, backward=backward, on_kernel=True,
+                                 low_precision_gemms=True) == 'kernel')
+
+    def choose_path(self, num_patches: int, *, backward: bool = True, on_kernel: bool = False,
+                    low_precision_gemms: bool = False) -> str:
         """How `refine_rows` computes (all give the same maps, tested; `force_path` overrides):
 
         'mix'     k = 1: one H x H mixing (the 1 x 1 kernels are scales); cost independent of r.
@@ -202,6 +217,11 @@ class Refiner(nn.Module):
                   alone, fwd+bwd / fwd (AVX2 EPYC, 2 threads, B 256): 7 x 7, H 4: r 1 1.7x / 1.8x the
                   fastest torch path, r 2 1.5x / 1.8x, r 3 1.0x / 1.6x (not chosen), r 4 0.62x / 0.82x;
                   8 x 8, r 2: 2.0x / 2.6x; 14 x 14, H 3, r 3 (Refiner-Ti, B 8): 2.6x / 2.6x.
+                  With `low_precision_gemms` (float32 maps under CPU autocast, where the torch paths'
+                  GEMMs run in bf16) the same rule for the forward alone, 1 / 8 for forward + backward:
+                  the refined attention layer under bf16 autocast with float32 maps on the kernel vs
+                  bf16 maps on torch ops (Zen 5 EPYC, B 256, 7 x 7, H 4): inference r 1 1.34x, r 2
+                  1.21x; training r 1 1.19x, r 2 0.97x (so not taken), r 4 (torch ops either way) 0.95x.
         'matmul'  expand, the k x k conv as a banded (N, N) matrix per expanded head (one batched GEMM;
                   on the CPU several times faster than a grouped conv2d for small grids), reduce.
         'conv'    expand, depthwise conv2d over the key grid, reduce (large grids, where the banded
@@ -220,7 +240,8 @@ class Refiner(nn.Module):
         if on_kernel:
             H, tokens = self.num_heads, self.num_prefix_tokens + num_patches
             kernel_cost = self.expanded_heads * (2 * H + self.kernel_size ** 2)  # per key, as the dense's
-            if _KERNEL_COST_FACTOR * kernel_cost <= H * H * tokens:
+            factor = _KERNEL_COST_FACTOR_VS_BF16_TRAINING if low_precision_gemms and backward else _KERNEL_COST_FACTOR
+            if factor * kernel_cost <= H * H * tokens:
                 return 'kernel'
         if num_patches <= 16 * self.kernel_size ** 2:
             dense = 2 * self.ratio >= self.num_heads if backward else 2 * self.ratio > self.num_heads
@@ -256,6 +277,12 @@ class Refiner(nn.Module):
 
 _MAX_KERNEL_HEADS = 64  # the kernel's per-vector arrays (kMaxRefinerHeads)
 _KERNEL_COST_FACTOR = 4  # the kernel's loops vs MKL's GEMMs, per multiply-add (`Refiner.choose_path`)
+_KERNEL_COST_FACTOR_VS_BF16_TRAINING = 8  # vs the bf16 GEMMs of the torch paths under CPU autocast, fwd + bwd
+
+
+def _under_cpu_autocast(maps: torch.Tensor) -> bool:
+    """Whether the torch paths' GEMMs on these CPU maps run in a low precision (CPU autocast on)."""
+    return maps.device.type == 'cpu' and torch.is_autocast_enabled('cpu')
 
 
 class _RefineOnKernel(torch.autograd.Function):
@@ -305,7 +332,15 @@ class RefinedAttention(nn.Module):
         # heads first, (3, H*B, N, d): the maps then come out as (H, B*N, N), the refiner's layout
         q, k, v = self.qkv(x).view(B, N, 3, H, d).permute(2, 3, 0, 1, 4).reshape(3, H * B, N, d).unbind(0)
         scores = torch.baddbmm(q.new_empty(H * B, N, N), q, k.transpose(1, 2), beta=0., alpha=self.scale)
-        attn = self.refiner.refine_rows(scores.softmax(dim=-1).view(H, B * N, N))  # rows need not sum to 1
+        backward = torch.is_grad_enabled() and (scores.requires_grad or self.refiner.kernel.requires_grad)
+        if scores.dtype in (torch.bfloat16, torch.float16) and self.refiner.takes_float32_maps(scores.device,
+                                                                                             backward=backward):
+            # CPU autocast: float32 maps for the float32 kernel (and torch's softmax writes float32 rows
+            # of 50 keys 2x quicker than bf16 ones); @V casts the refined maps back
+            soft = torch.softmax(scores, dim=-1, dtype=torch.float32)
+        else:
+            soft = scores.softmax(dim=-1)
+        attn = self.refiner.refine_rows(soft.view(H, B * N, N))  # rows need not sum to 1
         x = torch.bmm(attn.view(H * B, N, N), v)  # (H*B, N, d)
         x = x.view(H, B, N, d).permute(1, 2, 0, 3).reshape(B, N, C)  # (B, N, C)
         return self.proj_drop(self.proj(x))

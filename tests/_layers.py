@@ -1,0 +1,18 @@
+"""A layer's output and gradients in a given dtype, optionally under CPU bf16 autocast: for tests
+that hold a low-precision path against a float64 copy of the same layer."""
+from __future__ import annotations
+
+import torch
+
+
+def run_layer(module: torch.nn.Module, x: torch.Tensor, *, dtype: torch.dtype, bf16: bool, train: bool,
+              upstream: torch.Tensor) -> list[torch.Tensor]:
+    """[module(x)] and, when `train`, the gradients of <module(x), upstream> for x and every parameter
+    (in `module.parameters()` order); x and upstream cast to `dtype` (a copy: x's own grad untouched)."""
+    module.zero_grad()
+    inputs = x.to(dtype, copy=True).requires_grad_(train)
+    with torch.set_grad_enabled(train), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        out = module(inputs)
+        if train:
+            (out.to(dtype) * upstream.to(dtype)).sum().backward()
+    return [out.detach()] + ([inputs.grad] + [p.grad for p in module.parameters()] if train else [])
