@@ -135,6 +135,10 @@ def test_default_path_choice():
     assert Refiner(4, 2, 3, (7, 7)).choose_path(49, backward=False, **low) == 'kernel'
     assert Refiner(4, 1, 3, (7, 7)).choose_path(49, **low) == 'kernel'  # 8 * 4 * 17 <= 16 * 50
     assert Refiner(4, 2, 3, (7, 7)).choose_path(49, **low) == 'dense'  # 8 * 8 * 17 > 16 * 50
+    # large grids, where the torch path would be the depthwise conv2d: the kernel whatever r
+    assert Refiner(3, 12, 3, (14, 14)).choose_path(196, on_kernel=True) == 'kernel'  # 4 * 36 * 15 > 9 * 197
+    assert Refiner(3, 6, 3, (14, 14)).choose_path(196, **low) == 'kernel'
+    assert Refiner(3, 12, 3, (14, 14)).choose_path(196) == 'conv'
 
 
 def _kernel_or_skip():

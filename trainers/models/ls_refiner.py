@@ -222,6 +222,10 @@ class Refiner(nn.Module):
                   the refined attention layer under bf16 autocast with float32 maps on the kernel vs
                   bf16 maps on torch ops (Zen 5 EPYC, B 256, 7 x 7, H 4): inference r 1 1.34x, r 2
                   1.21x; training r 1 1.19x, r 2 0.97x (so not taken), r 4 (torch ops either way) 0.95x.
+                  Where the torch path would be 'conv' (large grids) the kernel is taken whatever r: the
+                  layer at 14 x 14, B 8, against 'conv', fwd+bwd / fwd: float32 H 3, r 12 3.1x / 3.3x;
+                  bf16 autocast H 3, r 3 1.62x / 1.57x, r 6 1.85x / 1.79x, r 12 2.23x / 2.47x, H 6, r 6
+                  1.60x / 1.74x; at 24 x 24, k 5, H 3, r 3 (B 4) 4.47x / 1.55x.
         'matmul'  expand, the k x k conv as a banded (N, N) matrix per expanded head (one batched GEMM;
                   on the CPU several times faster than a grouped conv2d for small grids), reduce.
         'conv'    expand, depthwise conv2d over the key grid, reduce (large grids, where the banded
@@ -237,13 +241,14 @@ class Refiner(nn.Module):
             return self.force_path
         if self.kernel_size == 1:
             return 'mix'
+        small_grid = num_patches <= 16 * self.kernel_size ** 2  # else the torch path is 'conv'
         if on_kernel:
             H, tokens = self.num_heads, self.num_prefix_tokens + num_patches
             kernel_cost = self.expanded_heads * (2 * H + self.kernel_size ** 2)  # per key, as the dense's
             factor = _KERNEL_COST_FACTOR_VS_BF16_TRAINING if low_precision_gemms and backward else _KERNEL_COST_FACTOR
-            if factor * kernel_cost <= H * H * tokens:
+            if not small_grid or factor * kernel_cost <= H * H * tokens:
                 return 'kernel'
-        if num_patches <= 16 * self.kernel_size ** 2:
+        if small_grid:
             dense = 2 * self.ratio >= self.num_heads if backward else 2 * self.ratio > self.num_heads
             return 'dense' if dense else 'matmul'
         return 'conv'
