@@ -15,7 +15,8 @@ Layers (all dim 96, 4 heads, the width of the *_micro models):
              elsewhere explicit scores, mask, softmax
   gmm_K3_ops (where gmm runs on the kernel) gmm_K3 on its torch ops (USE_FUSED_KERNEL off)
   refiner_r  Refiner attention with expansion ratio r, 3x3 kernel (plus a class token, as in the model):
-             in float32 on a CPU with the float32 kernel, its maps refined there (`Refiner.choose_path`)
+             on a CPU with the float32 kernel, its maps refined there where `Refiner.choose_path` takes
+             it (in float32 r <= 2 here; under bf16 autocast, forward + backward, r = 1)
   refiner_r2_ops (where the refiner runs on the kernel) refiner_r2 on its torch ops (USE_FUSED_KERNEL off)
   gpsa       ConViT's GPSA, for reference
 Each is timed alternately with the others after a warm-up (so load drifts hit all alike); the
@@ -71,7 +72,7 @@ def run(*, batch: int, tokens: int, dim: int, heads: int, repeats: int, warmup: 
     plain_fused = _attention_core.use_explicit_core(probe)
     # and GMM on a kernel (float32, or bf16 under autocast on bf16 hardware)
     gmm_ops = _attention_core.masked_core_usable(probe)
-    # and the Refiner's maps on it (float32 maps on the CPU; under bf16 autocast its maps are bf16)
+    # and the Refiner's maps on it (float32: r 2 is on the kernel; under bf16 autocast only r 1 is, fwd+bwd)
     refiner_ops = not bf16 and dev.type == "cpu" and _attention_kernel.available(torch.float32, tokens + 1)
     layers = {name: (layer.to(dev), extra)
               for name, (layer, extra) in _layers(dim, heads, tokens, plain_fused, gmm_ops, refiner_ops).items()}
