@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from trainers._cpu import cpu_has_native_bf16
+from trainers._cpu import cpu_has_native_bf16, cpuinfo_field
 
 __all__ = [
     "environment", "result_slug", "write_result", "bf16_by_default", "RESULTS_DIR", "setup_process",
@@ -30,25 +30,12 @@ __all__ = [
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 
-def _cpuinfo_field(name: str) -> str | None:
-    """The first /proc/cpuinfo line's value for `name` (e.g. "model name"), or None (not Linux)."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key.strip().lower() == name:
-                    return value.strip()
-    except OSError:
-        pass
-    return None
-
-
 def _cpu_name() -> str:
-    return _cpuinfo_field("model name") or platform.processor() or platform.machine() or "unknown CPU"
+    return cpuinfo_field("model name") or platform.processor() or platform.machine() or "unknown CPU"
 
 
 def _cpu_family() -> int | None:
-    family = _cpuinfo_field("cpu family")
+    family = cpuinfo_field("cpu family")
     return int(family) if family and family.isdigit() else None
 
 

@@ -25,23 +25,30 @@ Ours recomputing its maps (same rotation, fp32, where the float32 kernel is buil
 with the kernel's forward keeping no softmax maps for the backward (`KEPT_MAPS_BYTES` 0), so the
 backward recomputes them as it does over that budget: `ratio_kept_maps_gain` = recomputing / ours.
 
+Ours with MKL's float32 projections (same rotation, fp32, on a CPU where `trainers/models/_linear.py`
+puts them on oneDNN: AVX-512 and not Intel, where MKL runs AVX2 code): the same layer with torch's
+`F.linear` for its projections, `ratio_onednn_linear_gain` = MKL / oneDNN, and
+`ratio_timm_over_ours_mkl_linear` (timm / ours on the GEMM library timm uses).
+
 The floor (same rotation, each precision): our layer's projections alone, forward + backward (the
 q/k/v matmul and the output projection, with the shapes and upstream gradients the layer has). They
-are the same matmuls as timm's (its qk and v are ours concatenated), so no attention core, however
-fast, can take the layer below them: `ratio_bound` = timm / floor is the best ratio reachable here.
+are the same products as timm's (its qk and v are ours concatenated; on oneDNN where ours are), so no
+attention core, however fast, can take the layer below them: `ratio_bound` = timm / floor is the
+best ratio reachable here.
 """
 from __future__ import annotations
 
 import argparse
 import statistics
 import time
+from types import ModuleType
 from typing import Callable
 
 import torch
 from timm.models.convit import GPSA as TimmGPSA
 
 from benchmarks._env import add_malloc_option, autocast, bf16_by_default, parse_and_set_up, sync, write_result
-from trainers.models import _attention_kernel
+from trainers.models import _attention_kernel, _linear
 from trainers.models.ls_convit import GPSA
 
 
@@ -53,24 +60,21 @@ def _step(layer: torch.nn.Module, x: torch.Tensor, precision: str = "fp32") -> N
     y.float().sum().backward()  # .float(): a no-op in fp32
 
 
-def _torch_ops_step(layer: GPSA, x: torch.Tensor, precision: str = "fp32") -> None:
-    """`_step` with the core on torch ops (the fused kernel off)."""
-    saved = _attention_kernel.USE_FUSED_KERNEL
-    _attention_kernel.USE_FUSED_KERNEL = False
-    try:
-        _step(layer, x, precision)
-    finally:
-        _attention_kernel.USE_FUSED_KERNEL = saved
+def _step_with(module: ModuleType, setting: str, value: object) -> Callable[[GPSA, torch.Tensor, str], None]:
+    """`_step` with a module's setting changed for the step (and restored): a path of ours off."""
+    def step(layer: GPSA, x: torch.Tensor, precision: str = "fp32") -> None:
+        saved = getattr(module, setting)
+        setattr(module, setting, value)
+        try:
+            _step(layer, x, precision)
+        finally:
+            setattr(module, setting, saved)
+    return step
 
 
-def _recomputing_step(layer: GPSA, x: torch.Tensor, precision: str = "fp32") -> None:
-    """`_step` with the float32 kernel keeping no softmax maps (its backward recomputes them)."""
-    saved = _attention_kernel.KEPT_MAPS_BYTES
-    _attention_kernel.KEPT_MAPS_BYTES = 0
-    try:
-        _step(layer, x, precision)
-    finally:
-        _attention_kernel.KEPT_MAPS_BYTES = saved
+_torch_ops_step = _step_with(_attention_kernel, "USE_FUSED_KERNEL", False)  # the core on torch ops
+_recomputing_step = _step_with(_attention_kernel, "KEPT_MAPS_BYTES", 0)  # the float32 kernel keeping no maps
+_mkl_linear_step = _step_with(_linear, "USE_ONEDNN_FP32", False)  # float32 projections on MKL (torch's default)
 
 
 def _projections_step(layer: GPSA, x: torch.Tensor, z: torch.Tensor, precision: str = "fp32") -> None:
@@ -126,8 +130,12 @@ def run(*, batch: int, tokens: int, dim: int, heads: int, repeats: int, warmup: 
         steps["ours_torch_ops"] = lambda precision: _torch_ops_step(ours, x, precision)
     if fused_kernel["fp32"]:
         steps["ours_recomputing"] = lambda precision: _recomputing_step(ours, x, precision)
-    contenders = [(precision, name) for precision in precisions for name in steps  # the rotation
-                  if name != "ours_recomputing" or precision == "fp32"]  # (the bf16 kernel always recomputes)
+    onednn_linear = dev.type == "cpu" and _linear.onednn_beats_mkl_here()
+    if onednn_linear:
+        steps["ours_mkl_linear"] = lambda precision: _mkl_linear_step(ours, x, precision)
+    fp32_only = ("ours_recomputing", "ours_mkl_linear")  # (the bf16 kernel always recomputes; bf16 linears
+    contenders = [(precision, name) for precision in precisions for name in steps  # are oneDNN's anyway)
+                  if name not in fp32_only or precision == "fp32"]  # the rotation
     for _ in range(warmup):
         for precision, name in contenders:
             steps[name](precision)
@@ -156,6 +164,9 @@ def run(*, batch: int, tokens: int, dim: int, heads: int, repeats: int, warmup: 
     if fused_kernel["fp32"]:
         out["ratio_fused_kernel_gain"] = med["fp32"]["ours_torch_ops"] / med["fp32"]["ours"]
         out["ratio_kept_maps_gain"] = med["fp32"]["ours_recomputing"] / med["fp32"]["ours"]
+    if onednn_linear:
+        out["ratio_onednn_linear_gain"] = med["fp32"]["ours_mkl_linear"] / med["fp32"]["ours"]
+        out["ratio_timm_over_ours_mkl_linear"] = med["fp32"]["timm"] / med["fp32"]["ours_mkl_linear"]
     if bf16:
         out.update({
             "median_s_bf16": med["bf16"],
@@ -215,7 +226,11 @@ def main(argv: list[str] | None = None) -> None:
                   f"fused kernel gain {result['ratio_fused_kernel_gain']:.2f}x")
             print(f"  ours recomputing the softmax maps in the backward: {med['ours_recomputing'] * 1e3:8.2f} ms -> "
                   f"kept maps gain {result['ratio_kept_maps_gain']:.2f}x")
-        elif device == "cpu":
+        if "ratio_onednn_linear_gain" in result:
+            print(f"  ours with MKL's float32 projections (torch's default): {med['ours_mkl_linear'] * 1e3:8.2f} ms -> "
+                  f"oneDNN linear gain {result['ratio_onednn_linear_gain']:.2f}x; timm/ours on MKL "
+                  f"{result['ratio_timm_over_ours_mkl_linear']:.2f}x")
+        if "ratio_fused_kernel_gain" not in result and device == "cpu":
             print(f"  (the fused attention kernel is not built here: {result['fused_kernel_unavailable_because']['fp32']})")
         if "median_s_bf16" in result:
             mb = result["median_s_bf16"]

@@ -56,6 +56,12 @@ neither holds). They also add "torch-ops-core ls_convit_*" (and in the micro gro
 fused CPU kernels (`trainers/models/_attention_kernel.py`, where they are built: float32, and bf16
 on bf16 hardware, GMM attention's masked core included), and `cpu_kernel_gain` (with over
 without).
+On a CPU where our float32 linears run on oneDNN (`trainers/models/_linear.py`: AVX-512, not
+Intel, where MKL runs AVX2 code) and fp32 is timed, the convit and tiny groups add "MKL-linear
+ls_convit_tiny" (the same model on torch's `F.linear`, MKL: `onednn_linear_gain`, with over
+without) and "oneDNN-linear <the DeiT>" (timm's DeiT with its nn.Linear layers swapped for ours,
+same weights: the architecture against the same GEMMs, `over_onednn_linear_deit`), since timm's
+own models keep MKL there.
 """
 
 from __future__ import annotations
@@ -70,7 +76,7 @@ import torch
 
 import trainers.models  # noqa: F401  (registers the ls_* families)
 from trainers._memory_format import runs_channels_last
-from trainers.models import _attention_core, _attention_kernel, ls_convit
+from trainers.models import _attention_core, _attention_kernel, _linear, ls_convit
 from benchmarks._env import add_malloc_option, autocast, bf16_by_default, parse_and_set_up, sync, write_result
 
 IMAGENET = dict(num_classes=1000, in_chans=3)
@@ -78,6 +84,8 @@ UNFUSED = "unfused "  # label prefix: ls_convit_tiny with GPSA's CUDA inference 
 FUSED_MHSA = "fused-MHSA "  # label prefix: a CPU ls_convit with its plain attention on torch's fused kernel
 TORCH_OPS_CORE = "torch-ops-core "  # label prefix: a CPU ls_convit/ls_gmm without the fused attention kernel
 NCHW = "NCHW "  # label prefix: a CPU T-CNN in NCHW instead of the channels_last a trial runs it in
+MKL_LINEAR = "MKL-linear "  # label prefix: a CPU ls_* model with its float32 linears on F.linear (MKL)
+ONEDNN_LINEAR = "oneDNN-linear "  # label prefix: a timm model with its nn.Linear layers as ours (oneDNN)
 
 
 PRECISION_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -141,6 +149,27 @@ def _with_torch_ops_core(model: torch.nn.Module) -> torch.nn.Module:
     return _WithPathOff(model, _attention_kernel, "USE_FUSED_KERNEL")
 
 
+def _with_mkl_linears(model: torch.nn.Module) -> torch.nn.Module:
+    return _WithPathOff(model, _linear, "USE_ONEDNN_FP32")
+
+
+def _with_onednn_linears(model: torch.nn.Module) -> torch.nn.Module:
+    """`model` with each `nn.Linear` replaced by our `Linear` holding the same parameters."""
+    for module in list(model.modules()):
+        for name, child in module.named_children():
+            if type(child) is torch.nn.Linear:
+                swapped = _linear.Linear(child.in_features, child.out_features, bias=child.bias is not None)
+                swapped.weight, swapped.bias = child.weight, child.bias
+                setattr(module, name, swapped)
+    return model
+
+
+def _onednn_linears_timed(cuda: bool, precisions: tuple[str, ...]) -> bool:
+    """Whether our models' float32 linears run on oneDNN here, in a timed precision (so timm's, on
+    MKL, are not like for like)."""
+    return not cuda and "fp32" in precisions and _linear.onednn_beats_mkl_here()
+
+
 def _group(name: str, *, cuda: bool = False, precisions: tuple[str, ...] = ("fp32", "bf16")
            ) -> tuple[dict[str, Callable[[], torch.nn.Module]], str, tuple[int, int, int], dict]:
     """name -> builders, the baseline's name, the input shape, extra facts. On CUDA the convit and
@@ -170,6 +199,10 @@ def _group(name: str, *, cuda: bool = False, precisions: tuple[str, ...] = ("fp3
             builders[FUSED_MHSA + "ls_convit_tiny"] = lambda: _with_fused_mhsa(pair()[1])
             if _any_cpu_kernel(precisions):
                 builders[TORCH_OPS_CORE + "ls_convit_tiny"] = lambda: _with_torch_ops_core(pair()[1])
+        if _onednn_linears_timed(cuda, precisions):
+            builders[MKL_LINEAR + "ls_convit_tiny"] = lambda: _with_mkl_linears(pair()[1])
+            builders[ONEDNN_LINEAR + "deit_tiny_patch16_224"] = lambda: _with_onednn_linears(
+                timm.create_model("deit_tiny_patch16_224"))
         return builders, "timm convit_tiny", (3, 224, 224), extra
     if name in ("tiny", "small"):
         deit = f"deit_{name}_patch16_224"
@@ -181,6 +214,8 @@ def _group(name: str, *, cuda: bool = False, precisions: tuple[str, ...] = ("fp3
         if not cuda:
             builders[f"{NCHW}{tcnn} (converted)"] = lambda: _converted(tcnn, **IMAGENET)
         builders[f"timm convit_{name}"] = lambda: timm.create_model(f"convit_{name}")
+        if _onednn_linears_timed(cuda, precisions):
+            builders[ONEDNN_LINEAR + deit] = lambda: _with_onednn_linears(timm.create_model(deit))
         return builders, deit, (3, 224, 224), extra
     if name == "px32":
         pair = cached_pair(32, 4)
@@ -339,9 +374,12 @@ def run_group(name: str, *, batch: int, repeats: int, warmup: int, device: str, 
                 out, f"{ours} +compile", f"{deit} +compile")
     for label in models:
         for prefix, key in ((FUSED_MHSA, "explicit_core_gain"), (TORCH_OPS_CORE, "cpu_kernel_gain"),
-                            (NCHW, "channels_last_gain")):
+                            (NCHW, "channels_last_gain"), (MKL_LINEAR, "onednn_linear_gain")):
             if label.startswith(prefix):
                 out.setdefault(key, {})[label[len(prefix):]] = pair_ratios(out, label[len(prefix):], label)
+        if label.startswith(ONEDNN_LINEAR + "deit"):  # our families against the DeiT on the same GEMMs
+            out["over_onednn_linear_deit"] = {f"{ours} / {label}": pair_ratios(out, ours, label)
+                                              for ours in models if ours.startswith("ls_")}
     return out
 
 
@@ -386,6 +424,10 @@ def _print_group(group: str, batch: int, r: dict) -> None:
               + ", ".join(f"{key} {v:.2f}x" for key, v in ratios.items()))
     for label, ratios in r.get("channels_last_gain", {}).items():
         print(f"  {label}, channels_last / NCHW: " + ", ".join(f"{key} {v:.2f}x" for key, v in ratios.items()))
+    for label, ratios in r.get("onednn_linear_gain", {}).items():
+        print(f"  {label}, float32 linears on oneDNN / on MKL: " + ", ".join(f"{key} {v:.2f}x" for key, v in ratios.items()))
+    for pair, ratios in r.get("over_onednn_linear_deit", {}).items():
+        print(f"  {pair}: " + ", ".join(f"{key} {v:.2f}x" for key, v in ratios.items()))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,8 +1,10 @@
-"""A layer's output and gradients in a given dtype, optionally under CPU bf16 autocast: for tests
-that hold a low-precision path against a float64 copy of the same layer."""
+"""Test helpers for layers: a layer's output and gradients in a given dtype, optionally under CPU
+bf16 autocast (for tests that hold a low-precision path against a float64 copy of the same layer),
+and a record of the ops a call dispatched (which path it took)."""
 from __future__ import annotations
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 
 def run_layer(module: torch.nn.Module, x: torch.Tensor, *, dtype: torch.dtype, bf16: bool, train: bool,
@@ -16,3 +18,16 @@ def run_layer(module: torch.nn.Module, x: torch.Tensor, *, dtype: torch.dtype, b
         if train:
             (out.to(dtype) * upstream.to(dtype)).sum().backward()
     return [out.detach()] + ([inputs.grad] + [p.grad for p in module.parameters()] if train else [])
+
+
+class OpCalls(TorchDispatchMode):
+    """Counts every op dispatched inside it by "namespace.name" (e.g. "mkldnn._linear_pointwise")."""
+
+    def __enter__(self):
+        self.calls: dict[str, int] = {}
+        return super().__enter__()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = f"{func.namespace}.{func.overloadpacket.__name__}"
+        self.calls[name] = self.calls.get(name, 0) + 1
+        return func(*args, **(kwargs or {}))

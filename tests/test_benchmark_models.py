@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import copy
 import warnings
 
-from benchmarks.models import NCHW, run_group
+import timm
+import torch
+
+from benchmarks.models import NCHW, _with_onednn_linears, run_group
+from tests._layers import OpCalls
+from trainers.models import _linear
 
 TCNN = "ls_tcnn_resnet10_micro_s (converted)"
 
@@ -18,3 +24,21 @@ def test_micro_group_times_the_tcnn_channels_last_against_its_nchw_twin():
     gain = r["channels_last_gain"][TCNN]
     assert set(gain) == {"inference", "train"} and all(v > 0 for v in gain.values())
     assert r["inference"]["speed_vs_baseline"]["deit micro (ls_convit_micro, 0 GPSA)"] == 1.0
+
+
+def test_a_timm_model_with_onednn_linears_has_every_linear_swapped_and_the_same_outputs(monkeypatch):
+    """The "oneDNN-linear" DeiT the convit and tiny groups time where our float32 linears run on
+    oneDNN: the same parameters, every nn.Linear now ours (forced onto oneDNN here), same logits."""
+    monkeypatch.setattr(_linear, "onednn_beats_mkl_here", lambda: True)
+    torch.manual_seed(0)
+    reference = timm.create_model("deit_tiny_patch16_224", img_size=32, patch_size=4, num_classes=10).eval()
+    swapped = _with_onednn_linears(copy.deepcopy(reference))
+    linears = [m for m in swapped.modules() if isinstance(m, torch.nn.Linear)]
+    assert linears and all(type(m) is _linear.Linear for m in linears)
+    assert swapped.state_dict().keys() == reference.state_dict().keys()
+    x = torch.randn(8, 3, 32, 32)
+    with torch.inference_mode(), OpCalls() as ops:
+        out = swapped(x)
+    assert ops.calls.get("mkldnn._linear_pointwise", 0) > 0
+    with torch.inference_mode():
+        torch.testing.assert_close(out, reference(x), atol=1e-5, rtol=1e-5)

@@ -1,4 +1,5 @@
-"""What the CPU can do that changes how a trial computes: bf16 in hardware or not."""
+"""What the CPU can do that changes how a trial computes: bf16 in hardware or not; and its
+/proc/cpuinfo facts (vendor, family), which pick the float32 GEMM library (`models/_linear.py`)."""
 from __future__ import annotations
 
 import functools
@@ -6,7 +7,20 @@ import os
 
 import torch
 
-__all__ = ["cpu_has_native_bf16"]
+__all__ = ["cpu_has_native_bf16", "cpuinfo_field"]
+
+def cpuinfo_field(name: str) -> str | None:
+    """The first /proc/cpuinfo line's value for `name` (e.g. "model name"), or None (not Linux)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip().lower() == name:
+                    return value.strip()
+    except OSError:
+        pass
+    return None
+
 
 # oneDNN ISA levels (ONEDNN_MAX_CPU_ISA) that include bf16 dot products (AVX512-BF16) or AMX tiles
 _ONEDNN_BF16_LEVELS = {

@@ -15,6 +15,7 @@ from timm.models import build_model_with_cfg
 from timm.models._features_fx import register_notrace_module
 
 from trainers.models._attention_core import attention, use_explicit_core
+from trainers.models._linear import Linear
 
 __all__ = [
     'IMAGENET_DEFAULT_MEAN', 'IMAGENET_DEFAULT_STD', 'FASHION_MNIST_MEAN', 'FASHION_MNIST_STD', 'GridSize',
@@ -199,8 +200,8 @@ class MHSA(nn.Module):
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
         self.attn_drop_p = float(attn_drop)
-        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
-        self.proj = nn.Linear(dim, dim)
+        self.qkv = Linear(dim, dim * 3, bias=qkv_bias)
+        self.proj = Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -219,7 +220,8 @@ class MHSA(nn.Module):
 @register_notrace_module  # reason: the in-place branch reads requires_grad, Python control flow
 class Mlp(_TimmMlp):
     """timm's `Mlp` (fc1, GELU, fc2; same parameter names) with the GELU applied in place on fc1's
-    output wherever autograd does not record it (inference, no_grad, frozen layers).
+    output wherever autograd does not record it (inference, no_grad, frozen layers), and fc1 and fc2
+    as `Linear` (float32 on oneDNN where MKL is the slower, `_linear`).
 
     That output is a fresh (B, N, hidden) tensor nothing else holds, so overwriting it is safe and
     bit for bit the same; a new tensor for the GELU's result costs an allocation of the block's
@@ -232,6 +234,8 @@ class Mlp(_TimmMlp):
 
     def __init__(self, in_features: int, hidden_features: int, drop: float = 0.):
         super().__init__(in_features=in_features, hidden_features=hidden_features, act_layer=nn.GELU, drop=drop)
+        self.fc1 = Linear(in_features, hidden_features)
+        self.fc2 = Linear(hidden_features, in_features)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.fc1(x)  # (B, N, hidden)

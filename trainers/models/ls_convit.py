@@ -78,6 +78,7 @@ from timm.models._features_fx import register_notrace_module
 
 from trainers.models import _attention_kernel, _gpsa_triton
 from trainers.models._attention_core import CPU_CORE_DTYPES, FULL_PRECISION, attention_inference, gated_attention
+from trainers.models._linear import Linear, linear
 from trainers.models._common import (
     MHSA, GridSize, Mlp, _build_without_weights, _cfg, _check_int, _check_real, _check_vit_args, _fashion_mnist_cfg,
     _gated_param_groups, _init_vit_weights, _patch_tokens,
@@ -161,10 +162,10 @@ class GPSA(nn.Module):
         self.attn_drop_p = float(attn_drop)
         self.grid_size = tuple(grid_size) if grid_size is not None else None
 
-        self.qk = nn.Linear(dim, dim * 2, bias=qkv_bias)
-        self.v = nn.Linear(dim, dim, bias=qkv_bias)
+        self.qk = Linear(dim, dim * 2, bias=qkv_bias)
+        self.v = Linear(dim, dim, bias=qkv_bias)
         self.attn_drop = nn.Dropout(attn_drop)
-        self.proj = nn.Linear(dim, dim)
+        self.proj = Linear(dim, dim)
         self.pos_proj = nn.Linear(3, num_heads)
         self.proj_drop = nn.Dropout(proj_drop)
         self.gating_param = nn.Parameter(torch.full((num_heads,), float(gate_init)))
@@ -266,7 +267,7 @@ class GPSA(nn.Module):
         if self.qk.bias is not None:
             biases = (self.qk.bias, self.v.bias)
             bias = self._frozen('qkv_bias', biases, (), lambda: torch.cat(biases))
-        return F.linear(x, weight, bias)
+        return linear(x, weight, bias)
 
     def _qkv_heads_first(self, x: torch.Tensor) -> torch.Tensor:
         """`_qkv` for inference, laid out (3, H, B, N, d) contiguous: one batched matmul of the
@@ -489,7 +490,7 @@ class LocalityConViT(nn.Module):
             ) for i in range(depth)])
         self.norm = LayerNorm(embed_dim)
         self.feature_info = [dict(num_chs=embed_dim, reduction=patch_size, module=f'blocks.{i}') for i in range(depth)]
-        self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+        self.head = Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
 
         if self.cls_token is not None:
             trunc_normal_(self.cls_token, std=.02)
@@ -531,7 +532,7 @@ class LocalityConViT(nn.Module):
             self.global_pool = global_pool
         self.num_classes = num_classes
         w = self.norm.weight
-        self.head = (nn.Linear(self.embed_dim, num_classes, device=w.device, dtype=w.dtype)
+        self.head = (Linear(self.embed_dim, num_classes, device=w.device, dtype=w.dtype)
                      if num_classes > 0 else nn.Identity())
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:

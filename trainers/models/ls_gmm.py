@@ -65,6 +65,7 @@ from timm.models import generate_default_cfgs, register_model
 from timm.models._features_fx import register_notrace_module
 
 from trainers.models._attention_core import masked_attention, masked_core_usable
+from trainers.models._linear import Linear
 from trainers.models._common import (
     GridSize, Mlp, _build_without_weights, _cfg, _check_bool, _check_int, _check_real, _check_vit_args,
     _fashion_mnist_cfg, _init_vit_weights, _patch_tokens,
@@ -152,9 +153,9 @@ class GMMAttention(nn.Module):
         self.sigma_init_mean, self.sigma_init_std = float(sigma_init_mean), float(sigma_init_std)
         self.grid_size = tuple(grid_size) if grid_size is not None else None
 
-        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        self.qkv = Linear(dim, dim * 3, bias=qkv_bias)
         self.attn_drop = nn.Dropout(attn_drop)
-        self.proj = nn.Linear(dim, dim)
+        self.proj = Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
         self.alpha = nn.Parameter(torch.empty(num_heads, num_kernels))
         self.sigma = nn.Parameter(torch.empty(num_heads, num_kernels))
@@ -340,7 +341,7 @@ class LocalityGMMViT(nn.Module):
             ) for i in range(depth)])
         self.fc_norm = LayerNorm(embed_dim)  # after pooling
         self.feature_info = [dict(num_chs=embed_dim, reduction=patch_size, module=f'blocks.{i}') for i in range(depth)]
-        self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+        self.head = Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
 
         self.apply(_init_vit_weights)  # linears and norms only; alpha/sigma keep their N(mean, std^2) init
 
@@ -397,7 +398,7 @@ class LocalityGMMViT(nn.Module):
             raise ValueError(f"global_pool={global_pool!r}: this model has no class token, use 'avg'")
         self.num_classes = num_classes
         w = self.fc_norm.weight
-        self.head = (nn.Linear(self.embed_dim, num_classes, device=w.device, dtype=w.dtype)
+        self.head = (Linear(self.embed_dim, num_classes, device=w.device, dtype=w.dtype)
                      if num_classes > 0 else nn.Identity())
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:

@@ -85,6 +85,7 @@ from timm.layers import DropPath, LayerNorm, PatchEmbed, calculate_drop_path_rat
 from timm.models import generate_default_cfgs, register_model
 
 from trainers.models import _attention_kernel
+from trainers.models._linear import Linear
 from trainers.models._common import (
     MHSA, GridSize, Mlp, _build_without_weights, _cfg, _check_int, _check_real, _check_vit_args, _fashion_mnist_cfg,
     _init_vit_weights,
@@ -320,9 +321,9 @@ class RefinedAttention(nn.Module):
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
         self.scale = self.head_dim ** -0.5
-        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        self.qkv = Linear(dim, dim * 3, bias=qkv_bias)
         self.refiner = Refiner(num_heads, ratio, kernel_size, grid_size, num_prefix_tokens)
-        self.proj = nn.Linear(dim, dim)
+        self.proj = Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
 
     def attention_map(self, x: torch.Tensor) -> torch.Tensor:
@@ -468,7 +469,7 @@ class LocalityRefinerViT(nn.Module):
             ) for i in range(depth)])
         self.norm = LayerNorm(embed_dim)
         self.feature_info = [dict(num_chs=embed_dim, reduction=patch_size, module=f'blocks.{i}') for i in range(depth)]
-        self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+        self.head = Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
 
         trunc_normal_(self.cls_token, std=.02)
         if self.pos_embed is not None:
@@ -520,7 +521,7 @@ class LocalityRefinerViT(nn.Module):
             self.global_pool = global_pool
         self.num_classes = num_classes
         w = self.norm.weight
-        self.head = (nn.Linear(self.embed_dim, num_classes, device=w.device, dtype=w.dtype)
+        self.head = (Linear(self.embed_dim, num_classes, device=w.device, dtype=w.dtype)
                      if num_classes > 0 else nn.Identity())
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:

@@ -67,6 +67,7 @@ from timm.models._helpers import load_state_dict
 from timm.models.resnet import BasicBlock, Bottleneck, ResNet
 
 from ._common import _build_without_weights, _cfg, _check_real, _fashion_mnist_cfg, _gated_param_groups
+from ._linear import Linear, linear
 
 __all__ = ['TransformedResNet', 'ReparamGPSA', 'inverse_softplus']
 
@@ -107,8 +108,8 @@ class ReparamGPSA(nn.Module):
         self.pad = kernel_size // 2
         self.head_dim = max(1, in_chans // self.num_heads)
         self.scale = self.head_dim ** -0.5
-        self.qk = nn.Linear(in_chans, 2 * self.num_heads * self.head_dim, bias=False)  # W_qry | W_key
-        self.v = nn.Linear(in_chans, in_chans, bias=False)  # W_val, shared by the heads
+        self.qk = Linear(in_chans, 2 * self.num_heads * self.head_dim, bias=False)  # W_qry | W_key
+        self.v = Linear(in_chans, in_chans, bias=False)  # W_val, shared by the heads
         # W_out, kept in the conv's layout (C_out, C_in, k, k): tap (ky, kx) is head ky*k + kx
         self.weight = nn.Parameter(torch.empty(out_chans, in_chans, kernel_size, kernel_size))
         self.register_parameter('bias', nn.Parameter(torch.zeros(out_chans)) if bias else None)  # a conv's bias
@@ -165,7 +166,7 @@ class ReparamGPSA(nn.Module):
         # the real pixels only, and the ring's share of the content softmax enters as one extra column
         # scoring log(#ring) (exp of it = the ring's sum of exp(0)). Same result, about half the work.
         ring = (H + 2 * p) * (W + 2 * p) - Nq
-        q, k = F.linear(tokens, self.qk.weight).view(B, Nq, 2, nh, d).permute(2, 0, 3, 1, 4).unbind(0)  # (B, N_h, Nq, d)
+        q, k = self.qk(tokens).view(B, Nq, 2, nh, d).permute(2, 0, 3, 1, 4).unbind(0)  # (B, N_h, Nq, d)
         v = self.v(tokens)  # (B, Nq, C): one value map for every head
         scores = torch.cat((q @ k.transpose(-2, -1) * self.scale,
                             q.new_full((B, nh, Nq, 1), math.log(ring))), dim=-1)  # (B, N_h, Nq, Nq + 1)
@@ -180,7 +181,7 @@ class ReparamGPSA(nn.Module):
         mixed = (attn.view(B, Nq * nh, Nq) @ v).view(B, Nq, nh * C)  # sum over keys, per head
         # sum_h (A^h V) W_out^h as one matmul: (B, Nq, N_h*C) @ (N_h*C, C_out)
         w_out = self.weight.permute(2, 3, 1, 0).reshape(nh * C, self.out_chans)
-        out = mixed @ w_out  # (B, Nq, C_out)
+        out = linear(mixed, w_out.t())  # (B, Nq, C_out)
         if self.bias is not None:
             out = out + self.bias
         return out.transpose(1, 2).reshape(B, self.out_chans, H, W)

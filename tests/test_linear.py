@@ -1,0 +1,161 @@
+"""`trainers.models._linear`: float32 linear layers on oneDNN where MKL runs AVX2 code.
+
+The path is forced on here (`onednn_beats_mkl_here` patched True), so it is checked on every CPU,
+not only the AMD AVX-512 ones where models take it by default: oneDNN runs on any x86 CPU."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import timm
+import torch
+import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
+
+import trainers.models  # noqa: F401  (registers the ls_* families)
+from trainers.models import _linear
+from trainers.throughput import count_flops
+from tests._layers import OpCalls, run_layer
+
+ONEDNN = "mkldnn._linear_pointwise"
+
+pytestmark = pytest.mark.skipif(not (torch.backends.mkldnn.is_available()
+                                     and hasattr(torch.ops.mkldnn, "_linear_pointwise")),
+                                reason="this torch has no oneDNN linear")
+
+
+@pytest.fixture
+def onednn_here(monkeypatch):
+    monkeypatch.setattr(_linear, "onednn_beats_mkl_here", lambda: True)
+
+
+def _float64_reference(x, weight, bias, upstream):
+    x, weight, bias = (t.detach().double().requires_grad_() for t in (x, weight, bias))
+    out = F.linear(x, weight, bias)
+    return [out.detach(), *torch.autograd.grad(out, (x, weight, bias), upstream.double())]
+
+
+@pytest.mark.parametrize("shape, in_features, out_features", [
+    ((6, 70, 96), 96, 288),   # K < N: grad_weight computed as (K, N), transposed
+    ((900, 384), 384, 96),    # K > N: grad_weight computed as (N, K)
+    ((4, 5, 60, 128), 128, 128),
+])
+def test_output_and_all_gradients_match_float64(onednn_here, shape, in_features, out_features):
+    torch.manual_seed(0)
+    x = torch.randn(*shape, requires_grad=True)
+    weight = torch.randn(out_features, in_features, requires_grad=True)
+    bias = torch.randn(out_features, requires_grad=True)
+    upstream = torch.randn(*shape[:-1], out_features)
+    with OpCalls() as ops:
+        out = _linear.linear(x, weight, bias)
+        grads = torch.autograd.grad(out, (x, weight, bias), upstream)
+    assert ops.calls.get(ONEDNN) == 3  # forward, grad_input, grad_weight
+    assert "aten.mm" not in ops.calls and "aten.addmm" not in ops.calls
+    expected = _float64_reference(x, weight, bias, upstream)
+    for got, want in zip([out, *grads], expected):
+        assert got.shape == want.shape and got.dtype == torch.float32
+        torch.testing.assert_close(got.double(), want, atol=2e-6 * want.abs().max().item(), rtol=0)
+
+
+def test_only_the_gradients_asked_for_are_computed(onednn_here):
+    """A frozen weight (fine-tuning a head) and an input that needs no gradient (the first layer)."""
+    torch.manual_seed(0)
+    x = torch.randn(500, 96)
+    weight, bias = torch.randn(192, 96), torch.randn(192, requires_grad=True)
+    with OpCalls() as ops:
+        out = _linear.linear(x, weight, bias)
+        (grad_bias,) = torch.autograd.grad(out, (bias,), torch.ones_like(out))
+    assert ops.calls.get(ONEDNN) == 1  # the forward only
+    torch.testing.assert_close(grad_bias, torch.full((192,), 500.))
+
+    x.requires_grad_()
+    with OpCalls() as ops:
+        out = _linear.linear(x, weight, None)
+        (grad_x,) = torch.autograd.grad(out, (x,), torch.ones_like(out))
+    assert ops.calls.get(ONEDNN) == 2
+    torch.testing.assert_close(grad_x, weight.sum(0).expand(500, 96), atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.parametrize("case", ["small", "float64", "autocast", "switched off", "1-d"])
+def test_where_torch_linear_is_kept(onednn_here, monkeypatch, case):
+    """Products under MIN_MULTIPLY_ADDS (oneDNN's per-call cost loses there), other dtypes, CPU
+    autocast (F.linear runs bf16 on oneDNN already) and USE_ONEDNN_FP32 off take F.linear."""
+    rows = {"small": 100, "1-d": None}.get(case, 4096)
+    x = torch.randn(96) if rows is None else torch.randn(rows, 96)
+    weight, bias = torch.randn(96, 96), torch.randn(96)
+    if case == "float64":
+        x, weight, bias = x.double(), weight.double(), bias.double()
+    if case == "switched off":
+        monkeypatch.setattr(_linear, "USE_ONEDNN_FP32", False)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=case == "autocast"):
+        with OpCalls() as ops:
+            out = _linear.linear(x, weight, bias)
+        expected = F.linear(x, weight, bias)
+    assert ONEDNN not in ops.calls
+    assert out.dtype == (torch.bfloat16 if case == "autocast" else x.dtype)
+    torch.testing.assert_close(out, expected, atol=0, rtol=0)
+    with OpCalls() as ops:  # the control: a large float32 product does go to oneDNN
+        _linear.linear(torch.randn(4096, 96), weight.float(), bias.float())
+    assert ops.calls.get(ONEDNN, 0) == (0 if case == "switched off" else 1)
+
+
+@pytest.mark.parametrize("vendor, family, capability, isa_cap, expected", [
+    ("AuthenticAMD", 26, "AVX512", "", True),    # Zen 5
+    ("AuthenticAMD", 26, "AVX512", "avx512_core_bf16", True),
+    ("AuthenticAMD", 26, "AVX512", "avx2", False),   # oneDNN capped at AVX2: not measured to gain
+    ("AuthenticAMD", 25, "AVX512", "", False),   # Zen 4: 512-bit FMAs as two halves, AVX2's peak
+    ("AuthenticAMD", 25, "AVX2", "", False),     # Zen 3: both libraries run AVX2 code
+    ("GenuineIntel", 6, "AVX512", "", False),    # MKL runs its AVX-512 code on Intel
+    ("", None, "AVX512", "", False),             # vendor unknown
+])
+def test_the_rule_is_full_width_avx512_on_a_cpu_mkl_gives_avx2_code(monkeypatch, vendor, family, capability,
+                                                                    isa_cap, expected):
+    monkeypatch.setattr(_linear, "_cpu_vendor_and_family", lambda: (vendor, family))
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", isa_cap)
+    _linear.onednn_beats_mkl_here.cache_clear()
+    try:
+        assert _linear.onednn_beats_mkl_here() is expected
+    finally:
+        _linear.onednn_beats_mkl_here.cache_clear()
+
+
+def test_flop_counter_counts_the_onednn_linear_as_f_linear(onednn_here):
+    x, weight, bias = torch.randn(2, 2048, 96), torch.randn(288, 96), torch.randn(288)
+    counts = {}
+    for on in (True, False):
+        with FlopCounterMode(display=False) as counter, OpCalls() as ops:
+            _linear.linear(x, weight, bias) if on else F.linear(x, weight, bias)
+        assert (ONEDNN in ops.calls) is on
+        counts[on] = counter.get_total_flops()
+    assert counts[True] == counts[False] == 2 * 2 * 2048 * 96 * 288
+
+
+@pytest.mark.parametrize("variant", ["ls_convit_micro", "ls_gmm_micro", "ls_refiner_micro"])
+def test_models_on_onednn_linears_are_as_close_to_float64_as_on_torch_linears(onednn_here, monkeypatch, variant):
+    """A model's linears (q/k/v, projections, MLP, head) take oneDNN; its logits and every gradient
+    are within 2x (+ a hair) of F.linear's float32 error against the same model in float64, and its
+    `flops` are the same (the trials' column must not depend on the library)."""
+    torch.manual_seed(0)
+    model = timm.create_model(variant)
+    x, upstream = torch.randn(64, 1, 28, 28), torch.randn(64, 10)
+    reference = run_layer(copy.deepcopy(model).double(), x, dtype=torch.float64, bf16=False, train=True,
+                          upstream=upstream)
+    errors, flops = {}, {}
+    for on in (True, False):
+        monkeypatch.setattr(_linear, "USE_ONEDNN_FP32", on)
+        with OpCalls() as ops:
+            results = run_layer(model, x, dtype=torch.float32, bf16=False, train=True, upstream=upstream)
+        assert (ONEDNN in ops.calls) is on
+        errors[on] = [(got.double() - want).abs().max().item() for got, want in zip(results, reference)]
+        flops[on] = count_flops(model, (1, 28, 28))
+    assert flops[True] == flops[False]
+    for onednn_error, torch_error, want in zip(errors[True], errors[False], reference):
+        assert onednn_error <= 2 * torch_error + 1e-6 * want.abs().max().item()
+
+
+def test_linear_keeps_nn_linear_parameters_and_state_dict():
+    layer = _linear.Linear(8, 4)
+    assert isinstance(layer, torch.nn.Linear)
+    assert list(layer.state_dict()) == ["weight", "bias"]
+    assert isinstance(timm.create_model("ls_convit_micro").blocks[0].mlp.fc1, _linear.Linear)

@@ -1,0 +1,133 @@
+"""`Linear` and `linear`: float32 CPU linear layers on oneDNN's GEMM where MKL's is the slower one.
+
+torch runs a float32 `F.linear` (and its backward's two matmuls) on MKL. MKL picks its AVX-512
+code by CPU vendor, not by the CPU's flags: on an AMD CPU with AVX-512 (Zen 4, Zen 5) it runs its
+AVX2 code, at half of Zen 5's full-width AVX-512 peak. oneDNN, which torch also ships (it already runs the bf16 linears under autocast),
+dispatches on the flags. On a 2-core Zen 5 EPYC, at ls_convit_tiny's shapes (1,576 tokens: 224 px,
+batch 8; 192 -> 576, 768 and back), oneDNN's float32 products measured (side by side):
+  forward    1.9-2.3x MKL's (475 vs 217 GFLOP/s at 192 -> 768)
+  grad_input 2.3-2.5x
+  grad_weight 1.6-1.9x, computed with the larger of the two weight dims as oneDNN's output
+             features (the other way round it ran 0.6-0.9x at 12,800 rows)
+and below about 2M multiply-adds oneDNN's fixed cost per call (~10 us) loses (0.3-0.8x), so those
+stay on MKL. Results differ from MKL's by float32 rounding only (another summation order).
+
+Where MKL's AVX-512 code runs (Intel), where neither library has AVX-512, and on Zen 4 (whose
+512-bit FMAs run as two 256-bit halves, so AVX2 code reaches the same peak) torch's path is kept:
+those were not measured to gain. Under CPU autocast `F.linear` runs in bf16 on oneDNN already, so
+this changes float32 only. `USE_ONEDNN_FP32 = False` turns it off (the benchmarks' side-by-side
+rows). The trials' `flops` count the oneDNN op as the `F.linear` it replaces.
+"""
+from __future__ import annotations
+
+import functools
+import os
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.flop_counter import flop_registry, register_flop_formula
+from timm.models._features_fx import register_notrace_function
+
+from trainers._cpu import cpuinfo_field
+
+__all__ = ["Linear", "USE_ONEDNN_FP32", "linear", "onednn_beats_mkl_here"]
+
+USE_ONEDNN_FP32 = True
+MIN_MULTIPLY_ADDS = 1 << 21  # below: MKL (oneDNN's ~10 us per call loses at M 100, 96 -> 96: 0.68x)
+# ONEDNN_MAX_CPU_ISA levels below AVX-512 (oneDNN would run AVX2 code, not measured to beat MKL's)
+_BELOW_AVX512 = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2")
+
+
+def _cpu_vendor_and_family() -> tuple[str, int | None]:
+    family = cpuinfo_field("cpu family")
+    return cpuinfo_field("vendor_id") or "", int(family) if family and family.isdigit() else None
+
+
+@functools.lru_cache(maxsize=None)
+def onednn_beats_mkl_here() -> bool:
+    """Whether this CPU is one where MKL runs AVX2 code and oneDNN full-width AVX-512: AVX-512 (as
+    torch's dispatch sees it) on a vendor other than Intel, but not AMD's family 25 (Zen 4 runs a
+    512-bit FMA as two 256-bit halves, so AVX2 code reaches the same peak there: not measured to
+    gain), with oneDNN present and not capped below AVX-512."""
+    vendor, family = _cpu_vendor_and_family()
+    cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "").strip().upper()
+    return (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+            and torch.backends.cpu.get_cpu_capability() == "AVX512"
+            and vendor not in ("", "GenuineIntel") and not (vendor == "AuthenticAMD" and family == 25)
+            and cap not in _BELOW_AVX512)
+
+
+def _onednn(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """x (M, K) @ weight (N, K)^T + bias (N,) -> (M, N) on oneDNN; x and weight may be strided."""
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+
+class _OneDNNLinear(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+        rows = x.reshape(-1, x.shape[-1])  # (M, K)
+        ctx.save_for_backward(rows, weight)
+        ctx.input_shape = x.shape
+        return _onednn(rows, weight, bias).view(*x.shape[:-1], weight.shape[0])  # (..., N)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: torch.Tensor):
+        rows, weight = ctx.saved_tensors  # (M, K), (N, K)
+        grad = grad.reshape(-1, weight.shape[0])  # (M, N)
+        grad_x = grad_weight = grad_bias = None
+        if ctx.needs_input_grad[0]:
+            grad_x = _onednn(grad, weight.t(), None).view(ctx.input_shape)  # (M, N) @ (N, K)
+        if ctx.needs_input_grad[1]:  # grad^T (N, M) @ rows (M, K), the larger dim as oneDNN's outputs
+            if weight.shape[1] >= weight.shape[0]:
+                grad_weight = _onednn(grad.t(), rows.t(), None)  # (N, K)
+            else:
+                grad_weight = _onednn(rows.t(), grad.t(), None).t()  # (K, N) -> (N, K) view
+        if ctx.needs_input_grad[2]:
+            grad_bias = grad.sum(0)
+        return grad_x, grad_weight, grad_bias
+
+
+def _takes_onednn(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    return (USE_ONEDNN_FP32 and x.dtype == torch.float32 and weight.dtype == torch.float32
+            and x.device.type == "cpu" and x.dim() >= 2 and not torch.is_autocast_enabled("cpu")
+            and not torch.compiler.is_compiling() and onednn_beats_mkl_here()
+            and x.numel() * weight.shape[0] >= MIN_MULTIPLY_ADDS)
+
+
+@register_notrace_function  # reason: branches on dtype and device (timm's FX feature extraction)
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """`F.linear`, on oneDNN where it beats MKL (see the module doc), else `F.linear` itself."""
+    if not _takes_onednn(x, weight):
+        return F.linear(x, weight, bias)
+    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
+                                    or (bias is not None and bias.requires_grad)):
+        return _OneDNNLinear.apply(x, weight, bias)
+    return _onednn(x.reshape(-1, x.shape[-1]), weight, bias).view(*x.shape[:-1], weight.shape[0])
+
+
+class Linear(nn.Linear):
+    """`nn.Linear` (same parameters, init and state dict) whose forward is `linear`."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.weight, self.bias)
+
+
+def _register_flop_formula() -> None:
+    """Count oneDNN's linear as FlopCounterMode counts `F.linear` (2 per multiply-add), so a trial's
+    `flops` does not depend on which library ran it."""
+    op = getattr(torch.ops.mkldnn, "_linear_pointwise", None)
+    if op is None or op in flop_registry:
+        return
+
+    @register_flop_formula(op)
+    def _linear(x_shape, w_shape, *args, **kwargs) -> int:
+        rows = 1
+        for size in x_shape[:-1]:
+            rows *= size
+        return 2 * rows * x_shape[-1] * w_shape[0]
+
+
+_register_flop_formula()
