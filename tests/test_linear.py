@@ -35,12 +35,13 @@ def _float64_reference(x, weight, bias, upstream):
     return [out.detach(), *torch.autograd.grad(out, (x, weight, bias), upstream.double())]
 
 
-@pytest.mark.parametrize("shape, in_features, out_features", [
-    ((6, 70, 96), 96, 288),   # K < N: grad_weight computed as (K, N), transposed
-    ((900, 384), 384, 96),    # K > N: grad_weight computed as (N, K)
-    ((4, 5, 60, 128), 128, 128),
+@pytest.mark.parametrize("shape, in_features, out_features, grad_weight_on_onednn", [
+    ((6, 70, 96), 96, 288, True),   # K < N: grad_weight computed as (K, N), transposed
+    ((900, 384), 384, 96, True),    # K > N: grad_weight computed as (N, K)
+    ((4, 5, 60, 128), 128, 128, False),  # both under GRAD_WEIGHT_MIN_WIDTH: grad_weight on MKL
 ])
-def test_output_and_all_gradients_match_float64(onednn_here, shape, in_features, out_features):
+def test_output_and_all_gradients_match_float64(onednn_here, shape, in_features, out_features,
+                                                grad_weight_on_onednn):
     torch.manual_seed(0)
     x = torch.randn(*shape, requires_grad=True)
     weight = torch.randn(out_features, in_features, requires_grad=True)
@@ -49,8 +50,8 @@ def test_output_and_all_gradients_match_float64(onednn_here, shape, in_features,
     with OpCalls() as ops:
         out = _linear.linear(x, weight, bias)
         grads = torch.autograd.grad(out, (x, weight, bias), upstream)
-    assert ops.calls.get(ONEDNN) == 3  # forward, grad_input, grad_weight
-    assert "aten.mm" not in ops.calls and "aten.addmm" not in ops.calls
+    assert ops.calls.get(ONEDNN) == (3 if grad_weight_on_onednn else 2)  # forward, grad_input (, grad_weight)
+    assert ops.calls.get("aten.mm", 0) == (0 if grad_weight_on_onednn else 1) and "aten.addmm" not in ops.calls
     expected = _float64_reference(x, weight, bias, upstream)
     for got, want in zip([out, *grads], expected):
         assert got.shape == want.shape and got.dtype == torch.float32

@@ -7,8 +7,9 @@ dispatches on the flags. On a 2-core Zen 5 EPYC, at ls_convit_tiny's shapes (1,5
 batch 8; 192 -> 576, 768 and back), oneDNN's float32 products measured (side by side):
   forward    1.9-2.3x MKL's (475 vs 217 GFLOP/s at 192 -> 768)
   grad_input 2.3-2.5x
-  grad_weight 1.6-1.9x, computed with the larger of the two weight dims as oneDNN's output
-             features (the other way round it ran 0.6-0.9x at 12,800 rows)
+  grad_weight 1.4-1.9x where a weight dim is at least 192 (96 -> 288 at 12,544 rows: 2.25 vs
+             3.64 ms), computed with the larger of the two weight dims as oneDNN's output features
+             (the other way round it ran 0.6-0.9x at 12,800 rows); MKL's where both are smaller
 and below about 2M multiply-adds oneDNN's fixed cost per call (~10 us) loses (0.3-0.8x), so those
 stay on MKL. Results differ from MKL's by float32 rounding only (another summation order).
 
@@ -36,6 +37,9 @@ __all__ = ["Linear", "USE_ONEDNN_FP32", "linear", "onednn_beats_mkl_here"]
 
 USE_ONEDNN_FP32 = True
 MIN_MULTIPLY_ADDS = 1 << 21  # below: MKL (oneDNN's ~10 us per call loses at M 100, 96 -> 96: 0.68x)
+# grad_weight, which oneDNN gets as transposed operands it copies: MKL's is as quick where both
+# weight dims are under this (96 x 96: 1.20 vs 1.21 ms at 12,544 rows, 0.17 vs 0.25 ms at 1,576)
+GRAD_WEIGHT_MIN_WIDTH = 192
 # ONEDNN_MAX_CPU_ISA levels below AVX-512 (oneDNN would run AVX2 code, not measured to beat MKL's)
 _BELOW_AVX512 = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2")
 
@@ -80,8 +84,11 @@ class _OneDNNLinear(torch.autograd.Function):
         grad_x = grad_weight = grad_bias = None
         if ctx.needs_input_grad[0]:
             grad_x = _onednn(grad, weight.t(), None).view(ctx.input_shape)  # (M, N) @ (N, K)
-        if ctx.needs_input_grad[1]:  # grad^T (N, M) @ rows (M, K), the larger dim as oneDNN's outputs
-            if weight.shape[1] >= weight.shape[0]:
+        if ctx.needs_input_grad[1]:  # grad^T (N, M) @ rows (M, K)
+            out_features, in_features = weight.shape
+            if max(out_features, in_features) < GRAD_WEIGHT_MIN_WIDTH:
+                grad_weight = grad.t().mm(rows)  # MKL
+            elif in_features > out_features:  # the larger dim as oneDNN's output features
                 grad_weight = _onednn(grad.t(), rows.t(), None)  # (N, K)
             else:
                 grad_weight = _onednn(rows.t(), grad.t(), None).t()  # (K, N) -> (N, K) view
