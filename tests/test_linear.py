@@ -14,6 +14,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import trainers.models  # noqa: F401  (registers the ls_* families)
 from trainers.models import _linear
+from trainers.models.ls_refiner import Refiner
 from trainers.throughput import count_flops
 from tests._layers import OpCalls, run_layer
 
@@ -160,3 +161,28 @@ def test_linear_keeps_nn_linear_parameters_and_state_dict():
     assert isinstance(layer, torch.nn.Linear)
     assert list(layer.state_dict()) == ["weight", "bias"]
     assert isinstance(timm.create_model("ls_convit_micro").blocks[0].mlp.fc1, _linear.Linear)
+
+
+def test_refiner_dense_path_on_onednn_matches_float64(onednn_here):
+    """The Refiner's 'dense' path (the composed operator as one GEMM) goes through `linear`: on
+    oneDNN in float32, its refined maps and the gradients of the maps, expand, kernel and reduce
+    match the same path in float64 (whose upstream gradient arrives permuted, not contiguous)."""
+    torch.manual_seed(0)
+    refiner = Refiner(4, 2, 3, (7, 7))
+    refiner.force_path = "dense"
+    with torch.no_grad():
+        refiner.kernel.add_(0.3 * torch.randn_like(refiner.kernel))
+    maps = torch.softmax(torch.randn(4, 256, 50), dim=-1)
+    upstream = torch.randn(4, 256, 50)
+    reference = copy.deepcopy(refiner).double()
+    results = []
+    for module, dtype in ((refiner, torch.float32), (reference, torch.float64)):
+        x = maps.to(dtype).requires_grad_()
+        with OpCalls() as ops:
+            out = module.refine_rows(x)
+            grads = torch.autograd.grad(out, [x, *module.parameters()], upstream.to(dtype))
+        results.append([out.detach(), *grads])
+        if dtype == torch.float32:
+            assert ops.calls.get(ONEDNN) == 3
+    for got, want in zip(*results):
+        torch.testing.assert_close(got.double(), want, atol=2e-6 * want.abs().max().item(), rtol=0)

@@ -2,8 +2,8 @@
 
 torch runs a float32 `F.linear` (and its backward's two matmuls) on MKL. MKL picks its AVX-512
 code by CPU vendor, not by the CPU's flags: on an AMD CPU with AVX-512 (Zen 4, Zen 5) it runs its
-AVX2 code, at half of Zen 5's full-width AVX-512 peak. oneDNN, which torch also ships (it already runs the bf16 linears under autocast),
-dispatches on the flags. On a 2-core Zen 5 EPYC, at ls_convit_tiny's shapes (1,576 tokens: 224 px,
+AVX2 code, at half of Zen 5's full-width AVX-512 peak. oneDNN, which torch also ships (it runs the
+bf16 linears under autocast already), dispatches on the flags. On a 2-core Zen 5 EPYC, at ls_convit_tiny's shapes (1,576 tokens: 224 px,
 batch 8; 192 -> 576, 768 and back), oneDNN's float32 products measured (side by side):
   forward    1.9-2.3x MKL's (475 vs 217 GFLOP/s at 192 -> 768)
   grad_input 2.3-2.5x
@@ -37,8 +37,8 @@ __all__ = ["Linear", "USE_ONEDNN_FP32", "linear", "onednn_beats_mkl_here"]
 
 USE_ONEDNN_FP32 = True
 MIN_MULTIPLY_ADDS = 1 << 21  # below: MKL (oneDNN's ~10 us per call loses at M 100, 96 -> 96: 0.68x)
-# grad_weight, which oneDNN gets as transposed operands it copies: MKL's is as quick where both
-# weight dims are under this (96 x 96: 1.20 vs 1.21 ms at 12,544 rows, 0.17 vs 0.25 ms at 1,576)
+# grad_weight (both operands transposed, which oneDNN copies first) stays on MKL where both weight
+# dims are under this, as quick there (96 x 96: 1.20 vs 1.21 ms at 12,544 rows, 0.17 vs 0.25 ms at 1,576)
 GRAD_WEIGHT_MIN_WIDTH = 192
 # ONEDNN_MAX_CPU_ISA levels below AVX-512 (oneDNN would run AVX2 code, not measured to beat MKL's)
 _BELOW_AVX512 = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2")
@@ -80,7 +80,9 @@ class _OneDNNLinear(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad: torch.Tensor):
         rows, weight = ctx.saved_tensors  # (M, K), (N, K)
-        grad = grad.reshape(-1, weight.shape[0])  # (M, N)
+        # (M, N) contiguous: a permuted upstream gradient (the Refiner's dense path sends one) made
+        # oneDNN's transposed copies for grad_weight crawl (23 vs 3.5 ms at 12,800 x 200)
+        grad = grad.contiguous().view(-1, weight.shape[0])
         grad_x = grad_weight = grad_bias = None
         if ctx.needs_input_grad[0]:
             grad_x = _onednn(grad, weight.t(), None).view(ctx.input_shape)  # (M, N) @ (N, K)

@@ -85,7 +85,7 @@ from timm.layers import DropPath, LayerNorm, PatchEmbed, calculate_drop_path_rat
 from timm.models import generate_default_cfgs, register_model
 
 from trainers.models import _attention_kernel
-from trainers.models._linear import Linear
+from trainers.models._linear import Linear, linear
 from trainers.models._common import (
     MHSA, GridSize, Mlp, _build_without_weights, _cfg, _check_int, _check_real, _check_vit_args, _fashion_mnist_cfg,
     _init_vit_weights,
@@ -169,7 +169,7 @@ class Refiner(nn.Module):
             return _RefineOnKernel.apply(maps.contiguous(), self.expand, self.kernel, self.reduce, gh, gw)
         if path == 'dense':  # one GEMM over (head, key) pairs: (M, H*N) @ (H*N, H*N)
             rows = maps.permute(1, 0, 2).reshape(M, H * N)  # (M, H*N): [m, (i, key)]
-            out = rows @ self.dense_operator()  # (M, H*N): [m, (o, key)]
+            out = linear(rows, self.dense_operator().t())  # (M, H*N): [m, (o, key)], rows @ W
             return out.view(M, H, N).permute(1, 0, 2).contiguous()
         if path == 'mix':  # k = 1: the kernel is one scale per expanded head, so all of it is an H x H mixing
             patch_mix = self.reduce @ (self.kernel.view(-1, 1) * self.expand)  # (H, H): R diag(C) E
