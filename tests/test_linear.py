@@ -186,3 +186,19 @@ def test_refiner_dense_path_on_onednn_matches_float64(onednn_here):
             assert ops.calls.get(ONEDNN) == 3
     for got, want in zip(*results):
         torch.testing.assert_close(got.double(), want, atol=2e-6 * want.abs().max().item(), rtol=0)
+
+
+def test_mlp_has_timm_mlp_initial_weights_from_the_same_seed():
+    """`Mlp` recasts timm's fc1 and fc2 as `Linear` rather than building them again, so a seeded
+    model starts from the same weights as before (a rebuild draws from the random stream)."""
+    from timm.layers import Mlp as TimmMlp
+    from trainers.models._common import Mlp
+    torch.manual_seed(0)
+    ours = Mlp(in_features=16, hidden_features=64)
+    after_ours = torch.rand(1)
+    torch.manual_seed(0)
+    timms = TimmMlp(in_features=16, hidden_features=64)
+    assert torch.equal(torch.rand(1), after_ours)
+    assert type(ours.fc1) is _linear.Linear and type(ours.fc2) is _linear.Linear
+    for key, value in timms.state_dict().items():
+        assert torch.equal(ours.state_dict()[key], value)

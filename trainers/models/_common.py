@@ -234,8 +234,10 @@ class Mlp(_TimmMlp):
 
     def __init__(self, in_features: int, hidden_features: int, drop: float = 0.):
         super().__init__(in_features=in_features, hidden_features=hidden_features, act_layer=nn.GELU, drop=drop)
-        self.fc1 = Linear(in_features, hidden_features)
-        self.fc2 = Linear(hidden_features, in_features)
+        # timm built them as nn.Linear: recast, not rebuilt (a second init would draw from the seeded
+        # random stream and change every later layer's initial weights)
+        for fc in (self.fc1, self.fc2):
+            fc.__class__ = Linear
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.fc1(x)  # (B, N, hidden)
