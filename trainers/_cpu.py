@@ -9,6 +9,7 @@ import torch
 
 __all__ = ["cpu_has_native_bf16", "cpuinfo_field"]
 
+
 def cpuinfo_field(name: str) -> str | None:
     """The first /proc/cpuinfo line's value for `name` (e.g. "model name"), or None (not Linux)."""
     try:

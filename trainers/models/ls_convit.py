@@ -78,11 +78,11 @@ from timm.models._features_fx import register_notrace_module
 
 from trainers.models import _attention_kernel, _gpsa_triton
 from trainers.models._attention_core import CPU_CORE_DTYPES, FULL_PRECISION, attention_inference, gated_attention
-from trainers.models._linear import Linear, linear
 from trainers.models._common import (
     MHSA, GridSize, Mlp, _build_without_weights, _cfg, _check_int, _check_real, _check_vit_args, _fashion_mnist_cfg,
     _gated_param_groups, _init_vit_weights, _patch_tokens,
 )
+from trainers.models._linear import Linear, linear
 
 __all__ = ['GPSA', 'MHSA', 'Block', 'LocalityConViT', 'gated_attention']
 

@@ -65,11 +65,11 @@ from timm.models import generate_default_cfgs, register_model
 from timm.models._features_fx import register_notrace_module
 
 from trainers.models._attention_core import masked_attention, masked_core_usable
-from trainers.models._linear import Linear
 from trainers.models._common import (
     GridSize, Mlp, _build_without_weights, _cfg, _check_bool, _check_int, _check_real, _check_vit_args,
     _fashion_mnist_cfg, _init_vit_weights, _patch_tokens,
 )
+from trainers.models._linear import Linear
 
 __all__ = ['gmm_mask', 'grid_sq_distances', 'GMMAttention', 'Block', 'LocalityGMMViT']
 

@@ -85,11 +85,11 @@ from timm.layers import DropPath, LayerNorm, PatchEmbed, calculate_drop_path_rat
 from timm.models import generate_default_cfgs, register_model
 
 from trainers.models import _attention_kernel
-from trainers.models._linear import Linear, linear
 from trainers.models._common import (
     MHSA, GridSize, Mlp, _build_without_weights, _cfg, _check_int, _check_real, _check_vit_args, _fashion_mnist_cfg,
     _init_vit_weights,
 )
+from trainers.models._linear import Linear, linear
 
 __all__ = ['Refiner', 'RefinedAttention', 'MHSA', 'Block', 'LocalityRefinerViT']
 
