@@ -56,8 +56,8 @@ neither holds). They also add "torch-ops-core ls_convit_*" (and in the micro gro
 fused CPU kernels (`trainers/models/_attention_kernel.py`, where they are built: float32, and bf16
 on bf16 hardware, GMM attention's masked core included), and `cpu_kernel_gain` (with over
 without).
-On a CPU where our float32 linears run on oneDNN (`trainers/models/_linear.py`: AVX-512, not
-Intel, where MKL runs AVX2 code) and fp32 is timed, the convit and tiny groups add "MKL-linear
+On a CPU where our float32 linears run on oneDNN (`trainers/models/_linear.py`: full-width
+AVX-512 where MKL runs AVX2 code, AMD's Zen 5) and fp32 is timed, the convit and tiny groups add "MKL-linear
 ls_convit_tiny" (the same model on torch's `F.linear`, MKL: `onednn_linear_gain`, with over
 without) and "oneDNN-linear <the DeiT>" (timm's DeiT with its nn.Linear layers swapped for ours,
 same weights: the architecture against the same GEMMs, `over_onednn_linear_deit`), since timm's
