@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from trainers._cpu import cpu_has_native_bf16, cpuinfo_field
+from trainers._cpu import cpu_family, cpu_has_native_bf16, cpuinfo_field
 
 __all__ = [
     "environment", "result_slug", "write_result", "bf16_by_default", "RESULTS_DIR", "setup_process",
@@ -32,11 +32,6 @@ RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 def _cpu_name() -> str:
     return cpuinfo_field("model name") or platform.processor() or platform.machine() or "unknown CPU"
-
-
-def _cpu_family() -> int | None:
-    family = cpuinfo_field("cpu family")
-    return int(family) if family and family.isdigit() else None
 
 
 def sync(device: torch.device) -> None:
@@ -109,7 +104,7 @@ def environment(device: str | torch.device = "cpu") -> dict[str, Any]:
         "device": str(torch.device(device)),
         "device_name": device_name(device),
         "cpu": _cpu_name(),
-        "cpu_family": _cpu_family(),  # x86 family: 25 for AMD Zen 3 and 4, 26 for Zen 5
+        "cpu_family": cpu_family(),  # x86 family: 25 for AMD Zen 3 and 4, 26 for Zen 5
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),  # the ISA torch's CPU kernels use
         "cpu_native_bf16": cpu_has_native_bf16(),  # picks the GPSA core's GEMM dtype under bf16 autocast
         "cuda_available": torch.cuda.is_available(),

@@ -154,13 +154,10 @@ def _with_mkl_linears(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def _with_onednn_linears(model: torch.nn.Module) -> torch.nn.Module:
-    """`model` with each `nn.Linear` replaced by our `Linear` holding the same parameters."""
-    for module in list(model.modules()):
-        for name, child in module.named_children():
-            if type(child) is torch.nn.Linear:
-                swapped = _linear.Linear(child.in_features, child.out_features, bias=child.bias is not None)
-                swapped.weight, swapped.bias = child.weight, child.bias
-                setattr(module, name, swapped)
+    """`model` with each `nn.Linear` recast as our `Linear` (same parameters; as `Mlp` does)."""
+    for module in model.modules():
+        if type(module) is torch.nn.Linear:
+            module.__class__ = _linear.Linear
     return model
 
 

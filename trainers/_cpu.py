@@ -7,7 +7,7 @@ import os
 
 import torch
 
-__all__ = ["cpu_has_native_bf16", "cpuinfo_field"]
+__all__ = ["cpu_family", "cpu_has_native_bf16", "cpuinfo_field"]
 
 
 def cpuinfo_field(name: str) -> str | None:
@@ -21,6 +21,12 @@ def cpuinfo_field(name: str) -> str | None:
     except OSError:
         pass
     return None
+
+
+def cpu_family() -> int | None:
+    """The x86 CPU family (AMD: 25 for Zen 3 and 4, 26 for Zen 5), or None where /proc/cpuinfo has none."""
+    family = cpuinfo_field("cpu family")
+    return int(family) if family and family.isdigit() else None
 
 
 # oneDNN ISA levels (ONEDNN_MAX_CPU_ISA) that include bf16 dot products (AVX512-BF16) or AMX tiles

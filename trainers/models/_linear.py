@@ -31,7 +31,7 @@ from torch import nn
 from torch.utils.flop_counter import flop_registry, register_flop_formula
 from timm.models._features_fx import register_notrace_function
 
-from trainers._cpu import cpuinfo_field
+from trainers._cpu import cpu_family, cpuinfo_field
 
 __all__ = ["Linear", "USE_ONEDNN_FP32", "linear", "onednn_beats_mkl_here"]
 
@@ -45,8 +45,7 @@ _BELOW_AVX512 = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2")
 
 
 def _cpu_vendor_and_family() -> tuple[str, int | None]:
-    family = cpuinfo_field("cpu family")
-    return cpuinfo_field("vendor_id") or "", int(family) if family and family.isdigit() else None
+    return cpuinfo_field("vendor_id") or "", cpu_family()
 
 
 @functools.lru_cache(maxsize=None)
