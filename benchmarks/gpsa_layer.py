@@ -28,11 +28,14 @@ backward recomputes them as it does over that budget: `ratio_kept_maps_gain` = r
 Ours with MKL's float32 projections (same rotation, fp32, on a CPU where `trainers/models/_linear.py`
 puts them on oneDNN: full-width AVX-512 where MKL runs AVX2 code, AMD's Zen 5): the same layer with torch's
 `F.linear` for its projections, `ratio_onednn_linear_gain` = MKL / oneDNN, and
-`ratio_timm_over_ours_mkl_linear` (timm / ours on the GEMM library timm uses).
+`ratio_timm_over_ours_mkl_linear` (timm / ours on the GEMM library timm uses). There too, where the
+float32 kernel is built, ours with the weight gradients of its projections on oneDNN or MKL instead of
+the kernel's `linear_weight_grad` (`_linear.USE_WEIGHT_GRAD_KERNEL` off): `ratio_weight_grad_kernel_gain`.
 
 The floor (same rotation, each precision): our layer's projections alone, forward + backward (the
 q/k/v matmul and the output projection, with the shapes and upstream gradients the layer has). They
-are the same products as timm's (its qk and v are ours concatenated; on oneDNN where ours are), so no
+are the same products as timm's (its qk and v are ours concatenated; on oneDNN and the weight-grad
+kernel where ours are), so no
 attention core, however fast, can take the layer below them: `ratio_bound` = timm / floor is the
 best ratio reachable here.
 """
@@ -75,6 +78,7 @@ def _step_with(module: ModuleType, setting: str, value: object) -> Callable[[GPS
 _torch_ops_step = _step_with(_attention_kernel, "USE_FUSED_KERNEL", False)  # the core on torch ops
 _recomputing_step = _step_with(_attention_kernel, "KEPT_MAPS_BYTES", 0)  # the float32 kernel keeping no maps
 _mkl_linear_step = _step_with(_linear, "USE_ONEDNN_FP32", False)  # float32 projections on MKL (torch's default)
+_library_weight_grad_step = _step_with(_linear, "USE_WEIGHT_GRAD_KERNEL", False)  # their weight grads on oneDNN/MKL
 
 
 def _projections_step(layer: GPSA, x: torch.Tensor, z: torch.Tensor, precision: str = "fp32") -> None:
@@ -133,7 +137,9 @@ def run(*, batch: int, tokens: int, dim: int, heads: int, repeats: int, warmup: 
     onednn_linear = dev.type == "cpu" and _linear.onednn_beats_mkl_here()
     if onednn_linear:
         steps["ours_mkl_linear"] = lambda precision: _mkl_linear_step(ours, x, precision)
-    fp32_only = ("ours_recomputing", "ours_mkl_linear")  # (the bf16 kernel always recomputes; bf16 linears
+        if fused_kernel["fp32"]:
+            steps["ours_library_weight_grad"] = lambda precision: _library_weight_grad_step(ours, x, precision)
+    fp32_only = ("ours_recomputing", "ours_mkl_linear", "ours_library_weight_grad")  # (the bf16 kernel always recomputes; bf16 linears
     contenders = [(precision, name) for precision in precisions for name in steps  # are oneDNN's anyway)
                   if name not in fp32_only or precision == "fp32"]  # the rotation
     for _ in range(warmup):
@@ -167,6 +173,8 @@ def run(*, batch: int, tokens: int, dim: int, heads: int, repeats: int, warmup: 
     if onednn_linear:
         out["ratio_onednn_linear_gain"] = med["fp32"]["ours_mkl_linear"] / med["fp32"]["ours"]
         out["ratio_timm_over_ours_mkl_linear"] = med["fp32"]["timm"] / med["fp32"]["ours_mkl_linear"]
+        if "ours_library_weight_grad" in med["fp32"]:
+            out["ratio_weight_grad_kernel_gain"] = med["fp32"]["ours_library_weight_grad"] / med["fp32"]["ours"]
     if bf16:
         out.update({
             "median_s_bf16": med["bf16"],
@@ -230,6 +238,9 @@ def main(argv: list[str] | None = None) -> None:
             print(f"  ours with MKL's float32 projections (torch's default): {med['ours_mkl_linear'] * 1e3:8.2f} ms -> "
                   f"oneDNN linear gain {result['ratio_onednn_linear_gain']:.2f}x; timm/ours on MKL "
                   f"{result['ratio_timm_over_ours_mkl_linear']:.2f}x")
+        if "ratio_weight_grad_kernel_gain" in result:
+            print(f"  ours with its weight gradients on oneDNN/MKL: {med['ours_library_weight_grad'] * 1e3:8.2f} ms -> "
+                  f"weight-grad kernel gain {result['ratio_weight_grad_kernel_gain']:.2f}x")
         if "ratio_fused_kernel_gain" not in result and device == "cpu":
             print(f"  (the fused attention kernel is not built here: {result['fused_kernel_unavailable_because']['fp32']})")
         if "median_s_bf16" in result:

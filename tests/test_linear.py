@@ -13,12 +13,13 @@ import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 import trainers.models  # noqa: F401  (registers the ls_* families)
-from trainers.models import _linear
+from trainers.models import _attention_kernel, _linear
 from trainers.models.ls_refiner import Refiner
 from trainers.throughput import count_flops
 from tests._layers import OpCalls, run_layer
 
 ONEDNN = "mkldnn._linear_pointwise"
+WEIGHT_GRAD_KERNEL = "locality_search_fp32.linear_weight_grad"
 
 pytestmark = pytest.mark.skipif(not (torch.backends.mkldnn.is_available()
                                      and hasattr(torch.ops.mkldnn, "_linear_pointwise")),
@@ -36,13 +37,29 @@ def _float64_reference(x, weight, bias, upstream):
     return [out.detach(), *torch.autograd.grad(out, (x, weight, bias), upstream.double())]
 
 
-@pytest.mark.parametrize("shape, in_features, out_features, grad_weight_on_onednn", [
-    ((6, 70, 96), 96, 288, True),   # K < N: grad_weight computed as (K, N), transposed
-    ((900, 384), 384, 96, True),    # K > N: grad_weight computed as (N, K)
-    ((4, 5, 60, 128), 128, 128, False),  # both under GRAD_WEIGHT_MIN_WIDTH: grad_weight on MKL
+def _weight_grad_kernel():
+    """The float32 kernel's ops, or a skip where it cannot be built here (no compiler, no AVX2)."""
+    kernel = _attention_kernel.kernels(torch.float32)
+    if kernel is None:
+        pytest.skip(f"no float32 kernel here: {_attention_kernel.build_error(torch.float32)}")
+    return kernel
+
+
+@pytest.mark.parametrize("shape, in_features, out_features, weight_grad_on", [
+    ((6, 70, 96), 96, 288, "kernel"),      # K < N: the kernel's lanes along N, the (K, N) result transposed
+    ((900, 384), 384, 96, "kernel"),       # K > N: lanes along K
+    ((4, 5, 60, 128), 128, 128, "kernel"),
+    ((6, 70, 96), 96, 288, "onednn"),      # kernel off: K < N, grad_weight computed as (K, N), transposed
+    ((900, 384), 384, 96, "onednn"),       # K > N: computed as (N, K)
+    ((4, 5, 60, 128), 128, 128, "mkl"),    # both under GRAD_WEIGHT_MIN_WIDTH
+    ((500, 100), 100, 200, "onednn"),      # kernel on, but neither dim a multiple of its 16 lanes
 ])
-def test_output_and_all_gradients_match_float64(onednn_here, shape, in_features, out_features,
-                                                grad_weight_on_onednn):
+def test_output_and_all_gradients_match_float64(onednn_here, monkeypatch, shape, in_features, out_features,
+                                                weight_grad_on):
+    kernel_on = weight_grad_on == "kernel" or in_features % 16 != 0 and out_features % 16 != 0
+    if weight_grad_on == "kernel":
+        _weight_grad_kernel()
+    monkeypatch.setattr(_linear, "USE_WEIGHT_GRAD_KERNEL", kernel_on)
     torch.manual_seed(0)
     x = torch.randn(*shape, requires_grad=True)
     weight = torch.randn(out_features, in_features, requires_grad=True)
@@ -51,12 +68,53 @@ def test_output_and_all_gradients_match_float64(onednn_here, shape, in_features,
     with OpCalls() as ops:
         out = _linear.linear(x, weight, bias)
         grads = torch.autograd.grad(out, (x, weight, bias), upstream)
-    assert ops.calls.get(ONEDNN) == (3 if grad_weight_on_onednn else 2)  # forward, grad_input (, grad_weight)
-    assert ops.calls.get("aten.mm", 0) == (0 if grad_weight_on_onednn else 1) and "aten.addmm" not in ops.calls
+    # forward, grad_input, and grad_weight on its path
+    assert ops.calls.get(ONEDNN) == (3 if weight_grad_on == "onednn" else 2)
+    assert ops.calls.get(WEIGHT_GRAD_KERNEL, 0) == (1 if weight_grad_on == "kernel" else 0)
+    assert ops.calls.get("aten.mm", 0) == (1 if weight_grad_on == "mkl" else 0) and "aten.addmm" not in ops.calls
     expected = _float64_reference(x, weight, bias, upstream)
     for got, want in zip([out, *grads], expected):
         assert got.shape == want.shape and got.dtype == torch.float32
         torch.testing.assert_close(got.double(), want, atol=2e-6 * want.abs().max().item(), rtol=0)
+
+
+@pytest.mark.parametrize("rows, in_features, out_features", [
+    (5000, 96, 288),  # 8 parts of the rows; lanes along N (the wider), the result a transposed view
+    (5000, 288, 96),  # lanes along K
+    (777, 64, 192),   # 2 parts, the rows not divisible by them
+    (1000, 48, 40),   # only K fills whole vectors
+    (1000, 40, 48),   # only N does
+    (100, 32, 32),    # one part
+])
+def test_weight_grad_kernel_matches_float64_whatever_the_thread_count(rows, in_features, out_features):
+    """grad^T input against float64, with a float32 error no worse than a few times MKL's, and bit
+    for bit the same result on 1 and on 2 threads (the rows' split is fixed by their count)."""
+    kernel = _weight_grad_kernel()
+    torch.manual_seed(0)
+    grad, x = torch.randn(rows, out_features), torch.randn(rows, in_features)
+    want = grad.double().t() @ x.double()
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = kernel.linear_weight_grad(grad, x)
+        torch.set_num_threads(2)
+        two = kernel.linear_weight_grad(grad, x)
+    finally:
+        torch.set_num_threads(threads)
+    assert one.shape == (out_features, in_features) and one.dtype == torch.float32
+    assert torch.equal(one, two)
+    mkl_error = (grad.t().mm(x).double() - want).abs().max().item()
+    assert (one.double() - want).abs().max().item() <= 4 * mkl_error + 1e-6 * want.abs().max().item()
+
+
+def test_weight_grad_kernel_refuses_what_it_cannot_take():
+    kernel = _weight_grad_kernel()
+    with pytest.raises(RuntimeError, match="N or K a multiple of"):
+        kernel.linear_weight_grad(torch.randn(50, 40), torch.randn(50, 24))
+    with pytest.raises(RuntimeError, match="contiguous float32"):
+        kernel.linear_weight_grad(torch.randn(48, 50).t(), torch.randn(50, 48))
+    with pytest.raises(RuntimeError, match=r"grad \(M, N\) and input \(M, K\)"):
+        kernel.linear_weight_grad(torch.randn(50, 48), torch.randn(49, 48))
 
 
 def test_only_the_gradients_asked_for_are_computed(onednn_here):
@@ -131,6 +189,20 @@ def test_flop_counter_counts_the_onednn_linear_as_f_linear(onednn_here):
         assert (ONEDNN in ops.calls) is on
         counts[on] = counter.get_total_flops()
     assert counts[True] == counts[False] == 2 * 2 * 2048 * 96 * 288
+
+
+def test_flop_counter_counts_a_training_step_with_the_weight_grad_kernel_as_torch_linear(onednn_here):
+    _weight_grad_kernel()
+    x = torch.randn(2, 2048, 96, requires_grad=True)
+    weight, bias = torch.randn(288, 96, requires_grad=True), torch.randn(288, requires_grad=True)
+    counts = {}
+    for on in (True, False):
+        with FlopCounterMode(display=False) as counter, OpCalls() as ops:
+            out = _linear.linear(x, weight, bias) if on else F.linear(x, weight, bias)
+            out.backward(torch.ones_like(out))
+        assert (WEIGHT_GRAD_KERNEL in ops.calls) is on
+        counts[on] = counter.get_total_flops()
+    assert counts[True] == counts[False] == 3 * 2 * 2 * 2048 * 96 * 288  # forward, grad_input, grad_weight
 
 
 @pytest.mark.parametrize("variant", ["ls_convit_micro", "ls_gmm_micro", "ls_refiner_micro"])

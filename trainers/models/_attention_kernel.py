@@ -8,7 +8,9 @@ that in float32 the forward keeps the softmax maps for it where they are small (
 GEMMs are register-tiled SIMD loops (AVX512-BF16 dot products in bf16, FMAs in float32), and it
 reads q, k, v and writes the output and the gradients in the caller's strides, so the projection's
 (B, N, 3, H, d) output needs no layout copy. The float32 library also refines the Refiner's maps
-(`csrc/refiner_fp32.h`, ops ``refine_forward`` and ``refine_backward``; `ls_refiner.Refiner`).
+(`csrc/refiner_fp32.h`, ops ``refine_forward`` and ``refine_backward``; `ls_refiner.Refiner`) and
+computes a float32 linear layer's weight gradient (`csrc/linear_fp32.h`, op ``linear_weight_grad``;
+`_linear`).
 
 The core (`_attention_core`) runs on it wherever its GEMMs run in bfloat16 (CPU autocast on a CPU
 with bf16 hardware, as `precision: auto` trains there) or in float32 (fp32 training and inference,
@@ -173,11 +175,17 @@ def _register_flop_formulas(ops: Any) -> None:
     """What `torch.utils.flop_counter` counts for the kernels' forwards (a multiply-add is 2), as for
     the torch ops they replace: the trials' `flops` column must not depend on whether a kernel was
     built. The attention core: its two products (GPSA's mix and a mask are elementwise, uncounted
-    on torch ops too). The Refiner: its expand, k x k taps per patch key and reduce per row."""
+    on torch ops too). The Refiner: its expand, k x k taps per patch key and reduce per row. A
+    linear's weight gradient (a training step counted in full): the mm it replaces."""
     @register_flop_formula(ops.attention_forward)
     def _attention(qkv_shape, *args, **kwargs) -> int:
         _, batch, heads, tokens, dim = qkv_shape
         return 2 * 2 * batch * heads * tokens * tokens * dim
+
+    if hasattr(ops, "linear_weight_grad"):  # (a backward product: counted as the mm it replaces)
+        @register_flop_formula(ops.linear_weight_grad)
+        def _weight_grad(grad_shape, input_shape, **kwargs) -> int:
+            return 2 * grad_shape[0] * grad_shape[1] * input_shape[1]
 
     if hasattr(ops, "refine_forward"):
         @register_flop_formula(ops.refine_forward)

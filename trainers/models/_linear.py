@@ -13,6 +13,15 @@ batch 8; 192 -> 576, 768 and back), oneDNN's float32 products measured (side by 
 and below about 2M multiply-adds oneDNN's fixed cost per call (~10 us) loses (0.3-0.8x), so those
 stay on MKL. Results differ from MKL's by float32 rounding only (another summation order).
 
+The weight gradient (grad^T input) runs best on neither library: oneDNN first copies one operand
+into its transpose, MKL runs AVX2 code. Where the float32 attention kernel is built
+(`_attention_kernel`), it runs on that library's `linear_weight_grad` (`csrc/linear_fp32.h`: the
+kernel's broadcast-FMA GEMM, which reads the transposed operand through its strides, over a fixed
+split of the rows), where out_features or in_features is a multiple of 16. Side by side with the
+rule above on the 2-core Zen 5 EPYC: 12,544 rows 96 -> 288 1.62 vs 2.43 ms, 96 -> 96 0.48 vs 1.18
+(MKL), 384 -> 96 2.49 vs 2.82; 1,576 rows 192 -> 768 0.94 vs 1.21, 192 -> 192 0.24 vs 0.54 (MKL).
+`USE_WEIGHT_GRAD_KERNEL = False` turns it off.
+
 Where MKL's AVX-512 code runs (Intel), where neither library has AVX-512, and on Zen 4 (whose
 512-bit FMAs run as two 256-bit halves, so AVX2 code reaches the same peak) torch's path is kept:
 those were not measured to gain. Under CPU autocast `F.linear` runs in bf16 on oneDNN already, so
@@ -32,10 +41,14 @@ from torch.utils.flop_counter import flop_registry, register_flop_formula
 from timm.models._features_fx import register_notrace_function
 
 from trainers._cpu import cpu_family, cpuinfo_field
+from trainers.models import _attention_kernel
 
-__all__ = ["Linear", "USE_ONEDNN_FP32", "linear", "onednn_beats_mkl_here"]
+__all__ = ["Linear", "USE_ONEDNN_FP32", "USE_WEIGHT_GRAD_KERNEL", "linear", "onednn_beats_mkl_here"]
 
 USE_ONEDNN_FP32 = True
+USE_WEIGHT_GRAD_KERNEL = True
+# the float32 kernel's lanes where this module's path runs (AVX-512: onednn_beats_mkl_here asks for it)
+_KERNEL_LANES = 16
 MIN_MULTIPLY_ADDS = 1 << 21  # below: MKL (oneDNN's ~10 us per call loses at M 100, 96 -> 96: 0.68x)
 # grad_weight (both operands transposed, which oneDNN copies first) stays on MKL where both weight
 # dims are under this, as quick there (96 x 96: 1.20 vs 1.21 ms at 12,544 rows, 0.17 vs 0.25 ms at 1,576)
@@ -83,17 +96,26 @@ class _OneDNNLinear(torch.autograd.Function):
         grad_x = grad_weight = grad_bias = None
         if ctx.needs_input_grad[0]:
             grad_x = _onednn(grad, weight.t(), None).view(ctx.input_shape)  # (M, N) @ (N, K)
-        if ctx.needs_input_grad[1]:  # grad^T (N, M) @ rows (M, K)
-            out_features, in_features = weight.shape
-            if max(out_features, in_features) < GRAD_WEIGHT_MIN_WIDTH:
-                grad_weight = grad.t().mm(rows)  # MKL
-            elif in_features > out_features:  # the larger dim as oneDNN's output features
-                grad_weight = _onednn(grad.t(), rows.t(), None)  # (N, K)
-            else:
-                grad_weight = _onednn(rows.t(), grad.t(), None).t()  # (K, N) -> (N, K) view
+        if ctx.needs_input_grad[1]:
+            grad_weight = _weight_grad(grad, rows)
         if ctx.needs_input_grad[2]:
             grad_bias = grad.sum(0)
         return grad_x, grad_weight, grad_bias
+
+
+def _weight_grad(grad: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """grad^T (N, M) @ rows (M, K) -> (N, K): on the float32 kernel where it is built and N or K fills
+    whole vectors, else on oneDNN or MKL (see the module doc)."""
+    out_features, in_features = grad.shape[1], rows.shape[1]
+    if USE_WEIGHT_GRAD_KERNEL and (out_features % _KERNEL_LANES == 0 or in_features % _KERNEL_LANES == 0):
+        kernel = _attention_kernel.kernels(torch.float32)
+        if kernel is not None:
+            return kernel.linear_weight_grad(grad.contiguous(), rows.contiguous())
+    if max(out_features, in_features) < GRAD_WEIGHT_MIN_WIDTH:
+        return grad.t().mm(rows)  # MKL
+    if in_features > out_features:  # the larger dim as oneDNN's output features
+        return _onednn(grad.t(), rows.t(), None)  # (N, K)
+    return _onednn(rows.t(), grad.t(), None).t()  # (K, N) -> (N, K) view
 
 
 def _takes_onednn(x: torch.Tensor, weight: torch.Tensor) -> bool:
