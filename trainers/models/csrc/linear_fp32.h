@@ -5,7 +5,7 @@
 // through any strides, so neither operand is transposed in memory) and registers its op in that
 // library.
 //
-//     weight_grad(grad (M, N), input (M, K)) = grad^T input  (N, K)
+//     linear_weight_grad(grad (M, N), input (M, K)) = grad^T input  (N, K)
 //
 // The products run with the lanes along the wider of N and K (a multiple of kLanes), the rows along
 // the other, over the M rows split into `parts` fixed by M alone; the parts' sums are added in
