@@ -19,8 +19,9 @@ into its transpose, MKL runs AVX2 code. Where the float32 attention kernel is bu
 kernel's broadcast-FMA GEMM, which reads the transposed operand through its strides, over a fixed
 split of the rows), where out_features or in_features is a multiple of 16. Side by side with the
 rule above on the 2-core Zen 5 EPYC: 12,544 rows 96 -> 288 1.62 vs 2.43 ms, 96 -> 96 0.48 vs 1.18
-(MKL), 384 -> 96 2.49 vs 2.82; 1,576 rows 192 -> 768 0.94 vs 1.21, 192 -> 192 0.24 vs 0.54 (MKL).
-`USE_WEIGHT_GRAD_KERNEL = False` turns it off.
+(MKL), 384 -> 96 2.49 vs 2.82; 1,576 rows 192 -> 768 0.94 vs 1.21, 192 -> 192 0.24 vs 0.54 (MKL);
+at larger widths 1.14-1.21x (ViT-B's 768 -> 3072 at 12,608 rows: 216 vs 245 ms), the one shape not
+ahead 12,544 rows 768 -> 192 (11.0 vs 10.9 ms). `USE_WEIGHT_GRAD_KERNEL = False` turns it off.
 
 Where MKL's AVX-512 code runs (Intel), where neither library has AVX-512, and on Zen 4 (whose
 512-bit FMAs run as two 256-bit halves, so AVX2 code reaches the same peak) torch's path is kept:
