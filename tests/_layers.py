@@ -1,8 +1,9 @@
 """Test helpers for layers: a layer's output and gradients in a given dtype, optionally under CPU
 bf16 autocast (for tests that hold a low-precision path against a float64 copy of the same layer),
-and a record of the ops a call dispatched (which path it took)."""
+a record of the ops a call dispatched (which path it took), and the float32 CPU kernel or a skip."""
 from __future__ import annotations
 
+import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -31,3 +32,13 @@ class OpCalls(TorchDispatchMode):
         name = f"{func.namespace}.{func.overloadpacket.__name__}"
         self.calls[name] = self.calls.get(name, 0) + 1
         return func(*args, **(kwargs or {}))
+
+
+def float32_kernel_or_skip():
+    """The float32 CPU kernel's ops (`_attention_kernel`), or a skip where it is not built here (no
+    compiler, no AVX2)."""
+    from trainers.models import _attention_kernel
+
+    if not _attention_kernel.available(torch.float32, 1):
+        pytest.skip(f"the float32 CPU kernel is not built here: {_attention_kernel.build_error(torch.float32)}")
+    return _attention_kernel.kernels(torch.float32)

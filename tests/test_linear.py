@@ -13,10 +13,10 @@ import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 import trainers.models  # noqa: F401  (registers the ls_* families)
-from trainers.models import _attention_kernel, _linear
+from trainers.models import _linear
 from trainers.models.ls_refiner import Refiner
 from trainers.throughput import count_flops
-from tests._layers import OpCalls, run_layer
+from tests._layers import OpCalls, float32_kernel_or_skip, run_layer
 
 ONEDNN = "mkldnn._linear_pointwise"
 WEIGHT_GRAD_KERNEL = "locality_search_fp32.linear_weight_grad"
@@ -37,14 +37,6 @@ def _float64_reference(x, weight, bias, upstream):
     return [out.detach(), *torch.autograd.grad(out, (x, weight, bias), upstream.double())]
 
 
-def _weight_grad_kernel():
-    """The float32 kernel's ops, or a skip where it cannot be built here (no compiler, no AVX2)."""
-    kernel = _attention_kernel.kernels(torch.float32)
-    if kernel is None:
-        pytest.skip(f"no float32 kernel here: {_attention_kernel.build_error(torch.float32)}")
-    return kernel
-
-
 @pytest.mark.parametrize("shape, in_features, out_features, weight_grad_on", [
     ((6, 70, 96), 96, 288, "kernel"),      # K < N: the kernel's lanes along N, the (K, N) result transposed
     ((900, 384), 384, 96, "kernel"),       # K > N: lanes along K
@@ -58,7 +50,7 @@ def test_output_and_all_gradients_match_float64(onednn_here, monkeypatch, shape,
                                                 weight_grad_on):
     kernel_on = weight_grad_on == "kernel" or in_features % 16 != 0 and out_features % 16 != 0
     if weight_grad_on == "kernel":
-        _weight_grad_kernel()
+        float32_kernel_or_skip()
     monkeypatch.setattr(_linear, "USE_WEIGHT_GRAD_KERNEL", kernel_on)
     torch.manual_seed(0)
     x = torch.randn(*shape, requires_grad=True)
@@ -89,7 +81,7 @@ def test_output_and_all_gradients_match_float64(onednn_here, monkeypatch, shape,
 def test_weight_grad_kernel_matches_float64_whatever_the_thread_count(rows, in_features, out_features):
     """grad^T input against float64, with a float32 error no worse than a few times MKL's, and bit
     for bit the same result on 1 and on 2 threads (the rows' split is fixed by their count)."""
-    kernel = _weight_grad_kernel()
+    kernel = float32_kernel_or_skip()
     torch.manual_seed(0)
     grad, x = torch.randn(rows, out_features), torch.randn(rows, in_features)
     want = grad.double().t() @ x.double()
@@ -108,7 +100,7 @@ def test_weight_grad_kernel_matches_float64_whatever_the_thread_count(rows, in_f
 
 
 def test_weight_grad_kernel_refuses_what_it_cannot_take():
-    kernel = _weight_grad_kernel()
+    kernel = float32_kernel_or_skip()
     with pytest.raises(RuntimeError, match="N or K a multiple of"):
         kernel.linear_weight_grad(torch.randn(50, 36), torch.randn(50, 20))  # whole vectors of neither 16 nor 8 lanes
     with pytest.raises(RuntimeError, match="contiguous float32"):
@@ -192,7 +184,7 @@ def test_flop_counter_counts_the_onednn_linear_as_f_linear(onednn_here):
 
 
 def test_flop_counter_counts_a_training_step_with_the_weight_grad_kernel_as_torch_linear(onednn_here):
-    _weight_grad_kernel()
+    float32_kernel_or_skip()
     x = torch.randn(2, 2048, 96, requires_grad=True)
     weight, bias = torch.randn(288, 96, requires_grad=True), torch.randn(288, requires_grad=True)
     counts = {}

@@ -11,7 +11,7 @@ from trainers.models import _attention_kernel
 from trainers.models.ls_refiner import LocalityRefinerViT, RefinedAttention, Refiner
 from trainers.throughput import count_flops
 
-from tests._layers import run_layer
+from tests._layers import float32_kernel_or_skip, run_layer
 
 NANO = dict(img_size=28, patch_size=4, in_chans=1, num_classes=10)  # 7 x 7 = 49 patches
 
@@ -141,12 +141,6 @@ def test_default_path_choice():
     assert Refiner(3, 12, 3, (14, 14)).choose_path(196) == 'conv'
 
 
-def _kernel_or_skip():
-    if not _attention_kernel.available(torch.float32, 1):
-        pytest.skip(f'the float32 CPU kernel is not built here: {_attention_kernel.build_error(torch.float32)}')
-    return _attention_kernel.kernels(torch.float32)
-
-
 # H, ratio, k, grid, prefix keys: k = 3 (compiled for it) and any odd k (5; 7 on a 3 x 3 grid, whose
 # taps reach past every border), grids whose patch count leaves a vector tail, no prefix key
 _KERNEL_SHAPES = [(4, 2, 3, (7, 7), 1), (3, 3, 5, (4, 6), 1), (2, 1, 3, (5, 4), 0), (3, 2, 3, (14, 14), 1),
@@ -156,7 +150,7 @@ _KERNEL_SHAPES = [(4, 2, 3, (7, 7), 1), (3, 3, 5, (4, 6), 1), (2, 1, 3, (5, 4), 
 @pytest.mark.parametrize('H, ratio, k, grid, prefix', _KERNEL_SHAPES)
 def test_the_float32_kernel_matches_the_dense_conv_in_float64(H, ratio, k, grid, prefix):
     """The fused per-row pass (csrc/refiner_fp32.h): maps and every gradient as the float64 reference."""
-    _kernel_or_skip()
+    float32_kernel_or_skip()
     ref64 = _randomise(Refiner(H, ratio, k, grid, num_prefix_tokens=prefix).double(), seed=H + k)
     ref32 = Refiner(H, ratio, k, grid, num_prefix_tokens=prefix)
     ref32.load_state_dict(ref64.state_dict())
@@ -178,7 +172,7 @@ def test_the_float32_kernel_matches_the_dense_conv_in_float64(H, ratio, k, grid,
 
 def test_the_kernels_weight_gradients_do_not_depend_on_the_thread_count():
     """Summed per fixed chunk of rows, then over the chunks in order: the same bits on 1 or 2 threads."""
-    ops = _kernel_or_skip()
+    ops = float32_kernel_or_skip()
     gen = torch.Generator().manual_seed(0)
     H, eh, k = 4, 8, 3
     maps, d_out = torch.rand(H, 1000, 50, generator=gen), torch.randn(H, 1000, 50, generator=gen)
@@ -196,7 +190,7 @@ def test_the_kernels_weight_gradients_do_not_depend_on_the_thread_count():
 
 
 def test_the_kernel_refuses_bad_inputs_with_a_message():
-    ops = _kernel_or_skip()
+    ops = float32_kernel_or_skip()
     maps = torch.rand(4, 10, 50)
     E, C, R = torch.randn(8, 4), torch.randn(8, 3, 3), torch.randn(4, 8)
     for args, message in [((maps.double(), E, C, R, 7, 7), 'maps: a contiguous'),
@@ -212,7 +206,7 @@ def test_the_kernel_refuses_bad_inputs_with_a_message():
 def test_the_refiner_model_on_the_kernel_matches_its_torch_ops(train, monkeypatch):
     """ls_refiner_nano end to end, float32 on the CPU: the kernel path (its default there) and the torch
     path (USE_FUSED_KERNEL off) give the same logits and gradients to float32 rounding."""
-    _kernel_or_skip()
+    float32_kernel_or_skip()
     torch.manual_seed(0)
     model = timm.create_model('ls_refiner_nano', **NANO).train(train)
     x = torch.randn(4, 1, 28, 28)
@@ -251,7 +245,7 @@ def test_under_bf16_autocast_the_maps_go_to_the_kernel_in_float32_where_the_rule
     less close than the bf16 ones."""
     import copy
 
-    _kernel_or_skip()
+    float32_kernel_or_skip()
     torch.manual_seed(0)
     layer = RefinedAttention(32, 4, (7, 7), ratio=ratio, kernel_size=3)
     _randomise(layer.refiner)
@@ -281,7 +275,7 @@ def test_under_bf16_autocast_the_maps_go_to_the_kernel_in_float32_where_the_rule
 def test_flops_count_what_the_kernel_computes(monkeypatch):
     """`count_flops` (the trials' `flops` column) counts the kernel's multiply-adds: expand, k x k taps
     per patch key, reduce, per query row, in each refined block, in place of the torch path's GEMMs."""
-    _kernel_or_skip()
+    float32_kernel_or_skip()
     model = timm.create_model('ls_refiner_nano', **NANO)
     refiner = model.blocks[0].attn.refiner
     monkeypatch.setattr(_attention_kernel, 'USE_FUSED_KERNEL', False)
