@@ -53,7 +53,7 @@ STUDY_METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
 TRIAL_METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
     "trial_epoch": ("Epochs the trial has reported", ("trial_id", "family")),
     "trial_val_acc": ("Validation accuracy of the trial's last reported epoch", ("trial_id", "family")),
-    "trial_throughput": ("Inference images/s of the trial's architecture (measured before training)", ("trial_id", "family")),
+    "trial_throughput": ("Inference images/s of the trial's architecture", ("trial_id", "family")),
 }
 FINISHED_STATES = ("COMPLETE", "PRUNED", "REJECTED", "FAILED")
 TUNE_STATES = ("RUNNING", "PENDING")

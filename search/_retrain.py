@@ -39,7 +39,7 @@ RESULT_COLUMNS: dict[str, tuple[pa.DataType, str]] = {
     "family": (pa.string(), "model family (convit, ...)"),
     "params": TRIAL_COLUMNS["params"],
     "flops": TRIAL_COLUMNS["flops"],
-    "throughput": (pa.float64(), "inference images/s (measured before training, as in the search)"),
+    "throughput": (pa.float64(), "inference images/s (measured as in the search)"),
     "throughput_device": TRIAL_COLUMNS["throughput_device"],
     "throughput_batch": TRIAL_COLUMNS["throughput_batch"],
     "throughput_precision": TRIAL_COLUMNS["throughput_precision"],

@@ -64,7 +64,7 @@ TRIAL_COLUMNS: dict[str, tuple[pa.DataType, str]] = {
     "val_loss": (pa.float64(), "lowest validation loss over the epochs run"),
     "final_val_acc": (pa.float64(), "validation accuracy after the last epoch run"),
     "train_precision": (pa.string(), "autocast precision the trial trained in: fp32, bf16 or fp16 (train.precision, auto resolved on its device)"),
-    "throughput": (pa.float64(), "inference images/s of the architecture the trial ended with (measured before training; T-CNN: again at the conversion)"),
+    "throughput": (pa.float64(), "inference images/s of the architecture the trial ended with (measured after its first epoch, or before training where constraints judge it; T-CNN: again at the conversion)"),
     "throughput_before_conversion": (pa.float64(), "T-CNN: inference images/s of the CNN before the conversion (null otherwise)"),
     "converted_at_epoch": (pa.int64(), "T-CNN: epochs trained as a CNN before the conversion (null: never converted)"),
     "throughput_device": (pa.string(), "device that measured throughput"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import io
 import math
 
@@ -55,6 +56,34 @@ def test_reports_once_per_epoch(synthetic):
         assert m["family"] == "convit"
     assert outcome.best_val_acc == max(m["val_acc"] for m in reports)
     assert reports[0]["lr"] > reports[1]["lr"]  # cosine decay
+
+
+@pytest.mark.parametrize("constraints", [(), ("params <= 1e9",)], ids=["after_first_epoch", "before_training"])
+def test_throughput_is_measured_after_the_first_epoch_unless_needed_before(synthetic, monkeypatch, constraints):
+    """Without constraints the number is first needed in the first report, so the architecture is
+    timed after that epoch (not beside a study's start-up); constraints judge it before training."""
+    from trainers import train as train_module
+    from trainers.config import Constraint
+
+    timed = []  # per measurement: whether the model it timed had trained already
+
+    def measure_model(model, **kwargs):
+        torch.manual_seed(0)
+        untrained = timm.create_model("ls_convit_nano", num_classes=synthetic.num_classes,
+                                      in_chans=synthetic.channels, img_size=synthetic.image_size)
+        timed.append(any(not torch.equal(a, b) for a, b in zip(model.state_dict().values(),
+                                                                untrained.state_dict().values())))
+        return real_measure_model(model, **kwargs)
+
+    real_measure_model = train_module.measure_model
+    monkeypatch.setattr(train_module, "measure_model", measure_model)
+    cfg = _config(synthetic)
+    cfg = dataclasses.replace(cfg, constraints=tuple(Constraint.parse(c) for c in constraints))
+    reports = []
+    train_trial(cfg, on_epoch=lambda m, state: reports.append(m))
+    assert timed == [bool(not constraints)]  # once per trial, after training began or before it
+    assert [m["epoch"] for m in reports] == [1, 2] and all(m["throughput"] > 0 for m in reports)
+    assert reports[0]["throughput"] == reports[1]["throughput"]
 
 
 def test_trial_optimizer_is_fused_adamw_and_steps_as_the_reference_adamw(synthetic):
