@@ -96,10 +96,10 @@ def _scripted_rounds(monkeypatch, rounds):
     script = iter(rounds)
     calls = []
 
-    def timed_round(model, x, repeats, device):
+    def timed_round(model, x, repeats, device, reference=None):
         per_batch, share = next(script)
         calls.append(per_batch)
-        return [per_batch] * repeats, share
+        return [per_batch] * repeats, [], share
 
     monkeypatch.setattr(throughput, "_timed_round", timed_round)
     monkeypatch.setattr(throughput, "CPU_RETRY_PAUSE_S", 0.0)
@@ -135,6 +135,51 @@ def test_cpu_throughput_keeps_the_fastest_round_when_the_cpu_stays_busy(monkeypa
                                            batch_size=8, warmup=0, repeats=3)
     assert len(calls) == throughput.CPU_ATTEMPTS == 6  # bounded: a busy machine costs a few rounds, not more
     assert result.images_per_s == pytest.approx(8 / 0.3) and result.kept_round == 2 and result.cpu_share == 0.7
+
+
+def _scripted_rounds_beside(monkeypatch, alone, beside):
+    """`_timed_round` scripted: `alone` rounds (seconds per batch, CPU share) for a model timed on
+    its own, `beside` rounds (model's seconds, reference's seconds, share) for one timed beside a
+    reference."""
+    alone, beside = iter(alone), iter(beside)
+
+    def timed_round(model, x, repeats, device, reference=None):
+        if reference is None:
+            per_batch, share = next(alone)
+            return [per_batch] * repeats, [], share
+        per_batch, reference_per_batch, share = next(beside)
+        return [per_batch] * repeats, [reference_per_batch] * repeats, share
+
+    monkeypatch.setattr(throughput, "_timed_round", timed_round)
+    monkeypatch.setattr(throughput, "CPU_RETRY_PAUSE_S", 0.0)
+
+
+def test_cost_ratio_to_the_reference_is_the_median_over_counted_rounds(monkeypatch):
+    """A slow phase slows both alike (round 2: both 2x), and a contended round does not count."""
+    _scripted_rounds_beside(monkeypatch, [], [(0.2, 0.1, 0.99), (0.4, 0.2, 0.98), (0.9, 0.1, 0.5), (0.21, 0.1, 0.99)])
+    result = measure_throughput(timm.create_model("ls_convit_nano"), input_shape=(1, 28, 28), batch_size=8,
+                                warmup=0, repeats=3, reference=timm.create_model("ls_convit_nano", depth=3))
+    assert result.rounds == 4 and result.reference_ratio == pytest.approx(2.0)
+    assert result.images_per_s == pytest.approx(8 / 0.2)  # as timed: its own fastest round
+
+
+def test_a_model_timed_beside_the_reference_gets_the_reference_number_over_their_cost_ratio(tmp_path, monkeypatch):
+    """The reference is measured on its own once (80 img/s); a model timed later, in a phase where
+    both ran 1.5x slow, costs 2x the reference: 40 img/s, though its own rounds read 26.7."""
+    _scripted_rounds_beside(monkeypatch, alone=[(0.1, 1.0)] * 6, beside=[(0.3, 0.15, 1.0)] * 6)
+    kwargs = dict(input_shape=(1, 28, 28), batch_size=8, warmup=0, repeats=3, cache_dir=tmp_path)
+    reference = timm.create_model("ls_convit_nano")
+    record = measure_model(timm.create_model("ls_convit_nano", depth=3), reference=reference, **kwargs)
+    assert record["throughput"] == pytest.approx(40.0) and record["throughput_timed"] == pytest.approx(8 / 0.3)
+    assert record["throughput_reference"] == architecture_fingerprint(reference) != record["architecture"]
+    own = measure_model(timm.create_model("ls_convit_nano", locality_strength=2.0), reference=reference, **kwargs)
+    assert own["throughput"] == pytest.approx(80.0) and own["throughput_cached"]  # the reference's own trial
+    assert own["throughput_reference"] == own["architecture"]
+    again = measure_model(timm.create_model("ls_convit_nano", depth=3), reference=reference, **kwargs)
+    assert again["throughput_cached"] and again["throughput"] == record["throughput"]
+    plain = measure_model(timm.create_model("ls_convit_nano", depth=3), **kwargs)  # alone: another entry
+    assert not plain["throughput_cached"] and plain["throughput"] == pytest.approx(80.0)
+    assert plain["throughput_reference"] is None
 
 
 def test_cpu_share_of_a_real_round(monkeypatch):
@@ -294,7 +339,10 @@ def test_search_rejects_configs_before_training_and_reuses_measurements(tmp_path
     for depth in (2, 6):
         same = [r for r in trials if r["depth"] == depth]
         assert len({r["throughput"] for r in same}) == 1 and len({r["architecture"] for r in same}) == 1
-        assert sum(not r["throughput_cached"] for r in same) == 1
+        # measured by its first trial, or (the model as named, default arguments) as the reference
+        # an earlier trial of the other depth was timed beside
+        fresh = sum(not r["throughput_cached"] for r in same)
+        assert fresh == 1 or (fresh == 0 and same[0]["throughput_reference"] == same[0]["architecture"])
     assert "rejected: params=" in proc.stdout
     front = pq.read_table(open(exp / "pareto.parquet", "rb")).to_pylist()
     assert front and all(r["state"] == "COMPLETE" for r in front)

@@ -53,6 +53,7 @@ def test_reports_once_per_epoch(synthetic):
         assert 0.0 <= m["val_acc"] <= 1.0 and math.isfinite(m["train_loss"])
         assert m["throughput"] > 0 and m["params"] > 0 and m["flops"] > 0
         assert m["throughput_batch"] == 16 and m["throughput_device"].startswith("cpu")
+        assert m["throughput_reference"] and m["throughput_timed"] > 0  # timed beside the model as named
         assert m["family"] == "convit"
     assert outcome.best_val_acc == max(m["val_acc"] for m in reports)
     assert reports[0]["lr"] > reports[1]["lr"]  # cosine decay

@@ -17,6 +17,12 @@ front compares architectures rather than the machine's noise between two measure
 A measurement has its device to itself: it takes the device's lock exclusively, so neither
 another measurement nor a trial training on the same device (a shared GPU, the machine's CPU)
 runs while it times (see ``trainers._device_share``).
+
+On the CPU a trial's model is also timed beside a reference (:func:`measure_model`'s
+``reference``: the trainer passes the model as named, with default arguments), batch for batch.
+A cloud VM has slow phases that no CPU accounting shows, seconds long, in which everything runs
+10-50% slower; they slow the model and the reference alike, so the cost ratio between the two
+holds, and the trial's number is the reference's (measured once per node) divided by it.
 """
 
 from __future__ import annotations
@@ -66,6 +72,7 @@ class ThroughputResult:
     cpu_share: float = 1.0  # the kept round's share of threads x wall time this process ran (CPU)
     kept_round: int = 1  # which round was kept, the fastest (see measure_throughput)
     rounds: int = 1  # rounds timed: 1 on a GPU; on the CPU CPU_ROUNDS, more when some were contended
+    reference_ratio: float | None = None  # with a reference: the model's batch time over the reference's (see measure_throughput)
 
 
 def device_name(device: torch.device) -> str:
@@ -126,6 +133,7 @@ def count_flops(model: nn.Module, input_shape: tuple[int, int, int]) -> int:
 # 2,655-2,787. Replayed over logs of batches timed back to back (1-5 minutes each), the fastest of
 # three rounds stayed within 6% of its typical value where single rounds strayed up to 2.6x.
 CPU_ROUNDS = 3
+MEASUREMENT_METHOD = "fastest-of-3"  # in the cache key: numbers timed another way are not reused
 # A round counts only when this process had the CPU to itself: alone, its threads keep their cores
 # busy (process CPU time ~ threads x wall: 0.99 measured for the micro families on a 2-core VM),
 # while another busy process (Ray starting its dashboard beside a study's first trial, say) takes
@@ -136,18 +144,23 @@ CPU_ATTEMPTS = 6
 CPU_RETRY_PAUSE_S = 1.0
 
 
-def _timed_round(model: nn.Module, x: torch.Tensor, repeats: int, device: torch.device) -> tuple[list[float], float]:
-    """Seconds per batch over ``repeats`` batches, and the share of the CPU this process had while
-    timing them (its CPU time over threads x wall time; 1 when its threads never waited for a core)."""
-    times = []
+def _timed_round(model: nn.Module, x: torch.Tensor, repeats: int, device: torch.device,
+                 reference: nn.Module | None = None) -> tuple[list[float], list[float], float]:
+    """Seconds per batch over ``repeats`` batches; with a reference, seconds per reference batch,
+    one after each of the model's (else an empty list); and the share of the CPU this process had
+    while timing them (its CPU time over threads x wall time; 1 when its threads never waited for a
+    core)."""
+    times, reference_times = [], []
     cpu_start, wall_start = time.process_time(), time.perf_counter()
     for _ in range(repeats):
-        start = time.perf_counter()
-        model(x)
-        _sync(device)
-        times.append(time.perf_counter() - start)
+        for net, into in ((model, times), (reference, reference_times)):
+            if net is not None:
+                start = time.perf_counter()
+                net(x)
+                _sync(device)
+                into.append(time.perf_counter() - start)
     wall = time.perf_counter() - wall_start
-    return times, (time.process_time() - cpu_start) / max(wall * torch.get_num_threads(), 1e-9)
+    return times, reference_times, (time.process_time() - cpu_start) / max(wall * torch.get_num_threads(), 1e-9)
 
 
 def measure_throughput(
@@ -159,28 +172,40 @@ def measure_throughput(
     repeats: int = 10,
     precision: str = "auto",
     channels_last: bool = False,
+    reference: nn.Module | None = None,
 ) -> ThroughputResult:
     """Images per second of ``model``'s forward pass, median over ``repeats`` timed batches. On the
     CPU the fastest of CPU_ROUNDS such rounds, a round timed while another process took cores not
-    counted among them (see CPU_SHARE_FLOOR)."""
+    counted among them (see CPU_SHARE_FLOOR).
+
+    With a ``reference`` model (on the same device, taking the same input), each of the model's
+    batches is followed by one of the reference's, and ``reference_ratio`` is the model's median
+    batch time over the reference's, the median over the counted rounds: what the model costs
+    relative to the reference, whatever the machine's speed while they were timed."""
     device = next(model.parameters()).device
     precision = resolve_precision(precision, device)
-    was_training = model.training
-    model.eval()
+    was_training = [(net, net.training) for net in (model, reference) if net is not None]
+    for net, _ in was_training:
+        net.eval()
     x = torch.randn((batch_size, *input_shape), device=device)
     if channels_last:
         x = x.contiguous(memory_format=torch.channels_last)
     best = None  # (median seconds per batch, CPU share, which round)
+    ratios, contended_ratios = [], []  # per round: the model's median batch time over the reference's
     with torch.inference_mode(), _autocast(precision, device):
         for _ in range(warmup):
-            model(x)
+            for net, _ in was_training:
+                net(x)
         _sync(device)
         uncontended = 0
         for attempt in range(1, CPU_ATTEMPTS + 1):
-            times, cpu_share = _timed_round(model, x, repeats, device)
+            times, reference_times, cpu_share = _timed_round(model, x, repeats, device, reference)
             median = statistics.median(times)
             if best is None or median < best[0]:
                 best = (median, cpu_share, attempt)
+            if reference_times:
+                counted = device.type != "cpu" or cpu_share >= CPU_SHARE_FLOOR
+                (ratios if counted else contended_ratios).append(median / statistics.median(reference_times))
             if device.type != "cpu":
                 break  # one round on a GPU, as before: the slow phases were seen on CPU VMs
             if cpu_share >= CPU_SHARE_FLOOR:
@@ -189,7 +214,8 @@ def measure_throughput(
                 time.sleep(CPU_RETRY_PAUSE_S)  # let the other work pass
             if uncontended == CPU_ROUNDS:
                 break
-    model.train(was_training)
+    for net, training in was_training:
+        net.train(training)
     median, cpu_share, kept_round = best
     return ThroughputResult(
         images_per_s=batch_size / median,
@@ -203,6 +229,7 @@ def measure_throughput(
         cpu_share=cpu_share,
         kept_round=kept_round,
         rounds=attempt,
+        reference_ratio=statistics.median(ratios or contended_ratios) if reference is not None else None,
     )
 
 
@@ -246,21 +273,40 @@ def measure_model(
     precision: str = "auto",
     channels_last: bool = False,
     cache_dir: str | os.PathLike | None = None,
+    reference: nn.Module | None = None,
 ) -> dict[str, Any]:
     """Params, FLOPs/image and throughput of ``model`` as a flat record (the trial row's columns);
-    from the cache when this architecture was measured on this device with these settings."""
+    from the cache when this architecture was measured on this device with these settings.
+
+    With a ``reference`` model on the CPU (the trainer passes its model as named, with default
+    arguments): the reference is measured as any model (once per node and settings, cached), and
+    ``model`` is timed beside it (:func:`measure_throughput`): its ``throughput`` is the
+    reference's divided by their cost ratio, so two architectures measured minutes apart compare
+    by what they cost, not by how fast the VM ran at the time; ``throughput_timed`` is the model's
+    own fastest round."""
     device = next(model.parameters()).device
+    precision = resolve_precision(precision, device)
+    settings = dict(input_shape=input_shape, batch_size=batch_size, warmup=warmup, repeats=repeats,
+                    precision=precision, channels_last=channels_last)
+    reference_record = None
+    if reference is not None and device.type == "cpu":
+        reference_record = measure_model(reference, **settings, cache_dir=cache_dir)
+        if reference_record["architecture"] == architecture_fingerprint(model):
+            return {**reference_record, "throughput_reference": reference_record["architecture"]}
     key_fields = {
         "architecture": architecture_fingerprint(model),
         "code": implementation_fingerprint(model),
         "input_shape": list(input_shape),
         "device": device_name(device),
-        "precision": resolve_precision(precision, device),
+        "precision": precision,
         "batch_size": batch_size,
         "threads": torch.get_num_threads(),
         "channels_last": channels_last,
         "torch": str(torch.__version__),
+        "method": MEASUREMENT_METHOD,
     }
+    if reference_record is not None:  # measured against this reference's number: a new one, new measurements
+        key_fields["reference"] = [reference_record["architecture"], reference_record["throughput"]]
     key = hashlib.sha256(json.dumps(key_fields, sort_keys=True).encode()).hexdigest()[:32]
     path = Path(cache_dir) / f"{key}.json" if cache_dir is not None else None
     cached = _read_cached(path)
@@ -270,12 +316,16 @@ def measure_model(
         cached = _read_cached(path)  # another trial may have measured it while we waited
         if cached is not None:
             return cached
-        result = measure_throughput(model, input_shape=input_shape, batch_size=batch_size, warmup=warmup,
-                                    repeats=repeats, precision=precision, channels_last=channels_last)
+        result = measure_throughput(model, **settings, reference=reference if reference_record is not None else None)
+        throughput = result.images_per_s
+        if reference_record is not None:
+            throughput = reference_record["throughput"] / result.reference_ratio
         record = {
             "params": count_params(model),
             "flops": count_flops(model, input_shape),
-            "throughput": result.images_per_s,
+            "throughput": throughput,
+            "throughput_timed": result.images_per_s,
+            "throughput_reference": reference_record["architecture"] if reference_record is not None else None,
             "throughput_device": result.device,
             "throughput_batch": result.batch_size,
             "throughput_precision": result.precision,

@@ -226,6 +226,10 @@ def train_trial(
     def measure(net: nn.Module | None = None) -> dict[str, Any]:
         # The measurement draws random inputs; keep them out of the training's random stream.
         with torch.random.fork_rng(devices=[device] if on_cuda else []):
+            reference = None
+            if device.type == "cpu":  # timed beside the model as named (see trainers/throughput.py)
+                reference = build_model(dataclasses.replace(cfg, model_args={}))
+                place_model(reference, device)
             record = measure_model(
                 net if net is not None else model,
                 input_shape=input_shape,
@@ -235,6 +239,7 @@ def train_trial(
                 precision=cfg.throughput.precision,
                 channels_last=channels_last,
                 cache_dir=cfg.throughput_cache_dir,
+                reference=reference,
             )
         # this project's families say so; for a plain timm model, its name's first word (vit, deit, ...)
         return {"family": getattr(model, "family", None) or cfg.model.split("_")[0], **record}
