@@ -127,6 +127,8 @@ def _study(n: int, seed: int = 0) -> tuple[ResultsStore, pa.Table]:
         "throughput": throughput,
         "throughput_before_conversion": [None] * n,
         "converted_at_epoch": [None] * n,
+        "throughput_timed": throughput * rng.uniform(0.85, 1.0, n),  # its own rounds, before the reference's scaling
+        "throughput_reference": [f"ls_{f}_micro-default" for f in family],
         "throughput_device": ["cpu: bench"] * n,
         "throughput_batch": np.full(n, 256),
         "throughput_precision": ["fp32"] * n,

@@ -261,7 +261,12 @@ class ResultsStore:
         return gone
 
     def add_progress(self, *, trial_id: str, state: str, elapsed_s: float, at: Any) -> dict[str, Any]:
-        """The study's standing after ``trial_id`` finished (call after its add_trial)."""
+        """The study's standing after ``trial_id`` finished (call after its add_trial). A trial
+        recorded again as it ended before (a resumed study's Tune re-reports a trial the killed
+        driver had recorded) keeps the row of when it first finished."""
+        recorded = self._progress.get(trial_id)
+        if recorded is not None and recorded["state"] == state:
+            return recorded
         front = self._front()
         complete = [t["val_acc"] for t in self._trials.values() if t["state"] == "COMPLETE" and t.get("val_acc") is not None]
         # Fronts of different devices are not comparable: the hypervolume is the main device's.

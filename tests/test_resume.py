@@ -170,7 +170,8 @@ def test_resume_when_tunes_snapshot_names_a_checkpoint_already_deleted(tmp_path)
     between leaves a snapshot whose running trial's latest checkpoint is gone. Made certain here:
     Tune's snapshot is taken aside early in a trial, the trial runs 3 more epochs (its
     checkpoints of that time deleted), the driver is killed and the old snapshot put back."""
-    EPOCHS = 24  # of about a second each; the kill comes near epoch 7 (the driver takes up results a few at a time)
+    EPOCHS = 48  # of 0.2-1 s each (by VM); the kill comes near epoch 7 (the driver takes up results a few at a
+    # time, and writes the epochs every 2 s or more: with 24, a fast VM finished the trial unseen)
     spec = yaml.safe_load((ROOT / "spaces" / "synthetic_smoke.yaml").read_text())
     spec.update(name="stale", storage=str(tmp_path / "results"))
     spec["budget"].update(trials=2, max_epochs=EPOCHS)

@@ -125,3 +125,20 @@ def test_conditional_knobs_are_null_where_they_do_not_apply(tmp_path):
     rows = duckdb.connect().execute(
         f"select model, locality_strength, num_kernels from '{tmp_path}/trials.parquet' order by trial_id").fetchall()
     assert rows == [("ls_convit_micro", 1.0, None), ("ls_gmm_micro", None, 3)]
+
+
+def test_a_trial_recorded_again_as_it_ended_keeps_its_progress_row(tmp_path):
+    """A resumed study's Tune re-reports a trial the killed driver had recorded; other trials may
+    have finished meanwhile. Its progress row stays the one of when it first finished."""
+    store = ResultsStore(tmp_path, space=SPACE, objectives=OBJECTIVES)
+    for i, acc in enumerate((0.7, 0.8, 0.75)):
+        store.add_trial(_trial(i, "COMPLETE", acc, 100.0 * (i + 1)), {})
+        store.add_progress(trial_id=f"t{i}", state="COMPLETE", elapsed_s=float(i), at=None)
+    store.add_trial(_trial(1, "COMPLETE", 0.8, 200.0), {})  # t1 again, after t2
+    store.add_progress(trial_id="t1", state="COMPLETE", elapsed_s=9.0, at=None)
+    store.flush()
+    rows = pq.read_table(tmp_path / "progress.parquet").to_pylist()
+    assert sorted((r["trial_id"], r["finished"], r["elapsed_s"]) for r in rows) == [
+        ("t0", 1, 0.0), ("t1", 2, 1.0), ("t2", 3, 2.0)]
+    store.add_trial(_trial(1, "PRUNED", None, 200.0), {})  # a changed end is a new standing
+    assert store.add_progress(trial_id="t1", state="PRUNED", elapsed_s=9.0, at=None)["finished"] == 3

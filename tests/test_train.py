@@ -87,6 +87,27 @@ def test_throughput_is_measured_after_the_first_epoch_unless_needed_before(synth
     assert reports[0]["throughput"] == reports[1]["throughput"]
 
 
+def test_a_reference_that_does_not_build_leaves_the_model_timed_on_its_own(synthetic, monkeypatch):
+    """The reference is the model with default arguments; where those fail for the dataset, the
+    trial still trains and is measured alone, with a warning saying why."""
+    from trainers import train as train_module
+
+    real_build = train_module.build_model
+
+    def build_model(cfg):
+        if not cfg.model_args:
+            raise ValueError("img_size 32 is not a multiple of patch_size 7")
+        return real_build(cfg)
+
+    monkeypatch.setattr(train_module, "build_model", build_model)
+    cfg = dataclasses.replace(_config(synthetic, epochs=1), model_args={"depth": 2})
+    reports = []
+    with pytest.warns(UserWarning, match="default arguments does not build here.*without a reference"):
+        train_trial(cfg, on_epoch=lambda m, state: reports.append(m))
+    assert reports[0]["throughput"] > 0 and reports[0]["throughput_reference"] is None
+    assert reports[0]["throughput"] == reports[0]["throughput_timed"]
+
+
 def test_trial_optimizer_is_fused_adamw_and_steps_as_the_reference_adamw(synthetic):
     states = []
     train_trial(_config(synthetic, epochs=1), on_epoch=lambda m, get_state: states.append(get_state()))

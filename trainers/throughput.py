@@ -184,8 +184,8 @@ def measure_throughput(
     relative to the reference, whatever the machine's speed while they were timed."""
     device = next(model.parameters()).device
     precision = resolve_precision(precision, device)
-    was_training = [(net, net.training) for net in (model, reference) if net is not None]
-    for net, _ in was_training:
+    timed = [(net, net.training) for net in (model, reference) if net is not None]
+    for net, _ in timed:
         net.eval()
     x = torch.randn((batch_size, *input_shape), device=device)
     if channels_last:
@@ -194,7 +194,7 @@ def measure_throughput(
     ratios, contended_ratios = [], []  # per round: the model's median batch time over the reference's
     with torch.inference_mode(), _autocast(precision, device):
         for _ in range(warmup):
-            for net, _ in was_training:
+            for net, _ in timed:
                 net(x)
         _sync(device)
         uncontended = 0
@@ -214,7 +214,7 @@ def measure_throughput(
                 time.sleep(CPU_RETRY_PAUSE_S)  # let the other work pass
             if uncontended == CPU_ROUNDS:
                 break
-    for net, training in was_training:
+    for net, training in timed:
         net.train(training)
     median, cpu_share, kept_round = best
     return ThroughputResult(

@@ -21,6 +21,7 @@ import copy
 import dataclasses
 import math
 import time
+import warnings
 from typing import Any, Callable, ContextManager
 
 import timm
@@ -82,6 +83,20 @@ def build_model(cfg: TrialConfig) -> nn.Module:
             raise
         del args["img_size"]  # e.g. ResNets are size-agnostic
         return timm.create_model(cfg.model, **args)
+
+
+def _reference_model(cfg: TrialConfig, device: torch.device) -> nn.Module | None:
+    """What a CPU measurement times the model beside (see trainers/throughput.py): the model as
+    named, with default arguments; None where those do not build for this dataset (the model is
+    then timed on its own)."""
+    try:
+        reference = build_model(dataclasses.replace(cfg, model_args={}))
+    except Exception as exc:  # noqa: BLE001  (any model's constructor: a plain measurement is the fallback)
+        warnings.warn(f"{cfg.model} with default arguments does not build here ({exc}); "
+                      "its throughput is timed without a reference", stacklevel=2)
+        return None
+    place_model(reference, device)
+    return reference
 
 
 def _converted_copy(model: nn.Module) -> nn.Module:
@@ -226,10 +241,7 @@ def train_trial(
     def measure(net: nn.Module | None = None) -> dict[str, Any]:
         # The measurement draws random inputs; keep them out of the training's random stream.
         with torch.random.fork_rng(devices=[device] if on_cuda else []):
-            reference = None
-            if device.type == "cpu":  # timed beside the model as named (see trainers/throughput.py)
-                reference = build_model(dataclasses.replace(cfg, model_args={}))
-                place_model(reference, device)
+            reference = _reference_model(cfg, device) if device.type == "cpu" else None
             record = measure_model(
                 net if net is not None else model,
                 input_shape=input_shape,
