@@ -186,7 +186,7 @@ def front_png(
     draw.text((lx + 18 * ss, ly), "cut short (PRUNED / FAILED)", fill="#1f2328", font=f_small, anchor="lm")
     lx += 18 * ss + draw.textlength("cut short (PRUNED / FAILED)", font=f_small) + 22 * ss
     draw.line([(lx, ly), (lx + 24 * ss, ly)], fill="#1f2328", width=2 * ss)
-    draw.text((lx + 30 * ss, ly), f"Pareto front ({int(keep.sum())} COMPLETE trials)", fill="#1f2328", font=f_small, anchor="lm")
+    draw.text((lx + 30 * ss, ly), f"Pareto front ({int(keep.sum())} COMPLETE trial{'' if int(keep.sum()) == 1 else 's'})", fill="#1f2328", font=f_small, anchor="lm")
     return _png_bytes(image.resize(size, Image.LANCZOS))
 
 
@@ -259,7 +259,7 @@ def write_report(study: str | os.PathLike, *, out: str | os.PathLike | None = No
     modes = [m for _, m in objectives[:2]]
     name = exp.spec.get("name") or study.name
     png = front_png(trials, front=front, x=x, y=y, modes=modes,
-                    title=f"{name}: {len(front)} trials on the Pareto front, of {len(trials)} finished")
+                    title=f"{name}: {len(front)} trial{'' if len(front) == 1 else 's'} on the Pareto front, of {len(trials)} finished")
 
     counts = trials["state"].value_counts().to_dict() if len(trials) else {}
     payload = studies_payload([study])

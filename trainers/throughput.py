@@ -20,9 +20,10 @@ runs while it times (see ``trainers._device_share``).
 
 On the CPU a trial's model is also timed beside a reference (:func:`measure_model`'s
 ``reference``: the trainer passes the model as named, with default arguments), batch for batch.
-A cloud VM has slow phases that no CPU accounting shows, seconds long, in which everything runs
-10-50% slower; they slow the model and the reference alike, so the cost ratio between the two
-holds, and the trial's number is the reference's (measured once per node) divided by it.
+A cloud VM has slow phases that no CPU accounting shows, up to several seconds long, in which
+everything runs 10-150% slower; they slow the model and the reference alike, so the cost ratio
+between the two holds, and the trial's number is the reference's (measured once per node)
+divided by it.
 """
 
 from __future__ import annotations

@@ -271,7 +271,7 @@ def train_trial(
     # Measured before training only where something needs the number then: the constraints (a
     # config is judged untrained) or a T-CNN converting at epoch 0 (the CNN's number). Otherwise
     # after the first epoch, so that a study's first measurement is not timed while Ray starts up
-    # (on the Zen 5 VM the first architecture read 18-25% slow in all four rounds it was timed).
+    # (on the Zen 5 VM the first architecture read 20-34% slow in all four rounds it was timed).
     measure_first = bool(cfg.constraints) or (converts and convert_at == 0 and not model.is_reparametrised)
     if resume is not None:
         measurement = dict(resume["measurement"])
