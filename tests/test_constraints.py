@@ -91,15 +91,20 @@ def test_measure_model_caches_per_architecture(tmp_path):
     assert not uncached["throughput_cached"]
 
 
-def _scripted_rounds(monkeypatch, rounds):
-    """Replace the timed rounds by `rounds`: (seconds per batch, CPU share) each, in order."""
-    script = iter(rounds)
+def _scripted_rounds(monkeypatch, rounds, beside=()):
+    """Replace the timed rounds: `rounds` (seconds per batch, CPU share) for a model timed on its
+    own, in order; `beside` (model's seconds, reference's seconds, share) for one timed beside a
+    reference. Returns the seconds per batch of the rounds timed alone, as they are timed."""
+    alone, beside = iter(rounds), iter(beside)
     calls = []
 
     def timed_round(model, x, repeats, device, reference=None):
-        per_batch, share = next(script)
-        calls.append(per_batch)
-        return [per_batch] * repeats, [], share
+        if reference is None:
+            per_batch, share = next(alone)
+            calls.append(per_batch)
+            return [per_batch] * repeats, [], share
+        per_batch, reference_per_batch, share = next(beside)
+        return [per_batch] * repeats, [reference_per_batch] * repeats, share
 
     monkeypatch.setattr(throughput, "_timed_round", timed_round)
     monkeypatch.setattr(throughput, "CPU_RETRY_PAUSE_S", 0.0)
@@ -137,26 +142,9 @@ def test_cpu_throughput_keeps_the_fastest_round_when_the_cpu_stays_busy(monkeypa
     assert result.images_per_s == pytest.approx(8 / 0.3) and result.kept_round == 2 and result.cpu_share == 0.7
 
 
-def _scripted_rounds_beside(monkeypatch, alone, beside):
-    """`_timed_round` scripted: `alone` rounds (seconds per batch, CPU share) for a model timed on
-    its own, `beside` rounds (model's seconds, reference's seconds, share) for one timed beside a
-    reference."""
-    alone, beside = iter(alone), iter(beside)
-
-    def timed_round(model, x, repeats, device, reference=None):
-        if reference is None:
-            per_batch, share = next(alone)
-            return [per_batch] * repeats, [], share
-        per_batch, reference_per_batch, share = next(beside)
-        return [per_batch] * repeats, [reference_per_batch] * repeats, share
-
-    monkeypatch.setattr(throughput, "_timed_round", timed_round)
-    monkeypatch.setattr(throughput, "CPU_RETRY_PAUSE_S", 0.0)
-
-
 def test_cost_ratio_to_the_reference_is_the_median_over_counted_rounds(monkeypatch):
     """A slow phase slows both alike (round 2: both 2x), and a contended round does not count."""
-    _scripted_rounds_beside(monkeypatch, [], [(0.2, 0.1, 0.99), (0.4, 0.2, 0.98), (0.9, 0.1, 0.5), (0.21, 0.1, 0.99)])
+    _scripted_rounds(monkeypatch, [], [(0.2, 0.1, 0.99), (0.4, 0.2, 0.98), (0.9, 0.1, 0.5), (0.21, 0.1, 0.99)])
     result = measure_throughput(timm.create_model("ls_convit_nano"), input_shape=(1, 28, 28), batch_size=8,
                                 warmup=0, repeats=3, reference=timm.create_model("ls_convit_nano", depth=3))
     assert result.rounds == 4 and result.reference_ratio == pytest.approx(2.0)
@@ -166,7 +154,7 @@ def test_cost_ratio_to_the_reference_is_the_median_over_counted_rounds(monkeypat
 def test_a_model_timed_beside_the_reference_gets_the_reference_number_over_their_cost_ratio(tmp_path, monkeypatch):
     """The reference is measured on its own once (80 img/s); a model timed later, in a phase where
     both ran 1.5x slow, costs 2x the reference: 40 img/s, though its own rounds read 26.7."""
-    _scripted_rounds_beside(monkeypatch, alone=[(0.1, 1.0)] * 6, beside=[(0.3, 0.15, 1.0)] * 6)
+    _scripted_rounds(monkeypatch, [(0.1, 1.0)] * 6, beside=[(0.3, 0.15, 1.0)] * 6)
     kwargs = dict(input_shape=(1, 28, 28), batch_size=8, warmup=0, repeats=3, cache_dir=tmp_path)
     reference = timm.create_model("ls_convit_nano")
     record = measure_model(timm.create_model("ls_convit_nano", depth=3), reference=reference, **kwargs)

@@ -100,12 +100,31 @@ def test_a_reference_that_does_not_build_leaves_the_model_timed_on_its_own(synth
         return real_build(cfg)
 
     monkeypatch.setattr(train_module, "build_model", build_model)
+    monkeypatch.setattr(train_module, "_references", {})  # none built yet in this process
     cfg = dataclasses.replace(_config(synthetic, epochs=1), model_args={"depth": 2})
     reports = []
     with pytest.warns(UserWarning, match="default arguments does not build here.*without a reference"):
         train_trial(cfg, on_epoch=lambda m, state: reports.append(m))
     assert reports[0]["throughput"] > 0 and reports[0]["throughput_reference"] is None
     assert reports[0]["throughput"] == reports[0]["throughput_timed"]
+
+
+def test_the_reference_is_built_once_per_process(synthetic, monkeypatch):
+    """Ray reuses its actors between trials: the reference model is built by the first trial that
+    measures, not again by every trial after it."""
+    from trainers import train as train_module
+
+    real_build, built = train_module.build_model, []
+
+    def build_model(cfg):
+        built.append(dict(cfg.model_args))
+        return real_build(cfg)
+
+    monkeypatch.setattr(train_module, "build_model", build_model)
+    monkeypatch.setattr(train_module, "_references", {})
+    for depth in (2, 3):
+        train_trial(dataclasses.replace(_config(synthetic, epochs=1), model_args={"depth": depth}))
+    assert built == [{"depth": 2}, {}, {"depth": 3}]  # the reference ({}): once
 
 
 def test_trial_optimizer_is_fused_adamw_and_steps_as_the_reference_adamw(synthetic):

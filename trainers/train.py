@@ -85,17 +85,25 @@ def build_model(cfg: TrialConfig) -> nn.Module:
         return timm.create_model(cfg.model, **args)
 
 
+_references: dict[tuple, nn.Module | None] = {}  # per process (Ray reuses its actors): built once, not per trial
+
+
 def _reference_model(cfg: TrialConfig, device: torch.device) -> nn.Module | None:
     """What a CPU measurement times the model beside (see trainers/throughput.py): the model as
     named, with default arguments; None where those do not build for this dataset (the model is
     then timed on its own)."""
+    data = cfg.data
+    key = (cfg.model, data.num_classes, data.channels, data.image_size, str(device))
+    if key in _references:
+        return _references[key]
     try:
         reference = build_model(dataclasses.replace(cfg, model_args={}))
+        place_model(reference, device)
     except Exception as exc:  # noqa: BLE001  (any model's constructor: a plain measurement is the fallback)
         warnings.warn(f"{cfg.model} with default arguments does not build here ({exc}); "
                       "its throughput is timed without a reference", stacklevel=2)
-        return None
-    place_model(reference, device)
+        reference = None
+    _references[key] = reference
     return reference
 
 
