@@ -2,6 +2,7 @@
 
     python -m benchmarks.trial_overhead                  # ls_convit_micro, Fashion-MNIST 10%, 3 epochs; Ray 12 no-op trials
     python -m benchmarks.trial_overhead --epochs 2 --skip-ray
+    python -m benchmarks.trial_overhead --epochs 5 --train-fraction 0.5 --skip-ray   # ~2-minute trials, as the target: ~13 min
     python -m benchmarks.trial_overhead --only-ray --ray-trials 20
 
 Trainer: `trainers.train.train_trial` runs a whole trial as a search does (build the model,
