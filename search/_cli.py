@@ -11,6 +11,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from search._text import count
 from trainers.errors import ConfigError
 
 __all__ = ["main"]
@@ -158,12 +159,12 @@ def _report(exp_dir) -> int:
     from search._query import format_front, front_of, load_trials
 
     front, objectives = front_of(exp_dir)
-    print(f"\nPareto front ({', '.join(f'{m} {mode}' for m, mode in objectives)}), {len(front)} trials:")
+    print(f"\nPareto front ({', '.join(f'{m} {mode}' for m, mode in objectives)}), {count(len(front), 'trial')}:")
     print(format_front(front, objectives, fmt="table"))
     print(f"\nresults: {exp_dir}/trials.parquet, epochs.parquet, pareto.parquet, progress.parquet")
     trials = load_trials(exp_dir)
     if len(trials) and (trials["state"] == "FAILED").all():
-        print(f"error: all {len(trials)} trials failed; first error: {trials['error'].iloc[0]}", file=sys.stderr)
+        print(f"error: {'the only trial' if len(trials) == 1 else f'all {len(trials)} trials'} failed; first error: {trials['error'].iloc[0]}", file=sys.stderr)
         return 1
     return 0
 
@@ -221,7 +222,7 @@ def _cmd_pareto(args: argparse.Namespace) -> int:
     if args.format == "table":
         default = " (the default of --export; pass --select to choose)" if args.select is None else ""
         narrowed = f", after {_filters_text(args)}" if args.where or args.family else ""
-        print(f"selected by {rule}{default} from a front of {len(front)} trials{narrowed}:")
+        print(f"selected by {rule}{default} from a front of {count(len(front), 'trial')}{narrowed}:")
     print(format_trial(row, objectives, fmt=args.format, fixed=fixed_settings(load_experiment(args.study), row)))
     if args.export is not None:
         from search._export import export_trial, write_export
@@ -260,8 +261,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
             load_catalog(spec.dataset.name)  # as `run` does before its data: an unknown dataset
         except ConfigError as exc:
             raise ConfigError(f"{path}: dataset: {exc}") from None
-        models = f"{len(spec.candidates)} models, " if spec.conditional else ""
-        print(f"{path}: ok ({spec.name}: {models}{len(spec.all_params())} knobs, {spec.budget.trials} trials)")
+        models = f"{count(len(spec.candidates), 'model')}, " if spec.conditional else ""
+        print(f"{path}: ok ({spec.name}: {models}{count(len(spec.all_params()), 'knob')}, {count(spec.budget.trials, 'trial')})")
     return 0
 
 
@@ -276,7 +277,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
     from search._report import write_report
 
     report = write_report(args.study, out=args.out)
-    print(f"wrote {report.html} ({report.trials} trials, {report.front} on the front; self-contained, opens offline) "
+    print(f"wrote {report.html} ({count(report.trials, 'trial')}, {report.front} on the front; self-contained, opens offline) "
           f"and {report.png} in {report.seconds:.1f} s")
     return 0
 

@@ -30,6 +30,7 @@ import pandas as pd
 from search._dashboard import render_page, studies_payload
 from search._query import load, study_dir
 from search._store import TRIAL_COLUMNS
+from search._text import count
 from trainers._atomic import atomic_write, check_output_file
 from trainers.errors import ConfigError
 
@@ -186,7 +187,7 @@ def front_png(
     draw.text((lx + 18 * ss, ly), "cut short (PRUNED / FAILED)", fill="#1f2328", font=f_small, anchor="lm")
     lx += 18 * ss + draw.textlength("cut short (PRUNED / FAILED)", font=f_small) + 22 * ss
     draw.line([(lx, ly), (lx + 24 * ss, ly)], fill="#1f2328", width=2 * ss)
-    draw.text((lx + 30 * ss, ly), f"Pareto front ({int(keep.sum())} COMPLETE trial{'' if int(keep.sum()) == 1 else 's'})", fill="#1f2328", font=f_small, anchor="lm")
+    draw.text((lx + 30 * ss, ly), f"Pareto front ({count(int(keep.sum()), 'COMPLETE trial')})", fill="#1f2328", font=f_small, anchor="lm")
     return _png_bytes(image.resize(size, Image.LANCZOS))
 
 
@@ -259,7 +260,7 @@ def write_report(study: str | os.PathLike, *, out: str | os.PathLike | None = No
     modes = [m for _, m in objectives[:2]]
     name = exp.spec.get("name") or study.name
     png = front_png(trials, front=front, x=x, y=y, modes=modes,
-                    title=f"{name}: {len(front)} trial{'' if len(front) == 1 else 's'} on the Pareto front, of {len(trials)} finished")
+                    title=f"{name}: {count(len(front), 'trial')} on the Pareto front, of {len(trials)} finished")
 
     counts = trials["state"].value_counts().to_dict() if len(trials) else {}
     payload = studies_payload([study])
@@ -291,7 +292,7 @@ def write_report(study: str | os.PathLike, *, out: str | os.PathLike | None = No
         '<table class="facts">' + "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(v)}</td></tr>" for k, v in facts) + "</table>"
         f'<img class="front-png" alt="Pareto front of {html.escape(name)}: {html.escape(y)} against {html.escape(x)}" '
         f'src="data:image/png;base64,{base64.b64encode(png).decode()}">'
-        f"<h3>Pareto front ({len(front)} trials)</h3>" + _front_table(front, objectives) +
+        f"<h3>Pareto front ({count(len(front), 'trial')})</h3>" + _front_table(front, objectives) +
         f'<p class="note">Retrain one of them (replace TRIAL with its id):</p><pre class="export">{html.escape(export)}</pre>'
         '<p class="note">Below: every trial, interactive (needs JavaScript; the data is inside this file).</p>'
         "</section>"

@@ -17,6 +17,7 @@ from search._query import read_experiment_json
 from search._spec import ParamSpec, SearchSpec, to_plain
 from search._storage import STUDY_FILES, StudyLocation, resuming_at, study_location
 from search._store import TRIAL_VALUE_OF, ResultsStore, write_json_atomic
+from search._text import count
 from trainers._atomic import folder_problem
 from trainers.errors import ConfigError
 
@@ -454,7 +455,7 @@ def _run(spec: SearchSpec, location: StudyLocation, data, *, cache_dir: str | os
         ),
     )
     print(
-        f"study {spec.name}: {spec.budget.trials} trials x up to {spec.budget.max_epochs} epochs of "
+        f"study {spec.name}: {count(spec.budget.trials, 'trial')} x up to {count(spec.budget.max_epochs, 'epoch')} of "
         f"{' / '.join(m.name for m in spec.candidates)}, objectives {', '.join(f'{m} ({mode})' for m, mode in objectives)}; "
         f"results in {location}",
         file=out, flush=True,

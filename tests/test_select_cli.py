@@ -173,6 +173,12 @@ def test_select_prints_the_one_trial(study, capsys, rule, trial):
     assert "train.num_workers" in out and "train.lr" not in out  # fixed settings, not the searched
 
 
+def test_select_from_a_front_of_one_says_trial(study, capsys):
+    code, out, err = _run(capsys, "pareto", study, "--select", "knee", "--family", "gmm")
+    assert code == 0, err
+    assert out.startswith("selected by knee from a front of 1 trial, after --family gmm:")
+
+
 def test_select_json_and_filters(study, capsys):
     code, out, _ = _run(capsys, "pareto", study, "--select", "max-throughput", "--family", "convit", "--format", "json")
     record = json.loads(out)

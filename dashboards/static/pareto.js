@@ -722,7 +722,7 @@
     }
     document.documentElement.dataset.renders = String(hook.renders);
     const total = S.studies.reduce((a, st) => a + st.n, 0);
-    $("footer").textContent = `${total.toLocaleString("en-US")} trials in ${S.studies.length} stud${S.studies.length === 1 ? "y" : "ies"}; drawn in ${Math.round(t1 - t0)} ms. Objectives, states and the front are as in \`python -m search pareto\`; PRUNED/FAILED trials were stopped early and are never on the front.`;
+    $("footer").textContent = `${total.toLocaleString("en-US")} trial${total === 1 ? "" : "s"} in ${S.studies.length} stud${S.studies.length === 1 ? "y" : "ies"}; drawn in ${Math.round(t1 - t0)} ms. Objectives, states and the front are as in \`python -m search pareto\`; PRUNED/FAILED trials were stopped early and are never on the front.`;
   }
   async function poll() {
     hook.polls += 1;
