@@ -164,7 +164,8 @@ def _report(exp_dir) -> int:
     print(f"\nresults: {exp_dir}/trials.parquet, epochs.parquet, pareto.parquet, progress.parquet")
     trials = load_trials(exp_dir)
     if len(trials) and (trials["state"] == "FAILED").all():
-        print(f"error: {'the only trial' if len(trials) == 1 else f'all {len(trials)} trials'} failed; first error: {trials['error'].iloc[0]}", file=sys.stderr)
+        failed = "the only trial" if len(trials) == 1 else f"all {len(trials)} trials"
+        print(f"error: {failed} failed; first error: {trials['error'].iloc[0]}", file=sys.stderr)
         return 1
     return 0
 

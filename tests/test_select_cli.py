@@ -179,6 +179,18 @@ def test_select_from_a_front_of_one_says_trial(study, capsys):
     assert out.startswith("selected by knee from a front of 1 trial, after --family gmm:")
 
 
+@pytest.mark.parametrize("n, says", [(1, "error: the only trial failed; first error:"),
+                                     (2, "error: all 2 trials failed; first error:")])
+def test_run_end_when_every_trial_failed(tmp_path, capsys, n, says):
+    from search._cli import _report
+
+    failed = [row for row in TRIALS if row[2] == "FAILED"]
+    trials = [(f"f{i}", *failed[0][1:]) for i in range(n)]
+    assert _report(_write_study(tmp_path / "failed", SPEC, trials)) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(says) and err.count("\n") == 1, err
+
+
 def test_select_json_and_filters(study, capsys):
     code, out, _ = _run(capsys, "pareto", study, "--select", "max-throughput", "--family", "convit", "--format", "json")
     record = json.loads(out)
