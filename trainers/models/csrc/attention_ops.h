@@ -96,6 +96,7 @@ std::vector<at::Tensor> attention_forward(const at::Tensor& qkv, const c10::opti
                   keep_stats ? mx + m * D.tokens : nullptr, keep_stats ? inv + m * D.tokens : nullptr,
                   keep_maps ? kept + m * D.tokens * D.tokens_pad : nullptr);
     }
+    if (keep_maps) _mm_sfence();  // the maps may be streamed past the caches: stored before the op returns
   });
   return {row_max, row_inv, maps};
 }
@@ -142,6 +143,11 @@ std::vector<at::Tensor> attention_backward(const at::Tensor& d_out, const at::Te
       for (int64_t m = maps * chunk / chunks; m < maps * (chunk + 1) / chunks; ++m) {
         const int64_t b = m / H, h = m % H;
         const Rows d_out_rows{dout + b * d_out.stride(0) + h * d_out.stride(1), d_out.stride(2)};
+        if (kept && m + 1 < maps) {  // the next map's kept soft into cache while this one runs (a
+          // contiguous stream the hardware prefetcher leaves late: 4-6% of the backward on Zen 5, B 256, N 49, d 24)
+          const char* next = reinterpret_cast<const char*>(kept_maps + (m + 1) * N * D.tokens_pad);
+          for (int64_t byte = 0; byte < N * D.tokens_pad * 4; byte += 64) _mm_prefetch(next + byte, _MM_HINT_T1);
+        }
         backward_map(D, heads, d_heads, d_out_rows, b, h, static_cast<float>(scale), g, p, mk, mx + m * N, inv + m * N,
                      kept ? kept_maps + m * N * D.tokens_pad : nullptr, c[h], buf, sum_rows,
                      sums ? &head_dots[h] : nullptr);
