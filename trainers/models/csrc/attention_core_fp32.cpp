@@ -156,10 +156,11 @@ inline vec exp_nonpositive(vec x) {
 // C[r][col] = alpha sum_p A(r, p) B[p][col] with A(r, p) = a[r * am + p * ap] (any strides: a
 // row-major matrix, or a transposed one) and B's rows `ldb` floats apart, its columns in lanes.
 
-// `last`: the lanes of C's last vector column to store (kLanes: all; fewer only with AVX-512)
+// `last`: the lanes of C's last vector column to store (kLanes: all; fewer only with AVX-512);
+// `add`: C += alpha A B (C's lanes all stored) instead of C = alpha A B
 template <int MR, int NV>
 inline void gemm_tile(const float* a, int64_t am, int64_t ap, const float* b, int64_t ldb, int64_t depth, float* c,
-                      int64_t ldc, float alpha, int last) {
+                      int64_t ldc, float alpha, int last, bool add) {
   vec acc[MR][NV];
   for (int r = 0; r < MR; ++r)
     for (int v = 0; v < NV; ++v) acc[r][v] = vec{};
@@ -180,6 +181,11 @@ inline void gemm_tile(const float* a, int64_t am, int64_t ap, const float* b, in
     return;
   }
 #endif
+  if (add) {
+    for (int r = 0; r < MR; ++r)
+      for (int v = 0; v < NV; ++v) store(c + r * ldc + v * kLanes, load(c + r * ldc + v * kLanes) + acc[r][v] * alpha);
+    return;
+  }
   for (int r = 0; r < MR; ++r)
     for (int v = 0; v < NV; ++v) store(c + r * ldc + v * kLanes, acc[r][v] * alpha);
 }
@@ -191,26 +197,27 @@ constexpr int kTileRows = (kRegisters - NV - 1) / NV > 12 ? 12 : (kRegisters - N
 
 template <int NV, int MR = 1>
 inline void gemm_tail(int64_t rows, const float* a, int64_t am, int64_t ap, const float* b, int64_t ldb,
-                      int64_t depth, float* c, int64_t ldc, float alpha, int last) {
+                      int64_t depth, float* c, int64_t ldc, float alpha, int last, bool add) {
   if constexpr (MR < kTileRows<NV>) {
-    if (rows == MR) return gemm_tile<MR, NV>(a, am, ap, b, ldb, depth, c, ldc, alpha, last);
-    gemm_tail<NV, MR + 1>(rows, a, am, ap, b, ldb, depth, c, ldc, alpha, last);
+    if (rows == MR) return gemm_tile<MR, NV>(a, am, ap, b, ldb, depth, c, ldc, alpha, last, add);
+    gemm_tail<NV, MR + 1>(rows, a, am, ap, b, ldb, depth, c, ldc, alpha, last, add);
   }
 }
 
 template <int NV>
 void gemm_columns(int64_t m, const float* a, int64_t am, int64_t ap, const float* b, int64_t ldb, int64_t depth,
-                  float* c, int64_t ldc, float alpha, int last) {
+                  float* c, int64_t ldc, float alpha, int last, bool add) {
   constexpr int MR = kTileRows<NV>;
   int64_t r = 0;
-  for (; r + MR <= m; r += MR) gemm_tile<MR, NV>(a + r * am, am, ap, b, ldb, depth, c + r * ldc, ldc, alpha, last);
-  if (r < m) gemm_tail<NV>(m - r, a + r * am, am, ap, b, ldb, depth, c + r * ldc, ldc, alpha, last);
+  for (; r + MR <= m; r += MR) gemm_tile<MR, NV>(a + r * am, am, ap, b, ldb, depth, c + r * ldc, ldc, alpha, last, add);
+  if (r < m) gemm_tail<NV>(m - r, a + r * am, am, ap, b, ldb, depth, c + r * ldc, ldc, alpha, last, add);
 }
 
 // C (m rows, ldc floats apart; kLanes * vectors columns) = alpha * A B, depth terms per element.
-// `columns` (AVX-512 only): store C's first `columns` only, leaving the rest of its rows untouched
+// `columns` (AVX-512 only): store C's first `columns` only, leaving the rest of its rows untouched.
+// `add`: C += alpha A B instead (with all columns)
 void gemm(int64_t m, int64_t vectors, const float* a, int64_t am, int64_t ap, const float* b, int64_t ldb,
-          int64_t depth, float* c, int64_t ldc, float alpha = 1.f, int64_t columns = -1) {
+          int64_t depth, float* c, int64_t ldc, float alpha = 1.f, int64_t columns = -1, bool add = false) {
   if (columns < 0) columns = vectors * kLanes;
   for (int64_t v = 0; v < vectors; v += kMaxVectors) {
     const float* bv = b + v * kLanes;
@@ -219,11 +226,11 @@ void gemm(int64_t m, int64_t vectors, const float* a, int64_t am, int64_t ap, co
     const int last = static_cast<int>(std::clamp<int64_t>(columns - (v + nv - 1) * kLanes, 1, kLanes));
     switch (nv) {
 #if defined(__AVX512F__)
-      case 4: gemm_columns<4>(m, a, am, ap, bv, ldb, depth, cv, ldc, alpha, last); break;
+      case 4: gemm_columns<4>(m, a, am, ap, bv, ldb, depth, cv, ldc, alpha, last, add); break;
 #endif
-      case 3: gemm_columns<3>(m, a, am, ap, bv, ldb, depth, cv, ldc, alpha, last); break;
-      case 2: gemm_columns<2>(m, a, am, ap, bv, ldb, depth, cv, ldc, alpha, last); break;
-      default: gemm_columns<1>(m, a, am, ap, bv, ldb, depth, cv, ldc, alpha, last); break;
+      case 3: gemm_columns<3>(m, a, am, ap, bv, ldb, depth, cv, ldc, alpha, last, add); break;
+      case 2: gemm_columns<2>(m, a, am, ap, bv, ldb, depth, cv, ldc, alpha, last, add); break;
+      default: gemm_columns<1>(m, a, am, ap, bv, ldb, depth, cv, ldc, alpha, last, add); break;
     }
   }
 }

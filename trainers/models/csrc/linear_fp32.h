@@ -8,14 +8,19 @@
 //     linear_weight_grad(grad (M, N), input (M, K)) = grad^T input  (N, K)
 //
 // The products run with the lanes along the wider of N and K (a multiple of kLanes), the rows along
-// the other, over the M rows split into `parts` fixed by M alone; the parts' sums are added in
-// order, so the result depends neither on the thread count nor on scheduling.
+// the other, over the M rows split into `parts` fixed by M alone, each part in blocks of rows; the
+// parts' sums are added in order, so the result depends neither on the thread count nor on scheduling.
 #pragma once
 
 namespace {
 
 constexpr int64_t kWeightGradRowsPerPart = 384;  // at least this many rows a part (fewer parts: fewer partial sums)
 constexpr int64_t kWeightGradMaxParts = 8;
+// a part's rows taken this many at a time (the tiles adding into the part's sums): B's rows for one
+// column block then stay in L1 while every row tile passes over them. 128 rows: 9-15% less time for
+// GPSA's qkv (12544 x 288 by 12544 x 96) and 15-19% for its proj (x 96) on Zen 5 than the whole part
+// (1,568 rows) at once; 64 and 256 rows were in between
+constexpr int64_t kWeightGradDepthBlock = 128;
 
 // (N, K) float32; a (K, N) buffer's transposed view where the lanes run along N
 at::Tensor linear_weight_grad(const at::Tensor& grad, const at::Tensor& input) {
@@ -40,7 +45,9 @@ at::Tensor linear_weight_grad(const at::Tensor& grad, const at::Tensor& input) {
   at::parallel_for(0, parts, 1, [&](int64_t first, int64_t last) {
     for (int64_t part = first; part < last; ++part) {
       const int64_t m0 = M * part / parts, m1 = M * (part + 1) / parts;
-      gemm(rows, lanes / kLanes, pa + m0 * rows, 1, rows, pb + m0 * lanes, lanes, m1 - m0, pp + part * rows * lanes, lanes);
+      for (int64_t d0 = m0; d0 < m1; d0 += kWeightGradDepthBlock)
+        gemm(rows, lanes / kLanes, pa + d0 * rows, 1, rows, pb + d0 * lanes, lanes, std::min(kWeightGradDepthBlock, m1 - d0),
+             pp + part * rows * lanes, lanes, 1.f, -1, d0 > m0);
     }
   });
   at::Tensor out = parts == 1 ? partial[0] : at::empty({rows, lanes}, grad.options());
