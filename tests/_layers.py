@@ -1,7 +1,14 @@
 """Test helpers for layers: a layer's output and gradients in a given dtype, optionally under CPU
 bf16 autocast (for tests that hold a low-precision path against a float64 copy of the same layer),
-a record of the ops a call dispatched (which path it took), and the float32 CPU kernel or a skip."""
+a record of the ops a call dispatched (which path it took), and the float32 CPU kernel (this CPU's
+build, or its 8-lane AVX2 build on an AVX-512 CPU) or a skip."""
 from __future__ import annotations
+
+import functools
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -42,3 +49,38 @@ def float32_kernel_or_skip():
     if not _attention_kernel.available(torch.float32, 1):
         pytest.skip(f"the float32 CPU kernel is not built here: {_attention_kernel.build_error(torch.float32)}")
     return _attention_kernel.kernels(torch.float32)
+
+
+AVX2_NAMESPACE = "locality_search_fp32_avx2"
+
+
+@functools.lru_cache(maxsize=None)
+def _float32_avx2_build() -> tuple[object | None, str]:
+    """(ops, "") for the float32 kernel compiled with the AVX2 flags alone (8 lanes) under its own op
+    namespace, or (None, why not)."""
+    from trainers.models import _attention_kernel
+
+    if torch.backends.cpu.get_cpu_capability() == "AVX2":
+        return None, "this CPU's own float32 kernel is the 8-lane AVX2 build"
+    if not torch.backends.cpu.get_cpu_capability().startswith("AVX512"):
+        return None, "this CPU runs neither AVX2 nor AVX-512 code"
+    compiler = shutil.which("g++") or shutil.which("c++")
+    if compiler is None:
+        return None, "no C++ compiler"
+    source = _attention_kernel._KERNELS[torch.float32].source
+    output = Path(tempfile.mkdtemp(prefix="fp32-avx2-")) / f"{AVX2_NAMESPACE}.so"
+    flags = [*_attention_kernel.FP32_AVX2_FLAGS, f"-DATTENTION_LIBRARY={AVX2_NAMESPACE}"]
+    done = subprocess.run(_attention_kernel._compile_command(compiler, source, output, flags), capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    torch.ops.load_library(str(output))
+    return getattr(torch.ops, AVX2_NAMESPACE), ""
+
+
+def float32_avx2_kernel_or_skip():
+    """The float32 kernel's 8-lane AVX2 build, on a CPU whose own build has 16 lanes (AVX-512): the
+    code the AVX2-only machines run, tested here too. A skip where this CPU's build is that one."""
+    ops, why_not = _float32_avx2_build()
+    if ops is None:
+        pytest.skip(why_not)
+    return ops

@@ -24,7 +24,7 @@ import trainers.models  # noqa: F401  (registers ls_convit_* with timm)
 from trainers.models import _attention_core, _attention_kernel
 from trainers.throughput import count_flops
 
-from tests._layers import run_layer
+from tests._layers import float32_avx2_kernel_or_skip, run_layer
 
 REPO = Path(__file__).resolve().parents[1]
 _SWITCHED_ON = os.environ.get("LOCALITY_SEARCH_CPU_KERNELS", "1") != "0"
@@ -46,9 +46,13 @@ def _skip_unless_built(dtype):
         pytest.skip(WHY_NOT[dtype])
 
 
-@pytest.fixture(scope="module", params=[torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.fixture(scope="module", params=[torch.bfloat16, torch.float32, "fp32-avx2"], ids=["bf16", "fp32", "fp32-avx2"])
 def kernel(request):
-    """(dtype, its ops), for each kernel this CPU can run."""
+    """(dtype, its ops), for each kernel this CPU can run; and on an AVX-512 CPU, whose float32 build
+    has 16 lanes, also the 8-lane AVX2 build the AVX2-only machines run."""
+    if request.param == "fp32-avx2":
+        _skip_unless_built(torch.float32)
+        return torch.float32, float32_avx2_kernel_or_skip()
     _skip_unless_built(request.param)
     ops = _attention_kernel.kernels(request.param)
     assert ops is not None, f"the {request.param} kernel did not build here: {_attention_kernel.build_error(request.param)}"
@@ -273,7 +277,9 @@ def test_core_outputs_and_gradients_match_float64_on_either_path(fused_kernel, g
 
 @pytest.mark.parametrize("gated", [True, False])
 def test_inference_on_the_kernel_matches_torch_ops(kernel, gated, monkeypatch):
-    dtype, _ = kernel
+    dtype, ops = kernel
+    if ops is not _attention_kernel.kernels(dtype):
+        pytest.skip("the core runs this CPU's own build")
     monkeypatch.setattr(_attention_core, "cpu_has_native_bf16", lambda: True)
     qkv, gate, pos, _ = _inputs(5, 4, 50, 8, gated, "projection", seed=2, dtype=dtype)
     with torch.no_grad():

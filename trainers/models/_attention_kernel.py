@@ -47,8 +47,8 @@ from torch.utils.flop_counter import register_flop_formula
 from trainers._atomic import atomic_write
 
 __all__ = [
-    "DTYPES", "KEPT_MAPS_BYTES", "MAX_TOKENS", "USE_FUSED_KERNEL", "available", "build_error", "d_out_for_kernel",
-    "keeps_maps", "kernels", "usable",
+    "DTYPES", "FP32_AVX2_FLAGS", "KEPT_MAPS_BYTES", "MAX_TOKENS", "USE_FUSED_KERNEL", "available", "build_error",
+    "d_out_for_kernel", "keeps_maps", "kernels", "usable",
 ]
 
 MAX_TOKENS = 1024  # the kernel's row buffer (kMaxTokens)
@@ -75,14 +75,17 @@ def _bf16_isa_flags() -> Optional[list[str]]:
     return ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16", "-mfma"]
 
 
+FP32_AVX2_FLAGS = ("-mavx2", "-mfma", "-ffp-contract=fast")  # the float32 kernel's 8-lane build
+
+
 def _fp32_isa_flags() -> Optional[list[str]]:
     """The flags for the float32 kernel: 16 lanes with AVX-512, 8 with AVX2 (torch's AVX2 level
     implies FMA), None below that. FMA contraction on: the source writes a * b + c."""
     capability = torch.backends.cpu.get_cpu_capability()
     if capability.startswith("AVX512"):
-        return ["-mavx512f", "-mavx2", "-mfma", "-ffp-contract=fast"]
+        return ["-mavx512f", *FP32_AVX2_FLAGS]
     if capability == "AVX2":
-        return ["-mavx2", "-mfma", "-ffp-contract=fast"]
+        return list(FP32_AVX2_FLAGS)
     return None
 
 

@@ -486,7 +486,9 @@ void check_dims(const Dims& D) { TORCH_CHECK(D.dim >= 1, "qkv: a head dim of at 
 
 }  // namespace
 
+#ifndef ATTENTION_LIBRARY  // the tests also build an 8-lane copy on AVX-512 CPUs, under another name
 #define ATTENTION_LIBRARY locality_search_fp32
+#endif
 #include "attention_ops.h"
 #include "refiner_fp32.h"
 #include "linear_fp32.h"
