@@ -4,6 +4,7 @@ a record of the ops a call dispatched (which path it took), and the float32 CPU 
 build, or its 8-lane AVX2 build on an AVX-512 CPU) or a skip."""
 from __future__ import annotations
 
+import atexit
 import functools
 import shutil
 import subprocess
@@ -68,7 +69,9 @@ def _float32_avx2_build() -> tuple[object | None, str]:
     if compiler is None:
         return None, "no C++ compiler"
     source = _attention_kernel._KERNELS[torch.float32].source
-    output = Path(tempfile.mkdtemp(prefix="fp32-avx2-")) / f"{AVX2_NAMESPACE}.so"
+    build_dir = tempfile.mkdtemp(prefix="fp32-avx2-")
+    atexit.register(shutil.rmtree, build_dir, ignore_errors=True)  # loaded by then: removing it is safe
+    output = Path(build_dir) / f"{AVX2_NAMESPACE}.so"
     flags = [*_attention_kernel.FP32_AVX2_FLAGS, f"-DATTENTION_LIBRARY={AVX2_NAMESPACE}"]
     done = subprocess.run(_attention_kernel._compile_command(compiler, source, output, flags), capture_output=True,
                           text=True, timeout=600)
