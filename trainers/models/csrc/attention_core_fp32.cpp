@@ -107,16 +107,24 @@ inline ivec lane_index() {
   return v;
 }
 
+#if !defined(__AVX512F__)
+// an 8-lane vector folded pairwise by `op` (_mm_add_ps, _mm_max_ps): halves, quarters, then the last pair
+template <typename Op>
+inline float fold_lanes(vec v, Op op) {
+  const __m256 w = reinterpret_cast<__m256>(v);
+  const __m128 half = op(_mm256_castps256_ps128(w), _mm256_extractf128_ps(w, 1));
+  const __m128 quarter = op(half, _mm_movehl_ps(half, half));
+  return _mm_cvtss_f32(op(quarter, _mm_movehdup_ps(quarter)));
+}
+#endif
+
 // a vector's lanes summed (maxed) pairwise, halves then quarters..., not one after another
 // (GCC builds the plain loop as a chain of kLanes dependent scalar adds)
 inline float reduce_add(vec v) {
 #if defined(__AVX512F__)
   return _mm512_reduce_add_ps(reinterpret_cast<__m512>(v));
 #else
-  const __m128 half = _mm_add_ps(_mm256_castps256_ps128(reinterpret_cast<__m256>(v)),
-                                 _mm256_extractf128_ps(reinterpret_cast<__m256>(v), 1));
-  const __m128 quarter = _mm_add_ps(half, _mm_movehl_ps(half, half));
-  return _mm_cvtss_f32(_mm_add_ss(quarter, _mm_movehdup_ps(quarter)));
+  return fold_lanes(v, [](__m128 a, __m128 b) { return _mm_add_ps(a, b); });
 #endif
 }
 
@@ -124,10 +132,7 @@ inline float reduce_max(vec v) {
 #if defined(__AVX512F__)
   return _mm512_reduce_max_ps(reinterpret_cast<__m512>(v));
 #else
-  const __m128 half = _mm_max_ps(_mm256_castps256_ps128(reinterpret_cast<__m256>(v)),
-                                 _mm256_extractf128_ps(reinterpret_cast<__m256>(v), 1));
-  const __m128 quarter = _mm_max_ps(half, _mm_movehl_ps(half, half));
-  return _mm_cvtss_f32(_mm_max_ss(quarter, _mm_movehdup_ps(quarter)));
+  return fold_lanes(v, [](__m128 a, __m128 b) { return _mm_max_ps(a, b); });
 #endif
 }
 
