@@ -154,14 +154,15 @@ def test_forward_and_backward_match_float64(kernel, tokens, dim, mix):
     assert torch.equal(alone, d_qkv) and empty_sum.numel() == empty_dots.numel() == 0
     if dtype != torch.float32:
         return
-    # float32 with the softmax maps kept: the same forward; the maps softmax(S) (rows padded with
-    # zeros); from them the same backward, bit for bit, with and without the sums
+    # float32 with the softmax maps kept: the same forward; the maps softmax(S), key-major (a key per
+    # row, its queries along it, padded with zeros); from them the same backward, bit for bit, with
+    # and without the sums
     kept_out = torch.empty_like(out)
     *kept_stats, maps = ops.attention_forward(qkv, gate, pos, mask, scale, kept_out, True, True)
     assert torch.equal(kept_out, out) and all(torch.equal(a, b) for a, b in zip(kept_stats, (row_max, row_inv)))
     maps = maps.view(batch, heads, tokens, -1)
     assert maps.shape[-1] >= tokens and maps.shape[-1] % 8 == 0
-    torch.testing.assert_close(maps[..., :tokens].double(), soft64.detach(), atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(maps[..., :tokens].double(), soft64.detach().transpose(-1, -2), atol=1e-6, rtol=1e-5)
     assert not maps[..., tokens:].any()
     for with_sums, expected in ((sums, (d_attn_sum, dots)), (False, (empty_sum, empty_dots))):
         d_kept = torch.empty_like(qkv)

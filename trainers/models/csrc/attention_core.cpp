@@ -374,6 +374,7 @@ using Element = bf16;
 constexpr at::ScalarType kElement = at::kBFloat16;
 constexpr bool kScoreMask = true;
 constexpr bool kKeepsMaps = false;  // the ops refuse keep_maps: the backward recomputes
+constexpr bool kKeyMajorMaps = false;  // a query per row
 
 // 32-bit aligned rows: the kernel reads bf16 pairs as words
 void check_layout(const at::Tensor& t, int64_t dims, const char* what) {

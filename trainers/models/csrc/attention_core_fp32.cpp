@@ -18,10 +18,13 @@
 //     dQ = dS k,  dK = dS^T q
 //     and, for the gate and P's gradients, sum_b dA (H x N x N) and sum_{b, i} <dA_i, soft_i> per head;
 //     with a mask instead, for its gradient, sum_b (soft (dA - <dA, soft>)) * (scale q k^T) (H x N x N).
+// The kernel holds every N x N map transposed, key-major (form_maps): S^T = scale k q^T, soft^T, A^T,
+// dA^T = v dO^T, dS^T, and the kept maps; it reads P[h] and M[h] transposed and returns the sums
+// transposed back (attention_ops.h, kKeyMajorMaps).
 // Where a product reads q, k, v or dO a whole vector at a time they are copied per (batch, head)
 // into padded buffers (N x d: small next to the N x N x d products; read in place instead, masked,
-// the kernel ran 1.6-1.9x slower on Zen 5); where it reads them one float at a time (q in S = q k^T,
-// dO in dA), in place. With AVX-512 the products' N x d results go straight to their strided rows,
+// the kernel ran 1.6-1.9x slower on Zen 5); where it reads them one float at a time (k in S^T,
+// v in dA^T), in place. With AVX-512 the products' N x d results go straight to their strided rows,
 // the last vector of each stored masked. Against copying all four every time and going through a
 // buffer: 7-10% less kernel time at B 256, N 49, d 24 on Zen 5.
 #include <ATen/ATen.h>
@@ -61,17 +64,32 @@ inline vec load(const float* p) { return *reinterpret_cast<const vec*>(p); }
 // row[j + l] for the lanes with j + l < n, zero past: a row of an unpadded N x N matrix (pos, mask).
 // A masked load (no fault past n): a lane-by-lane loop here compiled to a memcpy call onto the stack
 // and a vector load of it on every row's last vector
+#if defined(__AVX512F__)
+inline __mmask16 first_lanes(int64_t n) { return static_cast<__mmask16>((1u << n) - 1u); }  // 0 <= n < kLanes
+#else
+inline __m256i first_lanes(int64_t n) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+#endif
 inline vec load_part(const float* row, int64_t j, int64_t n) {
   if (j + kLanes <= n) return load(row + j);
-  const int left = static_cast<int>(std::max<int64_t>(n - j, 0));  // 0 <= left < kLanes
+  const int64_t left = std::max<int64_t>(n - j, 0);  // 0 <= left < kLanes
 #if defined(__AVX512F__)
-  return reinterpret_cast<vec>(_mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << left) - 1u), row + j));
+  return reinterpret_cast<vec>(_mm512_maskz_loadu_ps(first_lanes(left), row + j));
 #else
-  const __m256i take = _mm256_cmpgt_epi32(_mm256_set1_epi32(left), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-  return reinterpret_cast<vec>(_mm256_maskload_ps(row + j, take));
+  return reinterpret_cast<vec>(_mm256_maskload_ps(row + j, first_lanes(left)));
 #endif
 }
 inline void store(float* p, vec v) { *reinterpret_cast<vec*>(p) = v; }
+// p[l] = v[l] for the lanes l < n (n >= 1), p past them untouched: a masked store
+inline void store_part(float* p, vec v, int64_t n) {
+  if (n >= kLanes) return store(p, v);
+#if defined(__AVX512F__)
+  _mm512_mask_storeu_ps(p, first_lanes(n), reinterpret_cast<__m512>(v));
+#else
+  _mm256_maskstore_ps(p, first_lanes(n), reinterpret_cast<__m256>(v));
+#endif
+}
 // a store past the caches (p aligned to a vector) for the kept maps, which only the backward reads,
 // long after: saves reading their lines in first (4-6% of the forward on Zen 5, B 256, N 49, d 24).
 // The thread that streams them fences before its part of the op ends (attention_ops.h)
@@ -82,13 +100,6 @@ inline void stream(float* p, vec v) {
   _mm256_stream_ps(p, reinterpret_cast<__m256>(v));
 #endif
 }
-#if defined(__AVX512F__)
-// p[l] = v[l] for the lanes l < n (1 <= n <= kLanes), p past them untouched: a masked store
-inline void store_part(float* p, vec v, int n) {
-  if (n >= kLanes) return store(p, v);
-  _mm512_mask_storeu_ps(p, static_cast<__mmask16>((1u << n) - 1u), reinterpret_cast<__m512>(v));
-}
-#endif
 inline vec splat(float x) {  // one vbroadcastss (GCC builds `vec{} + x` with an add, a loop with inserts)
 #if defined(__AVX512F__)
   return reinterpret_cast<vec>(_mm512_set1_ps(x));
@@ -107,36 +118,20 @@ inline ivec lane_index() {
   return v;
 }
 
-#if !defined(__AVX512F__)
-// an 8-lane vector folded pairwise by `op` (_mm_add_ps, _mm_max_ps): halves, quarters, then the last pair
-template <typename Op>
-inline float fold_lanes(vec v, Op op) {
-  const __m256 w = reinterpret_cast<__m256>(v);
-  const __m128 half = op(_mm256_castps256_ps128(w), _mm256_extractf128_ps(w, 1));
-  const __m128 quarter = op(half, _mm_movehl_ps(half, half));
-  return _mm_cvtss_f32(op(quarter, _mm_movehdup_ps(quarter)));
-}
-#endif
-
-// a vector's lanes summed (maxed) pairwise, halves then quarters..., not one after another
-// (GCC builds the plain loop as a chain of kLanes dependent scalar adds)
+// a vector's lanes summed pairwise, halves then quarters..., not one after another (GCC builds the
+// plain loop as a chain of kLanes dependent scalar adds)
 inline float reduce_add(vec v) {
 #if defined(__AVX512F__)
   return _mm512_reduce_add_ps(reinterpret_cast<__m512>(v));
 #else
-  return fold_lanes(v, [](__m128 a, __m128 b) { return _mm_add_ps(a, b); });
+  const __m256 w = reinterpret_cast<__m256>(v);
+  const __m128 half = _mm_add_ps(_mm256_castps256_ps128(w), _mm256_extractf128_ps(w, 1));
+  const __m128 quarter = _mm_add_ps(half, _mm_movehl_ps(half, half));
+  return _mm_cvtss_f32(_mm_add_ps(quarter, _mm_movehdup_ps(quarter)));
 #endif
 }
 
-inline float reduce_max(vec v) {
-#if defined(__AVX512F__)
-  return _mm512_reduce_max_ps(reinterpret_cast<__m512>(v));
-#else
-  return fold_lanes(v, [](__m128 a, __m128 b) { return _mm_max_ps(a, b); });
-#endif
-}
-
-// exp(x) for x <= 0 (scores minus their row's max), within 2 ulp of expf: Cephes' polynomial on
+// exp(x) for x <= 0 (scores minus their query's max), within 2 ulp of expf: Cephes' polynomial on
 // x - n ln 2 (n rounded to nearest by the 1.5 * 2^23 trick), then scaled by 2^n through the exponent
 inline vec exp_nonpositive(vec x) {
   x = x < splat(-87.3f) ? splat(-87.3f) : x;  // NaN fails the comparison: NaN in, NaN out
@@ -252,19 +247,18 @@ struct Dims {
 using Rows = StridedRows<float>;  // attention_views.h
 using Heads = QkvHeads<float>;
 
-// One thread's buffers: N x N maps with rows tokens_pad apart, N x d matrices dim_pad apart (zero
-// padded), d x N transposes tokens_pad apart
+// One thread's buffers: the N x N maps key-major (form_maps), rows tokens_pad apart; N x d matrices
+// dim_pad apart (zero padded); d x N transposes tokens_pad apart (zero past N)
 struct Buffers {
-  std::vector<float> scores, attn, d_attn, d_scores;  // S then soft; A; dA; dS
-  std::vector<float> raw;                             // scale q k^T before a mask
-  std::vector<float> q, k, v, d_out, out, keys_t, values_t;  // q, k, v, d_out: zero past d from here on
-  alignas(64) float e[kMaxTokens + kLanes];
+  std::vector<float> scores, attn, d_attn, d_scores;  // S^T, then e^T, then soft^T; A^T; dA^T; dS^T
+  std::vector<float> raw;                             // scale k q^T before a mask
+  std::vector<float> q, k, v, d_out, out, queries_t, d_out_t;  // q, k, v, d_out: zero past d from here on
+  vec per_query[kMaxTokens / kLanes];  // a vector of queries' values (1 / sum, <dA, soft>) per lane block
   Buffers(const Dims& D, bool masked)
       : scores(D.tokens * D.tokens_pad), attn(D.tokens * D.tokens_pad), d_attn(D.tokens * D.tokens_pad),
         d_scores(D.tokens * D.tokens_pad), raw(masked ? D.tokens * D.tokens_pad : 0), q(D.tokens * D.dim_pad),
-        k(D.tokens * D.dim_pad),
-        v(D.tokens * D.dim_pad), d_out(D.tokens * D.dim_pad), out(D.tokens * D.dim_pad),
-        keys_t(D.dim * D.tokens_pad), values_t(D.dim * D.tokens_pad) {}
+        k(D.tokens * D.dim_pad), v(D.tokens * D.dim_pad), d_out(D.tokens * D.dim_pad), out(D.tokens * D.dim_pad),
+        queries_t(D.dim * D.tokens_pad), d_out_t(D.dim * D.tokens_pad) {}
 };
 
 // src's rows 0..7 (those past `rows` read as zero), 8 columns, transposed into dst_t's rows 0..7
@@ -310,6 +304,19 @@ void gather(const Dims& D, Rows src, float* dst, float* dst_t = nullptr) {
   }
 }
 
+// src's N rows of d floats (each line they touch) into L1, for a matrix that a product reads in
+// place one float at a time, issued before the copies that come first. In the GPSA layer, where the
+// projection has just written q, k, v and the product read them cold, that cost the backward 7%
+// (and the forward 7-8%, against copying k as well)
+void prefetch(const Dims& D, Rows src) {
+  for (int64_t i = 0; i < D.tokens; ++i) {
+    const char* row = reinterpret_cast<const char*>(src.base + i * src.stride);
+    const char* end = row + D.dim * sizeof(float);
+    for (const char* line = row - reinterpret_cast<uintptr_t>(row) % 64; line < end; line += 64)
+      _mm_prefetch(line, _MM_HINT_T0);
+  }
+}
+
 // N x d of buf.out into a strided matrix (AVX2 builds: AVX-512 ones store masked instead)
 void scatter(const Dims& D, const float* src, Rows dst) {
   for (int64_t i = 0; i < D.tokens; ++i) copy_row(dst.base + i * dst.stride, src + i * D.dim_pad, D.dim);
@@ -332,150 +339,170 @@ void product_into(const Dims& D, const float* a, int64_t am, int64_t ap, const f
 #endif
 }
 
-// scale q k^T from q's rows where they lie (read one float at a time: no copy needed) and buf.keys_t
-// into `product` (N x tokens_pad)
-void scores_into(const Dims& D, float scale, Rows q, Buffers& buf, float* product) {
-  gemm(D.tokens, D.tokens_pad / kLanes, q.base, q.stride, 1, buf.keys_t.data(), D.tokens_pad, D.dim, product,
+// scale k q^T, key-major (row j: key j's scores against every query), from k's rows where they lie
+// (read one float at a time: no copy needed) and buf.queries_t into `product` (N x tokens_pad)
+void scores_into(const Dims& D, float scale, Rows k, Buffers& buf, float* product) {
+  gemm(D.tokens, D.tokens_pad / kLanes, k.base, k.stride, 1, buf.queries_t.data(), D.tokens_pad, D.dim, product,
        D.tokens_pad, scale);
 }
 
-// A's row i from soft's (zero past N): (1 - s_h) soft + s_h P[h] with P (GPSA), else soft
+// A^T's row j from soft^T's (zero past N): (1 - s_h) soft + s_h P[h] with P (GPSA), else soft
 struct Mix {
-  const float* pos;  // P[h] (N x N), or null
+  const float* pos_t;  // P[h]^T (N x N), or null
   int64_t tokens;
   vec gate, rest;  // s_h and 1 - s_h
-  Mix(const Dims& D, const float* gate, const float* pos, int64_t h)
-      : pos(pos == nullptr ? nullptr : pos + h * D.tokens * D.tokens), tokens(D.tokens),
-        gate(splat(pos == nullptr ? 0.f : gate[h])), rest(splat(pos == nullptr ? 1.f : 1.f - gate[h])) {}
-  vec at(int64_t i, int64_t j, vec soft) const {
-    return pos == nullptr ? soft : rest * soft + gate * load_part(pos + i * tokens, j, tokens);
+  Mix(const Dims& D, const float* gate, const float* pos_t, int64_t h)
+      : pos_t(pos_t == nullptr ? nullptr : pos_t + h * D.tokens * D.tokens), tokens(D.tokens),
+        gate(splat(pos_t == nullptr ? 0.f : gate[h])), rest(splat(pos_t == nullptr ? 1.f : 1.f - gate[h])) {}
+  vec at(int64_t j, int64_t i, vec soft) const {
+    return pos_t == nullptr ? soft : rest * soft + gate * load_part(pos_t + j * tokens, i, tokens);
   }
 };
 
-// S = scale q k^T (with a mask: that product kept in buf.raw, S = it times the mask), then row by
-// row soft and A into buf.attn (zero past N).
-// Forward (recompute false): each row's max and 1 / sum into row_max and row_inv when they are
-// given, soft into `kept` (N rows tokens_pad apart, zero past N) when it is.
-// Backward (recompute true): soft from them, bit for bit as the forward had it, left in buf.scores.
-void form_maps(const Dims& D, Rows q, float scale, const float* gate, const float* pos, const float* mask, int64_t h,
-               Buffers& buf, float* row_max, float* row_inv, bool recompute, float* kept = nullptr) {
+// The maps key-major: row j of S^T = scale k q^T holds key j's scores, a query per lane, so each
+// query's softmax runs down its lane: max, exp and sum as whole vectors, with no lane sums, no
+// division per row and no masking of padded keys. Against query-major rows (Zen 5, both builds
+// alternating in one process, B 256, d 24): at N 49, alone, the forward takes 13-18% less time
+// (22% when it keeps no maps; 13% in the 8-lane AVX2 build), the backward 0-4% more; inside the GPSA
+// layer (ours, fp32) the forward 17-19% less, the backward 2-4% more, the layer step 2-3% less. At
+// N 196 the forward 3-11% less, the backward 8-10% more. The queries past N, in the padding lanes,
+// come out zero.
+// With a mask: the product kept in buf.raw, S^T = it times M[h]^T (mask_t: the masks transposed).
+// Then soft^T and A^T into buf.scores and buf.attn (rows tokens_pad apart, zero past N).
+// Forward (recompute false): each query's max and 1 / sum into row_max and row_inv when they are
+// given, soft^T into `kept` (N rows tokens_pad apart) when it is.
+// Backward (recompute true): soft^T from them, bit for bit as the forward had it.
+void form_maps(const Dims& D, Rows k, float scale, const float* gate, const float* pos_t, const float* mask_t,
+               int64_t h, Buffers& buf, float* row_max, float* row_inv, bool recompute, float* kept = nullptr) {
   const int64_t N = D.tokens, ld = D.tokens_pad;
-  float* product = mask == nullptr ? buf.scores.data() : buf.raw.data();
-  scores_into(D, scale, q, buf, product);
-  float* e = buf.e;
-  const Mix mix(D, gate, pos, h);
+  float* s = buf.scores.data();
+  float* product = mask_t == nullptr ? s : buf.raw.data();
+  scores_into(D, scale, k, buf, product);
+  if (mask_t != nullptr)
+    for (int64_t j = 0; j < N; ++j)
+      for (int64_t i = 0; i < ld; i += kLanes)
+        store(s + j * ld + i, load(product + j * ld + i) * load_part(mask_t + (h * N + j) * N, i, N));
   const ivec lanes = lane_index();
-  const int n = static_cast<int>(N);
-  for (int64_t i = 0; i < N; ++i) {
-    float* s = buf.scores.data() + i * ld;
-    if (mask != nullptr) {  // zero past N: the product is (keys_t is zero padded), the mask row read so
-      const float* m = mask + (h * N + i) * N;
-      for (int64_t j = 0; j < ld; j += kLanes) store(s + j, load(product + i * ld + j) * load_part(m, j, N));
-    }
-    float mx;
+  for (int64_t i = 0; i < ld; i += kLanes) {  // kLanes queries at a time, down the keys
+    float* column = s + i;
+    vec mx;
     if (recompute) {
-      mx = row_max[i];
+      mx = load_part(row_max, i, N);
     } else {
-      vec m = splat(-INFINITY);
-      for (int64_t j = 0; j < ld; j += kLanes) {
-        const vec sj = load(s + j);
-        m = (lanes + static_cast<int>(j) < n) & (sj > m) ? sj : m;
+      mx = splat(-INFINITY);
+      for (int64_t j = 0; j < N; ++j) {
+        const vec sj = load(column + j * ld);
+        mx = sj > mx ? sj : mx;  // NaN scores left out here, NaN through exp below
       }
-      mx = reduce_max(m);
     }
-    const vec vmax = splat(mx);
     vec sum = vec{};
-    for (int64_t j = 0; j < ld; j += kLanes) {  // e = exp(S - max), zero past N
-      const vec ej = lanes + static_cast<int>(j) < n ? exp_nonpositive(load(s + j) - vmax) : vec{};
-      sum += ej;
-      store(e + j, ej);
+    for (int64_t j = 0; j < N; ++j) {  // e = exp(S - max) in place
+      const vec e = exp_nonpositive(load(column + j * ld) - mx);
+      sum += e;
+      store(column + j * ld, e);
     }
-    float inv;
+    vec inv;
     if (recompute) {
-      inv = row_inv[i];
+      inv = load_part(row_inv, i, N);  // zero past N
     } else {
-      inv = 1.f / reduce_add(sum);
+      inv = lanes + static_cast<int>(i) < static_cast<int>(N) ? splat(1.f) / sum : vec{};
       if (row_max != nullptr) {
-        row_max[i] = mx;
-        row_inv[i] = inv;
+        store_part(row_max + i, mx, N - i);
+        store_part(row_inv + i, inv, N - i);
       }
     }
-    const vec vinv = splat(inv);
-    float* a = buf.attn.data() + i * ld;
-    for (int64_t j = 0; j < ld; j += kLanes) {
-      const vec soft = load(e + j) * vinv;  // zero past N
-      if (recompute) store(s + j, soft);
-      else if (kept != nullptr) stream(kept + i * ld + j, soft);
-      store(a + j, mix.at(i, j, soft));
-    }
+    buf.per_query[i / kLanes] = inv;
   }
+  const Mix mix(D, gate, pos_t, h);
+  for (int64_t j = 0; j < N; ++j)
+    for (int64_t i = 0; i < ld; i += kLanes) {
+      const vec soft = load(s + j * ld + i) * buf.per_query[i / kLanes];  // zero past N
+      if (recompute) store(s + j * ld + i, soft);
+      else if (kept != nullptr) stream(kept + j * ld + i, soft);
+      store(buf.attn.data() + j * ld + i, mix.at(j, i, soft));
+    }
 }
 
-// kept: this map's soft (N rows tokens_pad apart) to write, or null
+// kept: this map's soft^T (N rows tokens_pad apart) to write, or null
 void forward_map(const Dims& D, const Heads& qkv, int64_t b, int64_t h, float scale, const float* gate,
-                 const float* pos, const float* mask, Rows out, Buffers& buf, float* row_max, float* row_inv,
+                 const float* pos_t, const float* mask_t, Rows out, Buffers& buf, float* row_max, float* row_inv,
                  float* kept) {
-  gather(D, qkv.at(1, b, h), nullptr, buf.keys_t.data());  // k only as k^T, q read in place
+  prefetch(D, qkv.at(1, b, h));  // k read in place
+  gather(D, qkv.at(0, b, h), nullptr, buf.queries_t.data());  // q only as q^T
   gather(D, qkv.at(2, b, h), buf.v.data());
-  form_maps(D, qkv.at(0, b, h), scale, gate, pos, mask, h, buf, row_max, row_inv, false, kept);
-  product_into(D, buf.attn.data(), D.tokens_pad, 1, buf.v.data(), buf, out);  // A v
+  form_maps(D, qkv.at(1, b, h), scale, gate, pos_t, mask_t, h, buf, row_max, row_inv, false, kept);
+  product_into(D, buf.attn.data(), 1, D.tokens_pad, buf.v.data(), buf, out);  // A v, A(i, j) from A^T
 }
 
-// sum_rows: this thread's sum_b dA, or with a mask sum_b soft (dA - <dA, soft>) * buf.raw (H x N x N,
-// or null); head_dot: its sum <dA, soft> for head h; kept: soft as the forward kept it, or null
-// (recomputed from row_max and row_inv)
+// The maps key-major as in form_maps; sum_rows and the mask's gradient likewise, transposed per head.
+// sum_rows: this thread's sum_b dA^T, or with a mask sum_b (soft (dA - <dA, soft>) * scale q k^T)^T
+// (H x N x N, or null); head_dot: its sum <dA, soft> for head h; kept: soft^T as the forward kept it,
+// or null (recomputed from row_max and row_inv)
 void backward_map(const Dims& D, const Heads& qkv, const Heads& d_qkv, Rows d_out, int64_t b, int64_t h, float scale,
-                  const float* gate, const float* pos, const float* mask, const float* row_max, const float* row_inv,
-                  const float* kept, float coef, Buffers& buf, float* sum_rows, double* head_dot) {
+                  const float* gate, const float* pos_t, const float* mask_t, const float* row_max,
+                  const float* row_inv, const float* kept, float coef, Buffers& buf, float* sum_rows,
+                  double* head_dot) {
   const int64_t N = D.tokens, ld = D.tokens_pad;
   // the scores' product: to recompute soft, or for the mask's gradient
-  const bool scores = kept == nullptr || (mask != nullptr && sum_rows != nullptr);
-  gather(D, qkv.at(0, b, h), buf.q.data());
-  gather(D, qkv.at(1, b, h), buf.k.data(), scores ? buf.keys_t.data() : nullptr);
-  gather(D, qkv.at(2, b, h), nullptr, buf.values_t.data());  // v only as v^T
-  gather(D, d_out, buf.d_out.data());
-  const float* soft_rows = kept;
+  const bool scores = kept == nullptr || (mask_t != nullptr && sum_rows != nullptr);
+  const Rows v = qkv.at(2, b, h);  // read in place below, one float at a time
+  prefetch(D, v);
+  gather(D, qkv.at(0, b, h), buf.q.data(), scores ? buf.queries_t.data() : nullptr);
+  gather(D, qkv.at(1, b, h), buf.k.data());
+  gather(D, d_out, buf.d_out.data(), buf.d_out_t.data());
+  const float* soft = kept;
   if (kept == nullptr) {
-    form_maps(D, qkv.at(0, b, h), scale, gate, pos, mask, h, buf, const_cast<float*>(row_max), const_cast<float*>(row_inv), true);
-    soft_rows = buf.scores.data();
+    form_maps(D, qkv.at(1, b, h), scale, gate, pos_t, mask_t, h, buf, const_cast<float*>(row_max),
+              const_cast<float*>(row_inv), true);
+    soft = buf.scores.data();
   } else {
-    if (scores) scores_into(D, scale, qkv.at(0, b, h), buf, buf.raw.data());
-    const Mix mix(D, gate, pos, h);
-    for (int64_t i = 0; i < N; ++i)
-      for (int64_t j = 0; j < ld; j += kLanes) store(buf.attn.data() + i * ld + j, mix.at(i, j, load(kept + i * ld + j)));
+    if (scores) scores_into(D, scale, qkv.at(1, b, h), buf, buf.raw.data());
+    const Mix mix(D, gate, pos_t, h);
+    for (int64_t j = 0; j < N; ++j)
+      for (int64_t i = 0; i < ld; i += kLanes) store(buf.attn.data() + j * ld + i, mix.at(j, i, load(kept + j * ld + i)));
   }
-  // dA = dO v^T (N x N)
-  gemm(N, ld / kLanes, buf.d_out.data(), D.dim_pad, 1, buf.values_t.data(), ld, D.dim, buf.d_attn.data(), ld);
-  // dS = coef soft (dA - <dA, soft>) row by row (zero past N: soft is), times the mask; the sums
+  // dA^T = v dO^T (N x N; zero past N: dO^T is)
+  gemm(N, ld / kLanes, v.base, v.stride, 1, buf.d_out_t.data(), ld, D.dim, buf.d_attn.data(), ld);
+  // each query's <dA_i, soft_i> down its lane, two partial sums for a shorter chain
+  for (int64_t i = 0; i < ld; i += kLanes) {
+    vec even = vec{}, odd = vec{};
+    int64_t j = 0;
+    for (; j + 1 < N; j += 2) {
+      even += load(buf.d_attn.data() + j * ld + i) * load(soft + j * ld + i);
+      odd += load(buf.d_attn.data() + (j + 1) * ld + i) * load(soft + (j + 1) * ld + i);
+    }
+    if (j < N) even += load(buf.d_attn.data() + j * ld + i) * load(soft + j * ld + i);
+    const vec dot = even + odd;  // zero past N: soft is
+    if (head_dot != nullptr) *head_dot += reduce_add(dot);
+    buf.per_query[i / kLanes] = dot;
+  }
+  // dS^T = coef soft^T (dA^T - <dA, soft>) row by row, times the mask; the sums
   const vec vc = splat(coef);
-  for (int64_t i = 0; i < N; ++i) {
-    const float* s = soft_rows + i * ld;
-    const float* da = buf.d_attn.data() + i * ld;
-    float* acc = sum_rows == nullptr ? nullptr : sum_rows + (h * N + i) * N;
-    vec vdot = vec{};
-    for (int64_t j = 0; j < ld; j += kLanes) vdot += load(da + j) * load(s + j);  // soft is zero past N
-    if (acc != nullptr && mask == nullptr)  // whole vectors: dA is zero past N (v^T is), adding 0 to the next row
-      for (int64_t j = 0; j < ld; j += kLanes) store(acc + j, load(acc + j) + load(da + j));
-    const float dot = reduce_add(vdot);
-    if (head_dot != nullptr) *head_dot += dot;
-    const vec vd = splat(dot);
-    float* ds = buf.d_scores.data() + i * ld;
-    if (mask == nullptr) {
-      for (int64_t j = 0; j < ld; j += kLanes) store(ds + j, vc * (load(s + j) * (load(da + j) - vd)));
+  for (int64_t j = 0; j < N; ++j) {
+    const float* sj = soft + j * ld;
+    const float* da = buf.d_attn.data() + j * ld;
+    float* ds = buf.d_scores.data() + j * ld;
+    float* acc = sum_rows == nullptr ? nullptr : sum_rows + (h * N + j) * N;
+    if (mask_t == nullptr) {
+      // whole vectors: dA^T is zero past N, adding 0 to the next row (the accumulator ends in kLanes of padding)
+      if (acc != nullptr)
+        for (int64_t i = 0; i < ld; i += kLanes) store(acc + i, load(acc + i) + load(da + i));
+      for (int64_t i = 0; i < ld; i += kLanes)
+        store(ds + i, vc * (load(sj + i) * (load(da + i) - buf.per_query[i / kLanes])));
       continue;
     }
-    const float* m = mask + (h * N + i) * N;
-    const float* product = buf.raw.data() + i * ld;
-    for (int64_t j = 0; j < ld; j += kLanes) {
-      const vec d_masked = load(s + j) * (load(da + j) - vd);  // d(loss)/d(masked scores), zero past N
-      // whole vectors: past N they add 0 to the next row (the accumulator ends in kLanes of padding)
-      if (acc != nullptr) store(acc + j, load(acc + j) + d_masked * load(product + j));
-      store(ds + j, vc * d_masked * load_part(m, j, N));
+    const float* m = mask_t + (h * N + j) * N;
+    const float* product = buf.raw.data() + j * ld;
+    for (int64_t i = 0; i < ld; i += kLanes) {
+      // d(loss)/d(masked scores)^T, zero past N (soft^T is): whole vectors add 0 to the next row
+      const vec d_masked = load(sj + i) * (load(da + i) - buf.per_query[i / kLanes]);
+      if (acc != nullptr) store(acc + i, load(acc + i) + d_masked * load(product + i));
+      store(ds + i, vc * d_masked * load_part(m, i, N));
     }
   }
-  product_into(D, buf.attn.data(), 1, ld, buf.d_out.data(), buf, d_qkv.at(2, b, h));      // dV = A^T dO
-  product_into(D, buf.d_scores.data(), ld, 1, buf.k.data(), buf, d_qkv.at(0, b, h));      // dQ = dS k
-  product_into(D, buf.d_scores.data(), 1, ld, buf.q.data(), buf, d_qkv.at(1, b, h));      // dK = dS^T q
+  product_into(D, buf.attn.data(), ld, 1, buf.d_out.data(), buf, d_qkv.at(2, b, h));      // dV = A^T dO
+  product_into(D, buf.d_scores.data(), 1, ld, buf.k.data(), buf, d_qkv.at(0, b, h));      // dQ = dS k
+  product_into(D, buf.d_scores.data(), ld, 1, buf.q.data(), buf, d_qkv.at(1, b, h));      // dK = dS^T q
 }
 
 // ---- what the ops (attention_ops.h) need besides ---------------------------------------------
@@ -484,6 +511,7 @@ using Element = float;
 constexpr at::ScalarType kElement = at::kFloat;
 constexpr bool kScoreMask = true;
 constexpr bool kKeepsMaps = true;
+constexpr bool kKeyMajorMaps = true;  // pos, mask and the sums transposed per head (form_maps)
 
 void check_layout(const at::Tensor&, int64_t, const char*) {}  // any strides
 

@@ -3,7 +3,8 @@
 // (bf16) and attention_core_fp32.cpp (float32), each of which includes it last, having defined in
 // its anonymous namespace: Element and kElement (its element type), kLanes, kMaxTokens, kScoreMask
 // (whether it multiplies the scores by a mask: GMM attention), kKeepsMaps (whether its forward can
-// keep the softmax maps for its backward), Dims, Rows and Heads
+// keep the softmax maps for its backward), kKeyMajorMaps (whether its maps are transposed, a key
+// per row: then it reads pos and mask, and returns the sums, transposed per head), Dims, Rows and Heads
 // (attention_views.h's views over Element), Buffers, forward_map, backward_map, check_layout (what
 // it needs of a view beyond unit stride along d) and check_dims (of the sizes); and
 // ATTENTION_LIBRARY, the ops' namespace.
@@ -58,6 +59,13 @@ void check_mix(const c10::optional<at::Tensor>& gate, const c10::optional<at::Te
   }
 }
 
+// an (H, N, N) map (pos, mask, a sum) in the kernel's layout, and back: each head transposed where
+// the kernel's maps are key-major
+at::Tensor map_layout(const at::Tensor& t) { return kKeyMajorMaps ? t.transpose(1, 2).contiguous() : t; }
+c10::optional<at::Tensor> map_layout(const c10::optional<at::Tensor>& t) {
+  return t.has_value() ? c10::optional<at::Tensor>(map_layout(*t)) : c10::nullopt;
+}
+
 const float* floats_or_null(const c10::optional<at::Tensor>& t) {
   return t.has_value() ? t->data_ptr<float>() : nullptr;
 }
@@ -83,7 +91,8 @@ std::vector<at::Tensor> attention_forward(const at::Tensor& qkv, const c10::opti
   at::Tensor maps = at::empty({keep_maps ? kept_floats(D) : 0}, floats);
   float* kept = keep_maps ? maps.data_ptr<float>() : nullptr;
   const Heads heads{qkv.data_ptr<Element>(), qkv.strides()};
-  const float *g = floats_or_null(gate), *p = floats_or_null(pos), *mk = floats_or_null(mask);
+  const c10::optional<at::Tensor> pos_k = map_layout(pos), mask_k = map_layout(mask);
+  const float *g = floats_or_null(gate), *p = floats_or_null(pos_k), *mk = floats_or_null(mask_k);
   float* mx = keep_stats ? row_max.data_ptr<float>() : nullptr;
   float* inv = keep_stats ? row_inv.data_ptr<float>() : nullptr;
   Element* o = out.data_ptr<Element>();
@@ -122,7 +131,8 @@ std::vector<at::Tensor> attention_backward(const at::Tensor& d_out, const at::Te
   if (kept) check_floats(soft_maps, {kept_floats(D)}, "maps");
   check_floats(coef, {H}, "coef");
   const Heads heads{qkv.data_ptr<Element>(), qkv.strides()}, d_heads{d_qkv.data_ptr<Element>(), d_qkv.strides()};
-  const float *g = floats_or_null(gate), *p = floats_or_null(pos), *mk = floats_or_null(mask);
+  const c10::optional<at::Tensor> pos_k = map_layout(pos), mask_k = map_layout(mask);
+  const float *g = floats_or_null(gate), *p = floats_or_null(pos_k), *mk = floats_or_null(mask_k);
   const float* mx = row_max.data_ptr<float>();
   const float* inv = row_inv.data_ptr<float>();
   const float* c = coef.data_ptr<float>();
@@ -157,7 +167,7 @@ std::vector<at::Tensor> attention_backward(const at::Tensor& d_out, const at::Te
     }
   });
   if (!sums) return {dA_sums, dots};
-  return {dA_sums.sum(0).narrow(0, 0, H * N * N).view({H, N, N}), dots.sum(0)};
+  return {map_layout(dA_sums.sum(0).narrow(0, 0, H * N * N).view({H, N, N})), dots.sum(0)};
 }
 
 }  // namespace
