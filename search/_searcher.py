@@ -153,6 +153,19 @@ class HonestOptunaSearch(OptunaSearch):
                 self._ot_study._storage.set_trial_user_attr(frozen._trial_id, "orphaned", "driver killed before Tune recorded the trial")
                 self._ot_study._storage.set_trial_state_values(frozen._trial_id, TrialState.FAIL)
 
+    def suggest(self, trial_id: str) -> dict | None:
+        """Optuna's next configuration, with the journal at a URI holding the trial before Tune
+        can snapshot it: a resume elsewhere replays that journal, and a trial it lacked would give
+        its Optuna id to the next trial sampled there (whose trial the first one's end then told)."""
+        suggestion = super().suggest(trial_id)
+        if trial_id in self._ot_trials and getattr(self, "_journal", None) is not None:
+            try:
+                self._journal.push([JOURNAL_FILE])
+            except OSError as exc:  # e.g. the network: the next store flush uploads it again
+                logger.warning("%s; the journal is kept in %s and uploaded at the next write",
+                               self._journal.unreachable(exc), self._journal.local)
+        return suggestion
+
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
         from optuna.trial import TrialState
 

@@ -143,6 +143,33 @@ def test_a_resume_puts_what_the_snapshot_pickled_in_the_study_folder_as_it_is_no
     assert experiment.spec["storage"].storage_fs_path == str(old.local)  # the original is not touched
 
 
+def test_each_trial_sampled_reaches_the_uri_journal_before_tune_can_snapshot_it(tmp_path, monkeypatch):
+    """A resume on another machine replays the journal at the URI. Had it missed a trial that Tune's
+    snapshot holds, the next trial sampled there would take its Optuna id, and the first trial's
+    end would be told to it (seen in tests/test_resume.py [uri]): so each ask is uploaded at once."""
+    import optuna
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+
+    from search._runner import OptunaSpace
+    from search._searcher import HonestOptunaSearch
+    from search._spec import ParamSpec
+    from search._storage import JOURNAL_FILE
+
+    monkeypatch.setenv("LOCALITY_SEARCH_CACHE", str(tmp_path / "cache" / "datasets"))
+    location = StudyLocation(f"file://{tmp_path}/remote/study")
+    location.local.mkdir(parents=True)
+    space = {"lr": ParamSpec(type="loguniform", low=1e-3, high=5e-3)}
+    searcher = HonestOptunaSearch(space=OptunaSpace(space, {"m": {}}), metric=["best_val_acc", "throughput"],
+                                  mode=["max", "max"], sampler=optuna.samplers.RandomSampler(seed=0),
+                                  study_name="asked", journal=location)
+    configs = [searcher.suggest(f"trial_{i}") for i in range(2)]
+    remote = JournalStorage(JournalFileBackend(str(tmp_path / "remote" / "study" / JOURNAL_FILE)))
+    trials = optuna.load_study(study_name="asked", storage=remote).trials
+    assert [t.state.name for t in trials] == ["RUNNING", "RUNNING"]
+    assert [t.params["lr"] for t in trials] == [c["lr"] for c in configs]
+
+
 def _run(*args: str, env: dict) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "search", *args], capture_output=True, text=True, cwd=ROOT,
                           env=env, timeout=600)
