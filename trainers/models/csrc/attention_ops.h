@@ -59,11 +59,23 @@ void check_mix(const c10::optional<at::Tensor>& gate, const c10::optional<at::Te
   }
 }
 
-// an (H, N, N) map (pos, mask, a sum) in the kernel's layout, and back: each head transposed where
-// the kernel's maps are key-major
-at::Tensor map_layout(const at::Tensor& t) { return kKeyMajorMaps ? t.transpose(1, 2).contiguous() : t; }
-c10::optional<at::Tensor> map_layout(const c10::optional<at::Tensor>& t) {
-  return t.has_value() ? c10::optional<at::Tensor>(map_layout(*t)) : c10::nullopt;
+// An (H, N, N) map (pos, mask, a sum) in the kernel's layout: as it is; or where the kernel's maps
+// are key-major, each head transposed, its rows tokens_pad floats apart (zero past N) for whole,
+// aligned vector loads
+int64_t map_row(const Dims& D) { return kKeyMajorMaps ? D.tokens_pad : D.tokens; }
+at::Tensor map_layout(const at::Tensor& t, const Dims& D) {
+  if (!kKeyMajorMaps) return t;
+  at::Tensor padded = at::zeros({D.heads, D.tokens, map_row(D)}, t.options());
+  padded.narrow(2, 0, D.tokens).copy_(t.transpose(1, 2));
+  return padded;
+}
+c10::optional<at::Tensor> map_layout(const c10::optional<at::Tensor>& t, const Dims& D) {
+  return t.has_value() ? c10::optional<at::Tensor>(map_layout(*t, D)) : c10::nullopt;
+}
+// and back: (H, N, map_row) floats in the kernel's layout as an (H, N, N) map
+at::Tensor from_map_layout(const at::Tensor& t, const Dims& D) {
+  const at::Tensor rows = t.view({D.heads, D.tokens, map_row(D)}).narrow(2, 0, D.tokens);
+  return kKeyMajorMaps ? rows.transpose(1, 2).contiguous() : rows;
 }
 
 const float* floats_or_null(const c10::optional<at::Tensor>& t) {
@@ -91,7 +103,7 @@ std::vector<at::Tensor> attention_forward(const at::Tensor& qkv, const c10::opti
   at::Tensor maps = at::empty({keep_maps ? kept_floats(D) : 0}, floats);
   float* kept = keep_maps ? maps.data_ptr<float>() : nullptr;
   const Heads heads{qkv.data_ptr<Element>(), qkv.strides()};
-  const c10::optional<at::Tensor> pos_k = map_layout(pos), mask_k = map_layout(mask);
+  const c10::optional<at::Tensor> pos_k = map_layout(pos, D), mask_k = map_layout(mask, D);
   const float *g = floats_or_null(gate), *p = floats_or_null(pos_k), *mk = floats_or_null(mask_k);
   float* mx = keep_stats ? row_max.data_ptr<float>() : nullptr;
   float* inv = keep_stats ? row_inv.data_ptr<float>() : nullptr;
@@ -131,7 +143,7 @@ std::vector<at::Tensor> attention_backward(const at::Tensor& d_out, const at::Te
   if (kept) check_floats(soft_maps, {kept_floats(D)}, "maps");
   check_floats(coef, {H}, "coef");
   const Heads heads{qkv.data_ptr<Element>(), qkv.strides()}, d_heads{d_qkv.data_ptr<Element>(), d_qkv.strides()};
-  const c10::optional<at::Tensor> pos_k = map_layout(pos), mask_k = map_layout(mask);
+  const c10::optional<at::Tensor> pos_k = map_layout(pos, D), mask_k = map_layout(mask, D);
   const float *g = floats_or_null(gate), *p = floats_or_null(pos_k), *mk = floats_or_null(mask_k);
   const float* mx = row_max.data_ptr<float>();
   const float* inv = row_inv.data_ptr<float>();
@@ -141,7 +153,8 @@ std::vector<at::Tensor> attention_backward(const at::Tensor& d_out, const at::Te
   // the maps in one contiguous chunk per thread, each chunk with its own sums (added afterwards): no
   // two tasks add into the same memory, and the sums do not depend on scheduling
   const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), maps));
-  const int64_t sum_size = H * N * N + kLanes;  // one chunk's, padded for unmasked stores
+  // one chunk's; padded for the whole-vector stores of a kernel whose rows are N apart
+  const int64_t sum_size = H * N * map_row(D) + kLanes;
   at::Tensor dA_sums = at::zeros({sums ? chunks : 0, sum_size}, row_max.options());
   at::Tensor dots = at::zeros({sums ? chunks : 0, H}, row_max.options());
   at::parallel_for(0, chunks, 1, [&](int64_t first, int64_t last) {
@@ -167,7 +180,7 @@ std::vector<at::Tensor> attention_backward(const at::Tensor& d_out, const at::Te
     }
   });
   if (!sums) return {dA_sums, dots};
-  return {map_layout(dA_sums.sum(0).narrow(0, 0, H * N * N).view({H, N, N})), dots.sum(0)};
+  return {from_map_layout(dA_sums.sum(0).narrow(0, 0, H * N * map_row(D)), D), dots.sum(0)};
 }
 
 }  // namespace
