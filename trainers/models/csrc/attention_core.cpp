@@ -311,7 +311,9 @@ void forward_map(const Dims& D, const Heads& qkv, int64_t b, int64_t h, float sc
 
 // sum_rows: this thread's sum_b dA, or with a mask sum_b soft (dA - <dA, soft>) * buf.raw (H x N x N,
 // or null); head_dot: its sum <dA, soft> for head h
-void backward_map(const Dims& D, const Heads& qkv, const Heads& d_qkv, Rows d_out, int64_t b, int64_t h, float scale,
+// (d_out_next, the next map's dO rows: the float32 kernel prefetches them)
+void backward_map(const Dims& D, const Heads& qkv, const Heads& d_qkv, Rows d_out, Rows /*d_out_next*/, int64_t b,
+                  int64_t h, float scale,
                   const float* gate, const float* pos, const float* mask, const float* row_max,
                   const float* row_inv, const float* /*kept*/, float coef, Buffers& buf, float* sum_rows,
                   double* head_dot) {
