@@ -304,21 +304,22 @@ void forward_map(const Dims& D, const Heads& qkv, int64_t b, int64_t h, float sc
                  const float* pos, const float* mask, Rows out, Buffers& buf, float* row_max, float* row_inv,
                  float* /*kept*/) {
   const Rows v = qkv.at(2, b, h);
+  prefetch_next_map(D, qkv, b, h);
   form_maps(D, qkv.at(0, b, h), qkv.at(1, b, h), scale, gate, pos, mask, h, buf, row_max, row_inv, false);
   interleave_rows(v.base, v.stride, D.tokens, D.dim, buf.rows_i.data(), D.dim_pad);
   product_into(D, words(buf.attn.data()), D.tokens_pad / 2, 1, buf.rows_i.data(), buf, out);  // A v
 }
 
 // sum_rows: this thread's sum_b dA, or with a mask sum_b soft (dA - <dA, soft>) * buf.raw (H x N x N,
-// or null); head_dot: its sum <dA, soft> for head h
-// (d_out_next, the next map's dO rows: the float32 kernel prefetches them)
-void backward_map(const Dims& D, const Heads& qkv, const Heads& d_qkv, Rows d_out, Rows /*d_out_next*/, int64_t b,
-                  int64_t h, float scale,
-                  const float* gate, const float* pos, const float* mask, const float* row_max,
+// or null); head_dot: its sum <dA, soft> for head h; d_out_next: the next map's dO rows (base null
+// after the last)
+void backward_map(const Dims& D, const Heads& qkv, const Heads& d_qkv, Rows d_out, Rows d_out_next, int64_t b,
+                  int64_t h, float scale, const float* gate, const float* pos, const float* mask, const float* row_max,
                   const float* row_inv, const float* /*kept*/, float coef, Buffers& buf, float* sum_rows,
                   double* head_dot) {
   const int64_t N = D.tokens, ld = D.tokens_pad, n_even = round_up(N, 2);
   const Rows q = qkv.at(0, b, h), k = qkv.at(1, b, h), v = qkv.at(2, b, h);
+  prefetch_next_map(D, qkv, b, h, d_out_next);
   form_maps(D, q, k, scale, gate, pos, mask, h, buf, const_cast<float*>(row_max), const_cast<float*>(row_inv), true);
   // dA = dO v^T (N x N, float32)
   transpose_words(v.base, v.stride, N, D.dim / 2, buf.values_t.data(), ld);

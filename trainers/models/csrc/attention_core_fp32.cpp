@@ -309,29 +309,8 @@ void gather(const Dims& D, Rows src, float* dst, float* dst_t = nullptr) {
 // src's N rows of d floats (each line they touch) into L1, for a matrix that a product reads in
 // place one float at a time, issued before the copies that come first. In the GPSA layer, where the
 // projection has just written q, k, v and the product read them cold, that cost the backward 7%
-// (and the forward 7-8%, against copying k as well).
-// Always inlined, as prefetch_next_map: GCC took a function that only prefetches for one without
-// side effects and dropped its calls (seen: prefetch_next_map compiled to nothing).
-inline __attribute__((always_inline)) void prefetch(const Dims& D, Rows src) {
-  for (int64_t i = 0; i < D.tokens; ++i) {
-    const char* row = reinterpret_cast<const char*>(src.base + i * src.stride);
-    const char* end = row + D.dim * sizeof(float);
-    for (const char* line = row - reinterpret_cast<uintptr_t>(row) % 64; line < end; line += 64)
-      _mm_prefetch(line, _MM_HINT_T0);
-  }
-}
-
-// The next map's q, k and v rows (and its dO rows, given) into cache while this one runs, after this
-// map's own prefetch: the layer's inputs come cold from the projection (the forward) or from long
-// before (the backward), and each map's copies stalled on them. Against none (Zen 5, in the GPSA
-// layer, alternating step by step, B 256, N 49, d 24): the forward 8-10% less time, the backward 3-5%
-inline __attribute__((always_inline)) void prefetch_next_map(const Dims& D, const Heads& qkv, int64_t b, int64_t h,
-                                                             Rows d_out_next = {nullptr, 0}) {
-  if (h + 1 == D.heads && b + 1 == D.batch) return;
-  const int64_t nb = h + 1 < D.heads ? b : b + 1, nh = h + 1 < D.heads ? h + 1 : 0;
-  for (int which = 0; which < 3; ++which) prefetch(D, qkv.at(which, nb, nh));
-  if (d_out_next.base != nullptr) prefetch(D, d_out_next);
-}
+// (and the forward 7-8%, against copying k as well)
+inline __attribute__((always_inline)) void prefetch(const Dims& D, Rows src) { prefetch_rows(src, D.tokens, D.dim); }
 
 // N x d of buf.out into a strided matrix (AVX2 builds: AVX-512 ones store masked instead)
 void scatter(const Dims& D, const float* src, Rows dst) {
