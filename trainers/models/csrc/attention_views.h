@@ -1,6 +1,6 @@
 // The strided views both kernels read and write through (attention_core.cpp in bf16,
 // attention_core_fp32.cpp in float32), over the kernel's element type T. Each includes it first and
-// names its instances Rows and Heads, which attention_ops.h uses.
+// names its instances Rows and Heads, which attention_ops.h uses; and the prefetching of their rows.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -46,7 +46,8 @@ inline __attribute__((always_inline)) void prefetch_rows(StridedRows<T> src, int
 // after this map's own prefetches: the GPSA layer's inputs come cold from the projection (the
 // forward) or from long before (the backward), and each map's copies and in-place reads stalled on
 // them. Against none (Zen 5, in the layer, alternating step by step, B 256, N 49, d 24): float32,
-// the forward 8-10% less time, the backward 2-5%; bf16, both 15-16% (the step 7%)
+// the forward 8-10% less time, the backward 2-5%; bf16, the forward 14-15%, the backward 15-17% (the
+// step 7-8%)
 template <typename T, typename Dims>
 inline __attribute__((always_inline)) void prefetch_next_map(const Dims& D, const QkvHeads<T>& qkv, int64_t b,
                                                              int64_t h, StridedRows<T> d_out_next = {nullptr, 0}) {
