@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from trainers._cpu import cpu_family, cpu_has_native_bf16, cpuinfo_field
+from trainers._source import PROJECT_ROOT, git_commit, tracked_files_modified
 
 __all__ = [
     "environment", "result_slug", "write_result", "bf16_by_default", "RESULTS_DIR", "setup_process",
@@ -115,6 +116,10 @@ def environment(device: str | torch.device = "cpu") -> dict[str, Any]:
         "torch_num_threads": torch.get_num_threads(),
         "malloc_retains_freed_memory": _malloc_state(),
         "platform": platform.platform(),
+        "git_commit": git_commit(),
+        # tracked files changed since that commit (the results folder aside): the numbers then
+        # come from code no commit holds
+        "git_modified": tracked_files_modified(ignore=(RESULTS_DIR.relative_to(PROJECT_ROOT).as_posix(),)),
     }
 
 

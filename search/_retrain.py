@@ -126,7 +126,8 @@ def retrain(
     (see the module doc). ``epochs`` and ``data_dir`` override the config's; progress goes to
     ``log`` (default: stdout)."""
     log = log or sys.stdout
-    from search._runner import default_cache_dir, git_commit
+    from search._runner import default_cache_dir
+    from trainers._source import git_commit
     from search._spec import ModelSpec, _check_one_model
     from trainers.config import TrialConfig
     from trainers._memory_format import place_model

@@ -7,7 +7,6 @@ import datetime as dt
 import logging
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any, TextIO
@@ -19,11 +18,10 @@ from search._storage import STUDY_FILES, StudyLocation, resuming_at, study_locat
 from search._store import TRIAL_VALUE_OF, ResultsStore, write_json_atomic
 from search._text import count
 from trainers._atomic import folder_problem
+from trainers._source import PROJECT_ROOT, git_commit
 from trainers.errors import ConfigError
 
 __all__ = ["run_study", "resume_study", "default_cache_dir", "OptunaSpace", "make_sampler"]
-
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
 def default_cache_dir() -> Path:
@@ -32,17 +30,6 @@ def default_cache_dir() -> Path:
     if env:
         return Path(env).expanduser()
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "locality-search" / "datasets"
-
-
-def git_commit() -> str | None:
-    try:
-        out = subprocess.run(
-            ["git", "-C", str(PROJECT_ROOT), "rev-parse", "HEAD"],
-            capture_output=True, text=True, timeout=10, check=True,
-        )
-        return out.stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None
 
 
 class OptunaSpace:
