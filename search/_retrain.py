@@ -127,10 +127,10 @@ def retrain(
     ``log`` (default: stdout)."""
     log = log or sys.stdout
     from search._runner import default_cache_dir
-    from trainers._source import git_commit
     from search._spec import ModelSpec, _check_one_model
     from trainers.config import TrialConfig
     from trainers._memory_format import place_model
+    from trainers._source import git_commit
     from trainers.data import make_loader, prepare_dataset
 
     config_path = Path(config_path)

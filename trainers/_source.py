@@ -25,7 +25,9 @@ def _git(*args: str) -> str | None:
 def git_commit() -> str | None:
     """HEAD's commit hash; None outside a git checkout."""
     out = _git("rev-parse", "HEAD")
-    return out.strip() or None if out is not None else None
+    if out is None:
+        return None
+    return out.strip() or None
 
 
 def tracked_files_modified(*, ignore: tuple[str, ...] = ()) -> bool | None:
