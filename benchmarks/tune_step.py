@@ -102,6 +102,15 @@ def main(argv: list[str] | None = None) -> None:
         _child(args.child, json.loads(args.settings))
         return
 
+    from search._runner import default_cache_dir
+    from trainers.data import DatasetRequest, prepare_dataset
+    from trainers.errors import ConfigError
+
+    try:  # here, once: a missing dataset is one line, and no round pays for converting it
+        prepare_dataset(DatasetRequest(name="fashion_mnist", train_fraction=args.train_fraction),
+                        cache_dir=default_cache_dir())
+    except ConfigError as error:
+        parser.error(str(error))
     rounds: dict[str, list[list[float]]] = {name: [] for name in CONTENDERS}
     with tempfile.TemporaryDirectory(prefix="ls-bench-tput-") as cache:
         settings = {"model": args.model, "batch_size": args.batch_size, "epochs": args.epochs,
