@@ -13,6 +13,7 @@ import argparse
 import contextlib
 import datetime as _dt
 import json
+import os
 import platform
 import re
 from pathlib import Path
@@ -25,7 +26,7 @@ from trainers._source import PROJECT_ROOT, git_commit, tracked_files_modified
 
 __all__ = [
     "environment", "result_slug", "write_result", "bf16_by_default", "RESULTS_DIR", "setup_process",
-    "add_malloc_option", "parse_and_set_up", "sync", "autocast",
+    "add_malloc_option", "parse_and_set_up", "sync", "autocast", "init_local_ray", "project_pythonpath",
 ]
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -57,6 +58,21 @@ def bf16_by_default(device: str | torch.device) -> tuple[bool, str]:
         return True, ""
     return False, (f"{_cpu_name()} has no bf16 hardware ({torch.backends.cpu.get_cpu_capability()}); "
                    "bf16 is emulated there, about 16x slower than fp32")
+
+
+def project_pythonpath() -> str:
+    """PYTHONPATH for a process that imports this project (a benchmark's child, a Ray worker): the
+    project root first, then what this process was given."""
+    return os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")]))
+
+
+def init_local_ray(*, num_cpus: int) -> None:
+    """Start a local Ray of the benchmark's own, quiet and without the dashboard, whose workers
+    import this project as the search's do."""
+    import ray
+
+    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
+             logging_level="ERROR", runtime_env={"env_vars": {"PYTHONPATH": project_pythonpath()}})
 
 
 def setup_process(*, retain_memory: bool = True) -> bool:

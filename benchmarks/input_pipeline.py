@@ -36,13 +36,11 @@ import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import torch
 
-from benchmarks._env import add_malloc_option, parse_and_set_up, write_result
-
-ROOT = Path(__file__).resolve().parents[1]
+from benchmarks._env import add_malloc_option, parse_and_set_up, project_pythonpath, write_result
+from trainers._source import PROJECT_ROOT
 
 
 def _prepared(train_fraction: float):
@@ -207,11 +205,11 @@ def startup(*, data, batch: int, workers: int, mode: str) -> dict:
     import dataclasses
 
     code = _STARTUP.format(mode=mode, batch=batch, workers=workers, threads=torch.get_num_threads())
-    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env = {**os.environ, "PYTHONPATH": project_pythonpath()}
     payload = json.dumps(dataclasses.asdict(data))
     start = time.perf_counter()
     try:
-        proc = subprocess.run([sys.executable, "-c", code, payload], cwd=ROOT, env=env, capture_output=True, text=True,
+        proc = subprocess.run([sys.executable, "-c", code, payload], cwd=PROJECT_ROOT, env=env, capture_output=True, text=True,
                               timeout=300)
     except subprocess.TimeoutExpired:  # e.g. FFCV's thread died and its consumer waits forever
         return {"error": "no first batch within 300 s"}

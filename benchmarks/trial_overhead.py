@@ -38,11 +38,10 @@ import statistics
 import tempfile
 import threading
 import time
-from pathlib import Path
 
 import torch
 
-from benchmarks._env import parse_and_set_up, write_result
+from benchmarks._env import init_local_ray, parse_and_set_up, write_result
 
 
 def _config(data, *, epochs: int, cache_dir: str, model: str = "ls_convit_micro", device: str = "cpu",
@@ -245,11 +244,7 @@ def ray_overhead(*, trials: int, repeats: int) -> dict:
     import ray
     from ray import tune
 
-    import os
-
-    root = str(Path(__file__).resolve().parents[1])  # the workers import this module, as the search's do
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=True, logging_level="ERROR",
-             runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}})
+    init_local_ray(num_cpus=2)  # its workers import this module, as the search's do
     try:
         times: dict[str, list[float]] = {"reuse_actors": [], "fresh_actors": []}
         with tempfile.TemporaryDirectory(prefix="ls-bench-ray-") as storage:

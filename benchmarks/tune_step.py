@@ -29,10 +29,10 @@ import subprocess
 import sys
 import tempfile
 
-from benchmarks._env import parse_and_set_up, write_result
+from benchmarks._env import init_local_ray, parse_and_set_up, project_pythonpath, write_result
+from trainers._source import PROJECT_ROOT
 
 CONTENDERS = ("main", "tune_trial")
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _train_images_per_s(settings: dict) -> list[float]:
@@ -67,8 +67,7 @@ def _child(where: str, settings: dict) -> None:
         import ray
         from ray import tune
 
-        ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False,
-                 logging_level="ERROR", runtime_env={"env_vars": {"PYTHONPATH": _ROOT}})
+        init_local_ray(num_cpus=os.cpu_count())
         try:
             trainable = tune.with_resources(_tune_trainable, {"cpu": os.cpu_count()})
             with tempfile.TemporaryDirectory(prefix="ls-bench-tune-step-") as storage:
@@ -82,9 +81,9 @@ def _child(where: str, settings: dict) -> None:
 
 def _round(contender: str, settings: dict) -> list[float]:
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # a local Ray of its own, never a running one
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [_ROOT, env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = project_pythonpath()
     command = [sys.executable, "-m", "benchmarks.tune_step", "--child", contender, "--settings", json.dumps(settings)]
-    done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=_ROOT, check=True)
+    done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=PROJECT_ROOT, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])["train_images_per_s"]
 
 
