@@ -376,8 +376,9 @@ def test_convit_runs_the_kernel_of_its_gemms_dtype(precision, train, monkeypatch
             loss.backward()
     namespace = _attention_kernel._KERNELS[dtype].namespace
     blocks = len(model.blocks)
-    assert recorder.calls == ({f"{namespace}.attention_forward": blocks, f"{namespace}.attention_backward": blocks}
-                              if train else {f"{namespace}.attention_forward": blocks})
+    attention_calls = {op: n for op, n in recorder.calls.items() if ".attention_" in op}  # (not the norms: test_norm)
+    assert attention_calls == ({f"{namespace}.attention_forward": blocks, f"{namespace}.attention_backward": blocks}
+                               if train else {f"{namespace}.attention_forward": blocks})
 
 
 @pytest.mark.parametrize("name", ["ls_convit_nano", "ls_gmm_nano"])

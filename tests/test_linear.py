@@ -133,10 +133,11 @@ def test_only_the_gradients_asked_for_are_computed(onednn_here):
 @pytest.mark.parametrize("case", ["small", "float64", "autocast", "switched off", "1-d"])
 def test_where_torch_linear_is_kept(onednn_here, monkeypatch, case):
     """Products under MIN_MULTIPLY_ADDS (oneDNN's per-call cost loses there), other dtypes, CPU
-    autocast (F.linear runs bf16 on oneDNN already) and USE_ONEDNN_FP32 off take F.linear."""
+    autocast with autograd recording (F.linear runs bf16 on oneDNN already) and USE_ONEDNN_FP32 off
+    take F.linear."""
     rows = {"small": 100, "1-d": None}.get(case, 4096)
     x = torch.randn(96) if rows is None else torch.randn(rows, 96)
-    weight, bias = torch.randn(96, 96), torch.randn(96)
+    weight, bias = torch.randn(96, 96), torch.randn(96, requires_grad=case == "autocast")
     if case == "float64":
         x, weight, bias = x.double(), weight.double(), bias.double()
     if case == "switched off":
@@ -149,7 +150,7 @@ def test_where_torch_linear_is_kept(onednn_here, monkeypatch, case):
     assert out.dtype == (torch.bfloat16 if case == "autocast" else x.dtype)
     torch.testing.assert_close(out, expected, atol=0, rtol=0)
     with OpCalls() as ops:  # the control: a large float32 product does go to oneDNN
-        _linear.linear(torch.randn(4096, 96), weight.float(), bias.float())
+        _linear.linear(torch.randn(4096, 96), weight.float(), bias.detach().float())
     assert ops.calls.get(ONEDNN, 0) == (0 if case == "switched off" else 1)
 
 
@@ -268,3 +269,112 @@ def test_mlp_has_timm_mlp_initial_weights_from_the_same_seed():
     assert type(ours.fc1) is _linear.Linear and type(ours.fc2) is _linear.Linear
     for key, value in timms.state_dict().items():
         assert torch.equal(ours.state_dict()[key], value)
+
+
+# --- bf16 inference: the bias (and fc1's GELU) inside oneDNN's product --------------------------
+
+@pytest.fixture
+def onednn_bf16():
+    if not _linear._onednn_bf16_here():
+        pytest.skip("torch runs no bf16 products on oneDNN on this CPU")
+
+
+def _bf16_operands(case: str, x, weight, bias):
+    """The operands as the case multiplies them: float32 under autocast, or bf16 tensors."""
+    if case == "bf16 tensors":
+        return x.bfloat16(), weight.bfloat16(), None if bias is None else bias.bfloat16()
+    return x, weight, bias
+
+
+@pytest.mark.parametrize("case", ["autocast", "bf16 tensors"])
+@pytest.mark.parametrize("shape, with_bias", [((8, 197, 192), True), ((300, 96), False), ((2, 3, 40, 64), True)])
+def test_bf16_inference_adds_the_bias_inside_onednn_bit_for_bit(onednn_bf16, case, shape, with_bias):
+    """Without autograd recording, a bf16 product is one oneDNN op (no addmm, no bias copy) whose
+    output is F.linear's under the same casts, bit for bit."""
+    torch.manual_seed(0)
+    x, weight = torch.randn(*shape), 0.1 * torch.randn(160, shape[-1])
+    x, weight, bias = _bf16_operands(case, x, weight, torch.randn(160) if with_bias else None)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=case == "autocast"), torch.inference_mode():
+        with OpCalls() as ops:
+            out = _linear.linear(x, weight, bias)
+        expected = F.linear(x, weight, bias)
+    assert ops.calls.get(ONEDNN) == 1 and "aten.addmm" not in ops.calls and "aten.mm" not in ops.calls
+    assert out.dtype == torch.bfloat16 and out.shape == (*shape[:-1], 160)
+    torch.testing.assert_close(out, expected, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("case", ["autocast", "bf16 tensors"])
+def test_bf16_inference_gelu_is_fused_and_rounds_once(onednn_bf16, case):
+    """`linear(..., gelu=True)` in bf16 inference is one oneDNN op whose output is the exact GELU of
+    the float32 sums rounded to bf16 once (but for the last bit where the sums' order differs), where
+    F.linear then F.gelu rounds the sums first: a third of its outputs differ."""
+    torch.manual_seed(0)
+    x, weight, bias = _bf16_operands(case, torch.randn(1576, 192), 0.1 * torch.randn(768, 192), torch.randn(768))
+    rounded_once = F.gelu(F.linear(*(t.bfloat16().float() for t in (x, weight, bias)))).bfloat16()
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=case == "autocast"), torch.no_grad():
+        with OpCalls() as ops:
+            fused = _linear.linear(x, weight, bias, gelu=True)
+        unfused = F.gelu(F.linear(x, weight, bias))
+    assert ops.calls.get(ONEDNN) == 1 and not {"aten.gelu", "aten.gelu_", "aten.addmm", "aten.mm"} & set(ops.calls)
+    assert fused.dtype == torch.bfloat16
+    assert (fused == rounded_once).double().mean() > 0.99
+    # one bf16 step at most (2^-7 relative); oneDNN's GELU flushes outputs under ~1e-7 to zero
+    torch.testing.assert_close(fused.float(), rounded_once.float(), atol=1e-6, rtol=2 ** -7)
+    assert (unfused == rounded_once).double().mean() < 0.9  # the control: rounded twice
+
+
+@pytest.mark.parametrize("case", ["autograd", "switched off", "small", "no bf16 here", "float32"])
+def test_where_bf16_products_keep_f_linear(onednn_bf16, monkeypatch, case):
+    """With autograd recording (training), USE_ONEDNN_BF16 off, products under torch's own oneDNN
+    size rule, CPUs where torch runs no bf16 oneDNN products, and float32 outside autocast (the
+    float32 rule's business): F.linear (then F.gelu), as before."""
+    rows = 10 if case == "small" else 512
+    x = torch.randn(rows, 32 if case == "small" else 96, requires_grad=case == "autograd")
+    weight, bias = torch.randn(8 if case == "small" else 128, x.shape[1]), None
+    if case == "switched off":
+        monkeypatch.setattr(_linear, "USE_ONEDNN_BF16", False)
+    if case == "no bf16 here":
+        monkeypatch.setattr(_linear, "_onednn_bf16_here", lambda: False)
+    monkeypatch.setattr(_linear, "USE_ONEDNN_FP32", False)  # only the bf16 path may call oneDNN here
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=case != "float32"):
+        with OpCalls() as ops:
+            out = _linear.linear(x, weight, bias, gelu=True)
+        expected = F.gelu(F.linear(x, weight, bias))
+    assert ONEDNN not in ops.calls
+    torch.testing.assert_close(out, expected, atol=0, rtol=0)
+    if case == "autograd":
+        out.float().sum().backward()
+        assert x.grad is not None and x.grad.shape == x.shape
+
+
+def test_mlp_fuses_fc1_and_gelu_in_bf16_inference_unless_fc1_has_hooks(onednn_bf16):
+    """The blocks' MLP runs fc1 and its GELU as one oneDNN op in bf16 inference; with a hook on fc1
+    it keeps them apart, so the hook sees fc1's own output (before the GELU)."""
+    torch.manual_seed(0)
+    model = timm.create_model("ls_convit_micro").eval()
+    x = torch.randn(4, 1, 28, 28)
+    mlp = model.blocks[0].mlp
+    seen = []
+    with torch.autocast("cpu", dtype=torch.bfloat16), torch.inference_mode():
+        with OpCalls() as ops:
+            fused = model(x)
+        assert ops.calls.get("aten.gelu_", 0) + ops.calls.get("aten.gelu", 0) == 0
+        handle = mlp.fc1.register_forward_hook(lambda module, args, out: seen.append(out))
+        try:
+            with OpCalls() as ops:
+                hooked = model(x)
+        finally:
+            handle.remove()
+        assert ops.calls.get("aten.gelu_") == 1  # only the hooked block's MLP unfused
+        _linear.USE_ONEDNN_BF16 = False
+        try:
+            unfused = model(x)
+        finally:
+            _linear.USE_ONEDNN_BF16 = True
+    assert len(seen) == 1 and seen[0].min() < 0  # fc1's output, not the GELU's (>= -0.17)
+    with torch.inference_mode():
+        full = model(x)
+    for out in (fused, hooked):
+        torch.testing.assert_close(out.float(), unfused.float(), atol=0.05, rtol=0.05)
+    # no further from float32 than the unfused path, give or take bf16 noise
+    assert (fused.float() - full).abs().max() <= 1.5 * (unfused.float() - full).abs().max()

@@ -1,6 +1,6 @@
 """What every model family file shares: argument checks, timm's default-config helpers, the plain
 multi-head self-attention (`MHSA`) the families use after their locality layers, and the blocks'
-`Mlp`."""
+`Mlp` and norms (`PreNorm`, `add_and_norm`)."""
 import math
 from numbers import Integral, Real
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
@@ -9,20 +9,26 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from timm.layers import LayerNorm as _TimmLayerNorm
 from timm.layers import Mlp as _TimmMlp
 from timm.layers import trunc_normal_
 from timm.models import build_model_with_cfg
-from timm.models._features_fx import register_notrace_module
+from timm.models._features_fx import register_notrace_function, register_notrace_module
 
+from trainers.models import _attention_kernel
 from trainers.models._attention_core import attention, use_explicit_core
-from trainers.models._linear import Linear
+from trainers.models._linear import Linear, linear, records_autograd
 
 __all__ = [
     'IMAGENET_DEFAULT_MEAN', 'IMAGENET_DEFAULT_STD', 'FASHION_MNIST_MEAN', 'FASHION_MNIST_STD', 'GridSize',
     '_pair', '_check_int', '_check_real', '_check_bool', '_check_vit_args', '_init_vit_weights', '_cfg',
     '_fashion_mnist_cfg', '_build_without_weights',
-    '_gated_param_groups', '_patch_tokens', 'MHSA', 'Mlp', 'scaled_dot_product_attention',
+    '_gated_param_groups', '_patch_tokens', 'MHSA', 'Mlp', 'PreNorm', 'USE_NORM_KERNEL', 'add_and_norm',
+    'has_hooks', 'scaled_dot_product_attention',
 ]
+
+# False: PreNorm and add_and_norm run on torch ops only (the benchmarks' side-by-side rows)
+USE_NORM_KERNEL = True
 
 IMAGENET_DEFAULT_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_DEFAULT_STD = (0.229, 0.224, 0.225)
@@ -230,6 +236,7 @@ class Mlp(_TimmMlp):
     img/s, 39.4 with no activation at all; 2-core AVX2 EPYC). In a process that keeps freed memory
     (`trainers._malloc`, as trials and the benchmarks run) the gain is within noise (38.3 vs 38.3,
     41.9 vs 41.1 img/s). With autograd recording, the GELU's backward needs its input: out of place.
+    In bf16 inference fc1 and the GELU are one oneDNN op (`_linear`), the GELU on the float32 sums.
     """
 
     def __init__(self, in_features: int, hidden_features: int, drop: float = 0.):
@@ -240,6 +247,70 @@ class Mlp(_TimmMlp):
             fc.__class__ = Linear
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.fc1(x)  # (B, N, hidden)
-        x = self.act(x) if x.requires_grad else torch.ops.aten.gelu_(x, approximate=self.act.approximate)
+        if self._fc1_takes_gelu(x):
+            x = linear(x, self.fc1.weight, self.fc1.bias, gelu=True)  # (B, N, hidden)
+        else:
+            x = self.fc1(x)  # (B, N, hidden)
+            x = self.act(x) if x.requires_grad else torch.ops.aten.gelu_(x, approximate=self.act.approximate)
         return self.drop2(self.fc2(self.norm(self.drop1(x))))
+
+    def _fc1_takes_gelu(self, x: torch.Tensor) -> bool:
+        """Whether fc1 and the GELU run as one `linear(..., gelu=True)`: autograd not recording (else
+        the GELU module runs, as in timm), the exact GELU (the one oneDNN fuses) and no hooks on fc1
+        (they would see the GELU's output as fc1's)."""
+        fc1 = self.fc1
+        return (type(self.act) is nn.GELU and self.act.approximate == 'none' and type(fc1) is Linear
+                and not records_autograd(x, fc1.weight, fc1.bias)
+                and not has_hooks(fc1))
+
+
+def has_hooks(module: nn.Module) -> bool:
+    """Whether calling `module` runs forward hooks (its own or global ones): a fused path that
+    bypasses the call must not, or the hooks would miss it."""
+    return bool(module._forward_hooks or module._forward_pre_hooks
+                or nn.modules.module._global_forward_hooks or nn.modules.module._global_forward_pre_hooks)
+
+
+@register_notrace_module  # reason: branches on dtype, device and autocast (timm's FX feature extraction)
+class PreNorm(_TimmLayerNorm):
+    """A block's norm before its attention or MLP: timm's `LayerNorm` (same parameters, state dict
+    and output), except in CPU bf16 inference (autocast to bf16, autograd not recording), where it
+    returns the normalised tokens in bf16, which is what autocast casts them to at the linear that
+    every such norm feeds (the qkv projection, fc1), bit for bit but for the last bit of about 1 in
+    30,000 (the float32 sums' order). There it runs as one pass on the bf16 kernel
+    (`csrc/layer_norm_bf16.h`), where torch runs layer_norm and then the cast: on the 2-core Zen 5
+    EPYC 34 vs 74 us at ls_convit_tiny's tokens (8 x 197 x 192), 152 vs 335 us at ls_convit_micro's
+    batch (256 x 50 x 96). Not for a model's last norm, whose float32 output the caller sees."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        ops = _norm_kernel(x, self)
+        if ops is None:
+            return super().forward(x)
+        return ops.layer_norm_bf16(x, None, self.weight, self.bias, self.eps)[0]
+
+
+@register_notrace_function  # reason: as PreNorm's
+def add_and_norm(x: torch.Tensor, branch: torch.Tensor, norm: nn.Module) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(x + branch, norm(x + branch)): a block's residual add and the next norm. Where `norm` is a
+    `PreNorm` that takes the bf16 kernel, both in one pass (the sum in float32, the norm in bf16):
+    8 x 197 x 192 tokens plus a bf16 branch 43 vs 106 us, 256 x 50 x 96 249 vs 477 (2-core Zen 5 EPYC)."""
+    ops = _norm_kernel(x, norm, branch)
+    if ops is None or not branch.is_contiguous() or branch.shape != x.shape or branch.dtype not in (
+            torch.float32, torch.bfloat16):
+        x = x + branch
+        return x, norm(x)
+    normed, x = ops.layer_norm_bf16(x, branch, norm.weight, norm.bias, norm.eps)
+    return x, normed
+
+
+def _norm_kernel(x: torch.Tensor, norm: nn.Module, *others: torch.Tensor) -> Optional[Any]:
+    """The bf16 kernel's ops where `norm(x)` runs on them (see `PreNorm`), else None."""
+    if not (USE_NORM_KERNEL and type(norm) is PreNorm and x.device.type == 'cpu' and x.dtype == torch.float32
+            and torch.is_autocast_enabled('cpu') and torch.get_autocast_dtype('cpu') == torch.bfloat16
+            and x.is_contiguous() and len(norm.normalized_shape) == 1 and norm.weight is not None
+            and norm.bias is not None and norm.weight.dtype == norm.bias.dtype == torch.float32
+            and not records_autograd(x, norm.weight, norm.bias, *others) and not torch.compiler.is_compiling()
+            and not has_hooks(norm)):
+        return None
+    ops = _attention_kernel.kernels(torch.bfloat16)
+    return ops if ops is not None and hasattr(ops, 'layer_norm_bf16') else None

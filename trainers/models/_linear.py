@@ -26,8 +26,18 @@ ahead 12,544 rows 768 -> 192 (11.0 vs 10.9 ms). `USE_WEIGHT_GRAD_KERNEL = False`
 Where MKL's AVX-512 code runs (Intel), where neither library has AVX-512, and on Zen 4 (whose
 512-bit FMAs run as two 256-bit halves, so AVX2 code reaches the same peak) torch's path is kept:
 those were not measured to gain. Under CPU autocast `F.linear` runs in bf16 on oneDNN already, so
-this changes float32 only. `USE_ONEDNN_FP32 = False` turns it off (the benchmarks' side-by-side
+this rule is for float32 only. `USE_ONEDNN_FP32 = False` turns it off (the benchmarks' side-by-side
 rows). The trials' `flops` count the oneDNN op as the `F.linear` it replaces.
+
+bf16 inference (CPU autocast to bf16, or bf16 tensors, with autograd not recording) runs on
+oneDNN's linear op directly, with the bias added inside the GEMM: `F.linear` there goes through
+`addmm`, which first copies the bias into every output row and then accumulates onto it. Same
+casts, same result bit for bit. `linear(..., gelu=True)` also fuses the exact GELU (the MLP's fc1),
+applied to the float32 sums before they are rounded to bf16, not after. On the 2-core Zen 5 EPYC at
+ls_convit_tiny's fc1 (1,576 x 192 -> 768): F.linear + in-place GELU 642 us, fused bias 516 -> 492
+(without the GELU), fused bias and GELU 592 us; ls_convit_tiny's bf16 inference at 224 px, batch 8,
+35.3 -> 34.5 ms (bias) -> 34.0 ms (and GELU), 15 alternating repeats. `USE_ONEDNN_BF16 = False`
+turns it off. With autograd recording (training), `F.linear` runs as before.
 """
 from __future__ import annotations
 
@@ -44,9 +54,11 @@ from timm.models._features_fx import register_notrace_function
 from trainers._cpu import cpu_family, cpuinfo_field
 from trainers.models import _attention_kernel
 
-__all__ = ["Linear", "USE_ONEDNN_FP32", "USE_WEIGHT_GRAD_KERNEL", "linear", "onednn_beats_mkl_here"]
+__all__ = ["Linear", "USE_ONEDNN_BF16", "USE_ONEDNN_FP32", "USE_WEIGHT_GRAD_KERNEL", "linear",
+           "onednn_beats_mkl_here", "records_autograd"]
 
 USE_ONEDNN_FP32 = True
+USE_ONEDNN_BF16 = True
 USE_WEIGHT_GRAD_KERNEL = True
 # the float32 kernel's lanes where this module's path runs (AVX-512: onednn_beats_mkl_here asks for it)
 _KERNEL_LANES = 16
@@ -54,6 +66,9 @@ MIN_MULTIPLY_ADDS = 1 << 21  # below: MKL (oneDNN's ~10 us per call loses at M 1
 # grad_weight (both operands transposed, which oneDNN copies first) stays on MKL where both weight
 # dims are under this, as quick there (96 x 96: 1.20 vs 1.21 ms at 12,544 rows, 0.17 vs 0.25 ms at 1,576)
 GRAD_WEIGHT_MIN_WIDTH = 192
+# F.linear's own rule for bf16 products on oneDNN (torch's mkldnn_gemm_min_size): smaller ones stay there
+BF16_MIN_MULTIPLY_ADDS = 16 * 16 * 16
+_LINEAR_DTYPES = (torch.float32, torch.bfloat16)
 # ONEDNN_MAX_CPU_ISA levels below AVX-512 (oneDNN would run AVX2 code, not measured to beat MKL's)
 _BELOW_AVX512 = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2")
 
@@ -119,6 +134,41 @@ def _weight_grad(grad: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     return _onednn(rows.t(), grad.t(), None).t()  # (K, N) -> (N, K) view
 
 
+def records_autograd(*tensors: Optional[torch.Tensor]) -> bool:
+    """Whether autograd records an op on these tensors (None: absent, e.g. no bias)."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+@functools.lru_cache(maxsize=None)
+def _onednn_bf16_here() -> bool:
+    """Whether torch runs bf16 products on oneDNN on this CPU (as autocast's F.linear does)."""
+    return (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+            and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def _takes_onednn_bf16(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> bool:
+    """A bf16 product F.linear would run on oneDNN, outside autograd (see the module doc)."""
+    if torch.is_autocast_enabled("cpu"):
+        bf16 = (torch.get_autocast_dtype("cpu") == torch.bfloat16
+                and x.dtype in _LINEAR_DTYPES and weight.dtype in _LINEAR_DTYPES)
+    else:
+        bf16 = x.dtype == weight.dtype == torch.bfloat16 and (bias is None or bias.dtype == torch.bfloat16)
+    return (bf16 and USE_ONEDNN_BF16 and x.device.type == "cpu" and weight.device.type == "cpu"
+            and x.dim() >= 2 and not records_autograd(x, weight, bias)
+            and not torch.compiler.is_compiling() and torch.backends.mkldnn.enabled and _onednn_bf16_here()
+            and x.numel() * weight.shape[0] >= BF16_MIN_MULTIPLY_ADDS)
+
+
+def _onednn_bf16(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], *, gelu: bool) -> torch.Tensor:
+    """x (..., K) @ weight (N, K)^T + bias, then the exact GELU if asked, all cast to bf16 (as
+    autocast casts them), on oneDNN with the bias and GELU applied to the float32 sums: (..., N) bf16."""
+    bf16 = torch.bfloat16
+    rows = x.reshape(-1, x.shape[-1]).to(bf16)  # (M, K)
+    out = torch.ops.mkldnn._linear_pointwise(rows, weight.to(bf16), None if bias is None else bias.to(bf16),
+                                             "gelu" if gelu else "none", [], "none" if gelu else "")
+    return out.view(*x.shape[:-1], weight.shape[0])
+
+
 def _takes_onednn(x: torch.Tensor, weight: torch.Tensor) -> bool:
     return (USE_ONEDNN_FP32 and x.dtype == torch.float32 and weight.dtype == torch.float32
             and x.device.type == "cpu" and x.dim() >= 2 and not torch.is_autocast_enabled("cpu")
@@ -127,14 +177,23 @@ def _takes_onednn(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 
 @register_notrace_function  # reason: branches on dtype and device (timm's FX feature extraction)
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """`F.linear`, on oneDNN where it beats MKL (see the module doc), else `F.linear` itself."""
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, *,
+           gelu: bool = False) -> torch.Tensor:
+    """`F.linear` (then the exact `F.gelu` if `gelu`): bf16 inference and float32 where oneDNN beats
+    MKL on oneDNN's linear op (see the module doc), else `F.linear` itself. Without autograd
+    recording, the GELU runs in place on the product (or fused into it, in bf16)."""
+    if _takes_onednn_bf16(x, weight, bias):
+        return _onednn_bf16(x, weight, bias, gelu=gelu)
     if not _takes_onednn(x, weight):
-        return F.linear(x, weight, bias)
-    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
-                                    or (bias is not None and bias.requires_grad)):
-        return _OneDNNLinear.apply(x, weight, bias)
-    return _onednn(x.reshape(-1, x.shape[-1]), weight, bias).view(*x.shape[:-1], weight.shape[0])
+        out = F.linear(x, weight, bias)
+    elif records_autograd(x, weight, bias):
+        out = _OneDNNLinear.apply(x, weight, bias)
+    else:
+        out = _onednn(x.reshape(-1, x.shape[-1]), weight, bias).view(*x.shape[:-1], weight.shape[0])
+    if not gelu:
+        return out
+    # a fresh product nothing else holds: overwriting it is safe where autograd does not need it
+    return F.gelu(out) if out.requires_grad else torch.ops.aten.gelu_(out)
 
 
 class Linear(nn.Linear):

@@ -80,7 +80,7 @@ from trainers.models import _attention_kernel, _gpsa_triton
 from trainers.models._attention_core import CPU_CORE_DTYPES, FULL_PRECISION, attention_inference, gated_attention
 from trainers.models._common import (
     MHSA, GridSize, Mlp, _build_without_weights, _cfg, _check_int, _check_real, _check_vit_args, _fashion_mnist_cfg,
-    _gated_param_groups, _init_vit_weights, _patch_tokens,
+    _gated_param_groups, _init_vit_weights, _patch_tokens, PreNorm, add_and_norm,
 )
 from trainers.models._linear import Linear, linear
 
@@ -387,7 +387,7 @@ class Block(nn.Module):
             grid_size: Optional[GridSize] = None,
     ):
         super().__init__()
-        self.norm1 = LayerNorm(dim)
+        self.norm1 = PreNorm(dim)
         self.use_gpsa = use_gpsa
         if use_gpsa:
             self.attn = GPSA(dim, num_heads=num_heads, qkv_bias=qkv_bias, proj_drop=proj_drop,
@@ -395,13 +395,12 @@ class Block(nn.Module):
         else:
             self.attn = MHSA(dim, num_heads=num_heads, qkv_bias=qkv_bias, proj_drop=proj_drop)
         self.drop_path = DropPath(drop_path) if drop_path > 0. else nn.Identity()
-        self.norm2 = LayerNorm(dim)
+        self.norm2 = PreNorm(dim)
         self.mlp = Mlp(in_features=dim, hidden_features=int(dim * mlp_ratio), drop=proj_drop)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.drop_path(self.attn(self.norm1(x)))
-        x = x + self.drop_path(self.mlp(self.norm2(x)))
-        return x
+        x, h = add_and_norm(x, self.drop_path(self.attn(self.norm1(x))), self.norm2)  # x + attn, norm2 of it
+        return x + self.drop_path(self.mlp(h))
 
 
 class LocalityConViT(nn.Module):

@@ -67,7 +67,7 @@ from timm.models._features_fx import register_notrace_module
 from trainers.models._attention_core import masked_attention, masked_core_usable
 from trainers.models._common import (
     GridSize, Mlp, _build_without_weights, _cfg, _check_bool, _check_int, _check_real, _check_vit_args,
-    _fashion_mnist_cfg, _init_vit_weights, _patch_tokens,
+    _fashion_mnist_cfg, _init_vit_weights, _patch_tokens, PreNorm, add_and_norm,
 )
 from trainers.models._linear import Linear
 
@@ -247,19 +247,18 @@ class Block(nn.Module):
             grid_size: Optional[GridSize] = None,
     ):
         super().__init__()
-        self.norm1 = LayerNorm(dim)
+        self.norm1 = PreNorm(dim)
         self.attn = GMMAttention(
             dim, num_heads=num_heads, qkv_bias=qkv_bias, proj_drop=proj_drop, num_kernels=num_kernels,
             alpha_init_mean=alpha_init_mean, alpha_init_std=alpha_init_std,
             sigma_init_mean=sigma_init_mean, sigma_init_std=sigma_init_std, grid_size=grid_size)
         self.drop_path = DropPath(drop_path) if drop_path > 0. else nn.Identity()
-        self.norm2 = LayerNorm(dim)
+        self.norm2 = PreNorm(dim)
         self.mlp = Mlp(in_features=dim, hidden_features=int(dim * mlp_ratio), drop=proj_drop)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.drop_path(self.attn(self.norm1(x)))
-        x = x + self.drop_path(self.mlp(self.norm2(x)))
-        return x
+        x, h = add_and_norm(x, self.drop_path(self.attn(self.norm1(x))), self.norm2)  # x + attn, norm2 of it
+        return x + self.drop_path(self.mlp(h))
 
 
 class LocalityGMMViT(nn.Module):

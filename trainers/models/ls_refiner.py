@@ -87,7 +87,7 @@ from timm.models import generate_default_cfgs, register_model
 from trainers.models import _attention_kernel
 from trainers.models._common import (
     MHSA, GridSize, Mlp, _build_without_weights, _cfg, _check_int, _check_real, _check_vit_args, _fashion_mnist_cfg,
-    _init_vit_weights,
+    _init_vit_weights, PreNorm, add_and_norm,
 )
 from trainers.models._linear import Linear, linear
 
@@ -368,7 +368,7 @@ class Block(nn.Module):
             refiner_kernel: int = 3,
     ):
         super().__init__()
-        self.norm1 = LayerNorm(dim)
+        self.norm1 = PreNorm(dim)
         self.use_refiner = use_refiner
         if use_refiner:
             self.attn = RefinedAttention(dim, num_heads, grid_size, qkv_bias=qkv_bias, proj_drop=proj_drop,
@@ -376,13 +376,12 @@ class Block(nn.Module):
         else:
             self.attn = MHSA(dim, num_heads, qkv_bias=qkv_bias, proj_drop=proj_drop)
         self.drop_path = DropPath(drop_path) if drop_path > 0. else nn.Identity()
-        self.norm2 = LayerNorm(dim)
+        self.norm2 = PreNorm(dim)
         self.mlp = Mlp(in_features=dim, hidden_features=int(dim * mlp_ratio), drop=proj_drop)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.drop_path(self.attn(self.norm1(x)))
-        x = x + self.drop_path(self.mlp(self.norm2(x)))
-        return x
+        x, h = add_and_norm(x, self.drop_path(self.attn(self.norm1(x))), self.norm2)  # x + attn, norm2 of it
+        return x + self.drop_path(self.mlp(h))
 
 
 class LocalityRefinerViT(nn.Module):

@@ -391,3 +391,4 @@ void check_dims(const Dims& D) { TORCH_CHECK(D.dim >= 2 && D.dim % 2 == 0, "qkv:
 
 #define ATTENTION_LIBRARY locality_search
 #include "attention_ops.h"
+#include "layer_norm_bf16.h"

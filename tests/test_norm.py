@@ -1,0 +1,184 @@
+"""The blocks' norms: `PreNorm` and `add_and_norm` (`trainers.models._common`), which in CPU bf16
+inference run on the bf16 kernel's `layer_norm_bf16` (`csrc/layer_norm_bf16.h`), and timm's
+LayerNorm (then autocast's cast to bf16) everywhere else."""
+from __future__ import annotations
+
+import pytest
+import timm
+import torch
+import torch.nn.functional as F
+from timm.layers import LayerNorm
+
+import trainers.models  # noqa: F401  (registers the ls_* families)
+from trainers.models import _attention_kernel, _common, _linear
+from trainers.models._common import PreNorm, add_and_norm
+from tests._layers import OpCalls
+
+NORM_KERNEL = "locality_search.layer_norm_bf16"
+
+
+@pytest.fixture(scope="module")
+def ops():
+    if not _linear._onednn_bf16_here() or _attention_kernel.kernels(torch.bfloat16) is None:
+        pytest.skip(f"the bf16 kernel is not built here: {_attention_kernel.build_error(torch.bfloat16)}")
+    return _attention_kernel.kernels(torch.bfloat16)
+
+
+def _norm(C: int, seed: int = 0) -> PreNorm:
+    torch.manual_seed(seed)
+    norm = PreNorm(C)
+    with torch.no_grad():  # off the init (ones, zeros), so the affine part is checked
+        norm.weight.add_(0.5 * torch.randn(C))
+        norm.bias.add_(0.5 * torch.randn(C))
+    return norm
+
+
+def _assert_rounded_once(got: torch.Tensor, want_float32: torch.Tensor) -> None:
+    """`got` (bf16) is torch's float32 result rounded to bf16: bit for bit but for the last bit of a
+    few elements (the float32 sums' order differs)."""
+    assert got.dtype == torch.bfloat16 and got.shape == want_float32.shape
+    rounded = want_float32.to(torch.bfloat16)
+    assert (got == rounded).double().mean() >= 0.999
+    torch.testing.assert_close(got.float(), rounded.float(), atol=1e-6, rtol=2 ** -7)
+
+
+@pytest.mark.parametrize("shape", [(8, 197, 192), (64, 50, 96), (3, 7, 40), (5, 1), (2, 0, 16), (200,)])
+@pytest.mark.parametrize("residual", [None, torch.float32, torch.bfloat16])
+def test_kernel_matches_torch_layer_norm_rounded_to_bf16(ops, shape, residual):
+    """Every row length (whole vectors, a tail, one element), no rows, and the residual in either
+    dtype: the sum is torch's x + r exactly; the norm is torch's layer_norm of it, rounded once."""
+    C = shape[-1]
+    norm = _norm(C)
+    x = 3 * torch.randn(*shape) + 1
+    r = None if residual is None else torch.randn(*shape).to(residual)
+    outs = ops.layer_norm_bf16(x, r, norm.weight, norm.bias, norm.eps)
+    total = x if r is None else x + r
+    assert len(outs) == (1 if r is None else 2)
+    if r is not None:
+        assert torch.equal(outs[1], total) and outs[1].dtype == torch.float32
+    if total.numel():
+        _assert_rounded_once(outs[0], F.layer_norm(total, (C,), norm.weight, norm.bias, norm.eps))
+
+
+@pytest.mark.parametrize("case, message", [
+    ("strided x", "not contiguous"),
+    ("bf16 x", "x: a contiguous CPU Float"),
+    ("short weight", "weight: a contiguous CPU Float tensor of size \\[16\\]"),
+    ("residual shape", "residual: a contiguous CPU"),
+    ("float64 residual", "residual: float32 or bfloat16"),
+])
+def test_kernel_rejects_what_it_cannot_read(ops, case, message):
+    x, weight, bias, r = torch.randn(4, 16), torch.ones(16), torch.zeros(16), None
+    if case == "strided x":
+        x = torch.randn(16, 4).t()
+    if case == "bf16 x":
+        x = x.bfloat16()
+    if case == "short weight":
+        weight = torch.ones(15)
+    if case == "residual shape":
+        r = torch.randn(4, 15)
+    if case == "float64 residual":
+        r = torch.randn(4, 16, dtype=torch.float64)
+    with pytest.raises(RuntimeError, match=message):
+        ops.layer_norm_bf16(x, r, weight, bias, 1e-6)
+
+
+def test_pre_norm_is_timm_layer_norm_outside_bf16_inference(ops):
+    """Same parameters and state dict as timm's LayerNorm; in float32, and under autocast with
+    autograd recording (training), the same output bit for bit, on torch's op."""
+    norm, ref = _norm(96), LayerNorm(96)
+    ref.load_state_dict(norm.state_dict())
+    assert list(norm.state_dict()) == ["weight", "bias"] and isinstance(norm, LayerNorm)
+    x = torch.randn(4, 50, 96, requires_grad=True)
+    for autocast in (False, True):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast), OpCalls() as calls:
+            got, want = norm(x), ref(x)
+        assert NORM_KERNEL not in calls.calls and got.dtype == torch.float32
+        assert torch.equal(got, want)
+        (grad,) = torch.autograd.grad(got.sum(), x)
+        torch.testing.assert_close(grad, torch.autograd.grad(want.sum(), x)[0], atol=0, rtol=0)
+    with torch.inference_mode(), OpCalls() as calls:  # float32 inference: torch's op
+        assert torch.equal(norm(x.detach()), ref(x.detach()))
+    assert NORM_KERNEL not in calls.calls
+
+
+@pytest.mark.parametrize("mode", [torch.no_grad, torch.inference_mode])
+def test_pre_norm_in_bf16_inference_returns_what_the_next_linear_casts_to(ops, mode):
+    norm = _norm(192)
+    x = torch.randn(8, 197, 192)
+    with mode(), torch.autocast("cpu", dtype=torch.bfloat16), OpCalls() as calls:
+        got = norm(x)
+    assert calls.calls.get(NORM_KERNEL) == 1 and not {"aten.layer_norm", "aten.native_layer_norm"} & set(calls.calls)
+    _assert_rounded_once(got, F.layer_norm(x, (192,), norm.weight, norm.bias, norm.eps))
+
+
+@pytest.mark.parametrize("case", ["switched off", "hooked", "not contiguous", "float16 autocast", "timm LayerNorm"])
+def test_where_the_norms_keep_torch_ops(ops, monkeypatch, case):
+    """USE_NORM_KERNEL off, a hook on the norm (it must see the call), tokens the kernel cannot read
+    in place, autocast to another dtype, and a norm that is not a PreNorm: torch's ops, as before."""
+    norm = LayerNorm(64) if case == "timm LayerNorm" else _norm(64)
+    x, branch = torch.randn(2, 30, 64), torch.randn(2, 30, 64).bfloat16()
+    seen = []
+    if case == "switched off":
+        monkeypatch.setattr(_common, "USE_NORM_KERNEL", False)
+    if case == "hooked":
+        norm.register_forward_hook(lambda module, args, out: seen.append(out))
+    if case == "not contiguous":
+        x = torch.randn(2, 64, 30).transpose(1, 2)
+    dtype = torch.float16 if case == "float16 autocast" else torch.bfloat16
+    with torch.inference_mode(), torch.autocast("cpu", dtype=dtype), OpCalls() as calls:
+        normed = norm(x)
+        total, normed_sum = add_and_norm(x, branch, norm)
+    assert NORM_KERNEL not in calls.calls
+    assert torch.equal(normed, F.layer_norm(x, (64,), norm.weight, norm.bias, norm.eps))
+    assert torch.equal(total, x + branch)
+    assert torch.equal(normed_sum, F.layer_norm(x + branch, (64,), norm.weight, norm.bias, norm.eps))
+    assert len(seen) == (2 if case == "hooked" else 0)
+
+
+@pytest.mark.parametrize("branch_dtype", [torch.float32, torch.bfloat16])
+def test_add_and_norm_fuses_the_residual_add_in_bf16_inference(ops, branch_dtype):
+    norm = _norm(96)
+    x, branch = torch.randn(16, 50, 96), torch.randn(16, 50, 96).to(branch_dtype)
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16), OpCalls() as calls:
+        total, normed = add_and_norm(x, branch, norm)
+    assert calls.calls.get(NORM_KERNEL) == 1 and "aten.add" not in calls.calls
+    assert torch.equal(total, x + branch) and total.dtype == torch.float32
+    _assert_rounded_once(normed, F.layer_norm(x + branch, (96,), norm.weight, norm.bias, norm.eps))
+
+
+def test_add_and_norm_with_autograd_is_the_add_then_the_norm(ops):
+    norm = _norm(32)
+    x, branch = torch.randn(3, 10, 32, requires_grad=True), torch.randn(3, 10, 32, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16), OpCalls() as calls:
+        total, normed = add_and_norm(x, branch, norm)
+    assert NORM_KERNEL not in calls.calls and normed.dtype == torch.float32
+    grads = torch.autograd.grad((total.sum() + normed.sum()), (x, branch, norm.weight))
+    expected_total = x + branch
+    expected = torch.autograd.grad(expected_total.sum() + F.layer_norm(expected_total, (32,), norm.weight, norm.bias,
+                                                                       norm.eps).sum(), (x, branch, norm.weight))
+    for got, want in zip(grads, expected):
+        torch.testing.assert_close(got, want, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("variant, blocks", [("ls_convit_micro", 8), ("ls_gmm_micro", 8), ("ls_refiner_micro", 8)])
+def test_models_in_bf16_inference_norm_on_the_kernel_and_agree_with_torch_ops(ops, monkeypatch, variant, blocks):
+    """Every block's two norms take the kernel (the residual add before norm2 inside it); only the
+    model's last norm stays on torch's op. The logits agree with the same model on torch's norms
+    within bf16 noise, and are no further from float32."""
+    torch.manual_seed(0)
+    model = timm.create_model(variant).eval()
+    assert len(model.blocks) == blocks
+    x = torch.randn(16, 1, 28, 28)
+    with torch.inference_mode():
+        full = model(x)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            with OpCalls() as calls:
+                fused = model(x).float()
+            monkeypatch.setattr(_common, "USE_NORM_KERNEL", False)
+            plain = model(x).float()
+    torch_norms = calls.calls.get("aten.layer_norm", 0) + calls.calls.get("aten.native_layer_norm", 0)
+    assert calls.calls.get(NORM_KERNEL) == 2 * blocks and torch_norms == 1
+    scale = full.abs().max()
+    torch.testing.assert_close(fused, plain, atol=0.03 * scale, rtol=0)
+    assert (fused - full).abs().max() <= 1.5 * (plain - full).abs().max() + 1e-3 * scale
