@@ -5,12 +5,13 @@ from __future__ import annotations
 import copy
 import warnings
 
+import pytest
 import timm
 import torch
 
-from benchmarks.models import NCHW, _with_onednn_linears, run_group
+from benchmarks.models import NCHW, _with_onednn_linears, _with_torch_bf16_inference_ops, run_group
 from tests._layers import OpCalls
-from trainers.models import _linear
+from trainers.models import _attention_kernel, _common, _linear
 
 TCNN = "ls_tcnn_resnet10_micro_s (converted)"
 
@@ -42,3 +43,25 @@ def test_a_timm_model_with_onednn_linears_has_every_linear_swapped_and_the_same_
     assert ops.calls.get("mkldnn._linear_pointwise", 0) > 0
     with torch.inference_mode():
         torch.testing.assert_close(out, reference(x), atol=1e-5, rtol=1e-5)
+
+
+def test_the_torch_bf16_ops_twin_runs_bf16_inference_on_torch_ops_and_switches_back():
+    """The "torch-bf16-ops" model the convit and micro groups time: the same weights with the bf16
+    inference linears and norms on torch's ops during its forward only; the flags come back on."""
+    if not _linear._onednn_bf16_here() or _attention_kernel.kernels(torch.bfloat16) is None:
+        pytest.skip("no bf16 oneDNN products or bf16 kernel here")
+    torch.manual_seed(0)
+    model = timm.create_model("ls_convit_micro").eval()
+    twin = _with_torch_bf16_inference_ops(model)
+    x = torch.randn(8, 1, 28, 28)
+    fused_ops = {"mkldnn._linear_pointwise", "locality_search.layer_norm_bf16"}
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+        with OpCalls() as ops:
+            slow = twin(x)
+        assert not fused_ops & set(ops.calls)
+        assert _linear.USE_ONEDNN_BF16 and _common.USE_NORM_KERNEL
+        with OpCalls() as ops:
+            fast = model(x)
+        assert fused_ops <= set(ops.calls)
+    assert sum(p.numel() for p in twin.parameters()) == sum(p.numel() for p in model.parameters())
+    torch.testing.assert_close(fast.float(), slow.float(), atol=0.05 * slow.abs().max().item(), rtol=0)
