@@ -130,9 +130,9 @@ class _WithPathOff(torch.nn.Module):
     during the forward, which picks the path its backward follows), sharing the wrapped model's
     weights: the path's gain, timed in the same rotation."""
 
-    def __init__(self, model: torch.nn.Module, module, flag: str, *more: tuple):
+    def __init__(self, model: torch.nn.Module, *flags: tuple[object, str]):  # (module, its flag's name)
         super().__init__()
-        self.model, self.flags = model, [(module, flag), *more]
+        self.model, self.flags = model, flags
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         saved = [getattr(module, flag) for module, flag in self.flags]
@@ -146,23 +146,23 @@ class _WithPathOff(torch.nn.Module):
 
 
 def _without_fused_cuda_kernel(model: torch.nn.Module) -> torch.nn.Module:
-    return _WithPathOff(model, ls_convit, "USE_FUSED_CUDA_KERNEL")
+    return _WithPathOff(model, (ls_convit, "USE_FUSED_CUDA_KERNEL"))
 
 
 def _with_fused_mhsa(model: torch.nn.Module) -> torch.nn.Module:
-    return _WithPathOff(model, _attention_core, "PLAIN_ATTENTION_ON_EXPLICIT_CORE")
+    return _WithPathOff(model, (_attention_core, "PLAIN_ATTENTION_ON_EXPLICIT_CORE"))
 
 
 def _with_torch_ops_core(model: torch.nn.Module) -> torch.nn.Module:
-    return _WithPathOff(model, _attention_kernel, "USE_FUSED_KERNEL")
+    return _WithPathOff(model, (_attention_kernel, "USE_FUSED_KERNEL"))
 
 
 def _with_mkl_linears(model: torch.nn.Module) -> torch.nn.Module:
-    return _WithPathOff(model, _linear, "USE_ONEDNN_FP32")
+    return _WithPathOff(model, (_linear, "USE_ONEDNN_FP32"))
 
 
 def _with_torch_bf16_inference_ops(model: torch.nn.Module) -> torch.nn.Module:
-    return _WithPathOff(model, _linear, "USE_ONEDNN_BF16", (_common, "USE_NORM_KERNEL"))
+    return _WithPathOff(model, (_linear, "USE_ONEDNN_BF16"), (_common, "USE_NORM_KERNEL"))
 
 
 def _with_onednn_linears(model: torch.nn.Module) -> torch.nn.Module:
@@ -176,7 +176,7 @@ def _with_onednn_linears(model: torch.nn.Module) -> torch.nn.Module:
 def _bf16_inference_ops_timed(cuda: bool, precisions: tuple[str, ...]) -> bool:
     """Whether our bf16 inference runs its linears and norms on oneDNN's op and the bf16 kernel here
     (`_linear`, `_common.PreNorm`), in a timed precision."""
-    return (not cuda and "bf16" in precisions and _linear._onednn_bf16_here()
+    return (not cuda and "bf16" in precisions and _linear.onednn_runs_bf16_here()
             and _attention_kernel.kernels(torch.bfloat16) is not None)
 
 

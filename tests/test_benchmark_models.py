@@ -48,7 +48,7 @@ def test_a_timm_model_with_onednn_linears_has_every_linear_swapped_and_the_same_
 def test_the_torch_bf16_ops_twin_runs_bf16_inference_on_torch_ops_and_switches_back():
     """The "torch-bf16-ops" model the convit and micro groups time: the same weights with the bf16
     inference linears and norms on torch's ops during its forward only; the flags come back on."""
-    if not _linear._onednn_bf16_here() or _attention_kernel.kernels(torch.bfloat16) is None:
+    if not _linear.onednn_runs_bf16_here() or _attention_kernel.kernels(torch.bfloat16) is None:
         pytest.skip("no bf16 oneDNN products or bf16 kernel here")
     torch.manual_seed(0)
     model = timm.create_model("ls_convit_micro").eval()

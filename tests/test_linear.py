@@ -275,7 +275,7 @@ def test_mlp_has_timm_mlp_initial_weights_from_the_same_seed():
 
 @pytest.fixture
 def onednn_bf16():
-    if not _linear._onednn_bf16_here():
+    if not _linear.onednn_runs_bf16_here():
         pytest.skip("torch runs no bf16 products on oneDNN on this CPU")
 
 
@@ -334,7 +334,7 @@ def test_where_bf16_products_keep_f_linear(onednn_bf16, monkeypatch, case):
     if case == "switched off":
         monkeypatch.setattr(_linear, "USE_ONEDNN_BF16", False)
     if case == "no bf16 here":
-        monkeypatch.setattr(_linear, "_onednn_bf16_here", lambda: False)
+        monkeypatch.setattr(_linear, "onednn_runs_bf16_here", lambda: False)
     monkeypatch.setattr(_linear, "USE_ONEDNN_FP32", False)  # only the bf16 path may call oneDNN here
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=case != "float32"):
         with OpCalls() as ops:

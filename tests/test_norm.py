@@ -19,7 +19,7 @@ NORM_KERNEL = "locality_search.layer_norm_bf16"
 
 @pytest.fixture(scope="module")
 def ops():
-    if not _linear._onednn_bf16_here() or _attention_kernel.kernels(torch.bfloat16) is None:
+    if not _linear.onednn_runs_bf16_here() or _attention_kernel.kernels(torch.bfloat16) is None:
         pytest.skip(f"the bf16 kernel is not built here: {_attention_kernel.build_error(torch.bfloat16)}")
     return _attention_kernel.kernels(torch.bfloat16)
 

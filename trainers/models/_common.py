@@ -312,5 +312,4 @@ def _norm_kernel(x: torch.Tensor, norm: nn.Module, *others: torch.Tensor) -> Opt
             and not records_autograd(x, norm.weight, norm.bias, *others) and not torch.compiler.is_compiling()
             and not has_hooks(norm)):
         return None
-    ops = _attention_kernel.kernels(torch.bfloat16)
-    return ops if ops is not None and hasattr(ops, 'layer_norm_bf16') else None
+    return _attention_kernel.kernels(torch.bfloat16)

@@ -55,7 +55,7 @@ from trainers._cpu import cpu_family, cpuinfo_field
 from trainers.models import _attention_kernel
 
 __all__ = ["Linear", "USE_ONEDNN_BF16", "USE_ONEDNN_FP32", "USE_WEIGHT_GRAD_KERNEL", "linear",
-           "onednn_beats_mkl_here", "records_autograd"]
+           "onednn_beats_mkl_here", "onednn_runs_bf16_here", "records_autograd"]
 
 USE_ONEDNN_FP32 = True
 USE_ONEDNN_BF16 = True
@@ -140,7 +140,7 @@ def records_autograd(*tensors: Optional[torch.Tensor]) -> bool:
 
 
 @functools.lru_cache(maxsize=None)
-def _onednn_bf16_here() -> bool:
+def onednn_runs_bf16_here() -> bool:
     """Whether torch runs bf16 products on oneDNN on this CPU (as autocast's F.linear does)."""
     return (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
             and torch.ops.mkldnn._is_mkldnn_bf16_supported())
@@ -155,7 +155,7 @@ def _takes_onednn_bf16(x: torch.Tensor, weight: torch.Tensor, bias: Optional[tor
         bf16 = x.dtype == weight.dtype == torch.bfloat16 and (bias is None or bias.dtype == torch.bfloat16)
     return (bf16 and USE_ONEDNN_BF16 and x.device.type == "cpu" and weight.device.type == "cpu"
             and x.dim() >= 2 and not records_autograd(x, weight, bias)
-            and not torch.compiler.is_compiling() and torch.backends.mkldnn.enabled and _onednn_bf16_here()
+            and not torch.compiler.is_compiling() and torch.backends.mkldnn.enabled and onednn_runs_bf16_here()
             and x.numel() * weight.shape[0] >= BF16_MIN_MULTIPLY_ADDS)
 
 
