@@ -17,7 +17,7 @@ from timm.models._features_fx import register_notrace_function, register_notrace
 
 from trainers.models import _attention_kernel
 from trainers.models._attention_core import attention, use_explicit_core
-from trainers.models._linear import Linear, linear, records_autograd
+from trainers.models._linear import Linear, cpu_autocast_to_bf16, linear, records_autograd
 
 __all__ = [
     'IMAGENET_DEFAULT_MEAN', 'IMAGENET_DEFAULT_STD', 'FASHION_MNIST_MEAN', 'FASHION_MNIST_STD', 'GridSize',
@@ -306,7 +306,7 @@ def add_and_norm(x: torch.Tensor, branch: torch.Tensor, norm: nn.Module) -> Tupl
 def _norm_kernel(x: torch.Tensor, norm: nn.Module, *others: torch.Tensor) -> Optional[Any]:
     """The bf16 kernel's ops where `norm(x)` runs on them (see `PreNorm`), else None."""
     if not (USE_NORM_KERNEL and type(norm) is PreNorm and x.device.type == 'cpu' and x.dtype == torch.float32
-            and torch.is_autocast_enabled('cpu') and torch.get_autocast_dtype('cpu') == torch.bfloat16
+            and cpu_autocast_to_bf16()
             and x.is_contiguous() and len(norm.normalized_shape) == 1 and norm.weight is not None
             and norm.bias is not None and norm.weight.dtype == norm.bias.dtype == torch.float32
             and not records_autograd(x, norm.weight, norm.bias, *others) and not torch.compiler.is_compiling()

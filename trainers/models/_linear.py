@@ -55,7 +55,7 @@ from trainers._cpu import cpu_family, cpuinfo_field
 from trainers.models import _attention_kernel
 
 __all__ = ["Linear", "USE_ONEDNN_BF16", "USE_ONEDNN_FP32", "USE_WEIGHT_GRAD_KERNEL", "linear",
-           "onednn_beats_mkl_here", "onednn_runs_bf16_here", "records_autograd"]
+           "cpu_autocast_to_bf16", "onednn_beats_mkl_here", "onednn_runs_bf16_here", "records_autograd"]
 
 USE_ONEDNN_FP32 = True
 USE_ONEDNN_BF16 = True
@@ -146,11 +146,15 @@ def onednn_runs_bf16_here() -> bool:
             and torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
+def cpu_autocast_to_bf16() -> bool:
+    """Whether CPU autocast is on and casts to bf16."""
+    return torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+
+
 def _takes_onednn_bf16(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> bool:
     """A bf16 product F.linear would run on oneDNN, outside autograd (see the module doc)."""
     if torch.is_autocast_enabled("cpu"):
-        bf16 = (torch.get_autocast_dtype("cpu") == torch.bfloat16
-                and x.dtype in _LINEAR_DTYPES and weight.dtype in _LINEAR_DTYPES)
+        bf16 = cpu_autocast_to_bf16() and x.dtype in _LINEAR_DTYPES and weight.dtype in _LINEAR_DTYPES
     else:
         bf16 = x.dtype == weight.dtype == torch.bfloat16 and (bias is None or bias.dtype == torch.bfloat16)
     return (bf16 and USE_ONEDNN_BF16 and x.device.type == "cpu" and weight.device.type == "cpu"
