@@ -56,11 +56,12 @@ neither holds). They also add "torch-ops-core ls_convit_*" (and in the micro gro
 fused CPU kernels (`trainers/models/_attention_kernel.py`, where they are built: float32, and bf16
 on bf16 hardware, GMM attention's masked core included), and `cpu_kernel_gain` (with over
 without).
-Where our bf16 inference fuses its linears' bias (and fc1's GELU) into oneDNN's op and runs the
-blocks' norms on the bf16 kernel (`_linear`, `_common.PreNorm`: a bf16 CPU) and bf16 is timed, the
-convit and micro groups add "torch-bf16-ops ls_convit_*": the same model with those on torch's ops
-(F.linear, layer_norm then the cast), and `bf16_inference_ops_gain` (with over without; only the
-inference_bf16 column takes those paths, the others read about 1).
+Where our inference runs the blocks' norms (and the residual add before norm2) on a kernel and
+fuses fc1's GELU (and in bf16 the linears' bias) into oneDNN's op (`_common.PreNorm`, `_linear`:
+float32 where the float32 kernel is built, bf16 on a bf16 CPU) in a timed precision, the convit
+and micro groups add "torch-inference-ops ls_convit_*": the same model with those on torch's ops
+(F.linear, the GELU, the add, layer_norm and in bf16 the cast), and `inference_ops_gain` (with over
+without; only the inference columns take those paths, training reads about 1).
 On a CPU where our float32 linears run on oneDNN (`trainers/models/_linear.py`: full-width
 AVX-512 where MKL runs AVX2 code, AMD's Zen 5) and fp32 is timed, the convit and tiny groups add "MKL-linear
 ls_convit_tiny" (the same model on torch's `F.linear`, MKL: `onednn_linear_gain`, with over
@@ -91,7 +92,7 @@ TORCH_OPS_CORE = "torch-ops-core "  # label prefix: a CPU ls_convit/ls_gmm witho
 NCHW = "NCHW "  # label prefix: a CPU T-CNN in NCHW instead of the channels_last a trial runs it in
 MKL_LINEAR = "MKL-linear "  # label prefix: a CPU ls_* model with its float32 linears on F.linear (MKL)
 ONEDNN_LINEAR = "oneDNN-linear "  # label prefix: a timm model with its nn.Linear layers as ours (oneDNN)
-TORCH_BF16_OPS = "torch-bf16-ops "  # label prefix: a CPU ls_* model with its bf16 inference linears and norms on torch's ops
+TORCH_INFERENCE_OPS = "torch-inference-ops "  # label prefix: a CPU ls_* model with its inference norms and linears' fusions on torch's ops
 
 
 PRECISION_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -161,8 +162,8 @@ def _with_mkl_linears(model: torch.nn.Module) -> torch.nn.Module:
     return _WithPathOff(model, (_linear, "USE_ONEDNN_FP32"))
 
 
-def _with_torch_bf16_inference_ops(model: torch.nn.Module) -> torch.nn.Module:
-    return _WithPathOff(model, (_linear, "USE_ONEDNN_BF16"), (_common, "USE_NORM_KERNEL"))
+def _with_torch_inference_ops(model: torch.nn.Module) -> torch.nn.Module:
+    return _WithPathOff(model, (_linear, "USE_ONEDNN_BF16"), (_linear, "FUSE_GELU"), (_common, "USE_NORM_KERNEL"))
 
 
 def _with_onednn_linears(model: torch.nn.Module) -> torch.nn.Module:
@@ -173,11 +174,11 @@ def _with_onednn_linears(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
-def _bf16_inference_ops_timed(cuda: bool, precisions: tuple[str, ...]) -> bool:
-    """Whether our bf16 inference runs its linears and norms on oneDNN's op and the bf16 kernel here
-    (`_linear`, `_common.PreNorm`), in a timed precision."""
-    return (not cuda and "bf16" in precisions and _linear.onednn_runs_bf16_here()
-            and _attention_kernel.kernels(torch.bfloat16) is not None)
+def _inference_ops_timed(cuda: bool, precisions: tuple[str, ...]) -> bool:
+    """Whether our inference runs its norms on a kernel here (`_common.PreNorm`; with it, in bf16,
+    its linears on oneDNN's op, `_linear`), in a timed precision."""
+    bf16 = "bf16" in precisions and _linear.onednn_runs_bf16_here() and _attention_kernel.kernels(torch.bfloat16)
+    return not cuda and bool(bf16 or "fp32" in precisions and _attention_kernel.kernels(torch.float32))
 
 
 def _onednn_linears_timed(cuda: bool, precisions: tuple[str, ...]) -> bool:
@@ -215,8 +216,8 @@ def _group(name: str, *, cuda: bool = False, precisions: tuple[str, ...] = ("fp3
             builders[FUSED_MHSA + "ls_convit_tiny"] = lambda: _with_fused_mhsa(pair()[1])
             if _any_cpu_kernel(precisions):
                 builders[TORCH_OPS_CORE + "ls_convit_tiny"] = lambda: _with_torch_ops_core(pair()[1])
-        if _bf16_inference_ops_timed(cuda, precisions):
-            builders[TORCH_BF16_OPS + "ls_convit_tiny"] = lambda: _with_torch_bf16_inference_ops(pair()[1])
+        if _inference_ops_timed(cuda, precisions):
+            builders[TORCH_INFERENCE_OPS + "ls_convit_tiny"] = lambda: _with_torch_inference_ops(pair()[1])
         if _onednn_linears_timed(cuda, precisions):
             builders[MKL_LINEAR + "ls_convit_tiny"] = lambda: _with_mkl_linears(pair()[1])
             builders[ONEDNN_LINEAR + "deit_tiny_patch16_224"] = lambda: _with_onednn_linears(
@@ -265,8 +266,8 @@ def _group(name: str, *, cuda: bool = False, precisions: tuple[str, ...] = ("fp3
             convit_micro, gmm_micro = shared("ls_convit_micro"), shared("ls_gmm_micro")
             builders["ls_convit_micro"], builders["ls_gmm_micro"] = convit_micro, gmm_micro
             builders[FUSED_MHSA + "ls_convit_micro"] = lambda: _with_fused_mhsa(convit_micro())
-            if _bf16_inference_ops_timed(cuda, precisions):
-                builders[TORCH_BF16_OPS + "ls_convit_micro"] = lambda: _with_torch_bf16_inference_ops(convit_micro())
+            if _inference_ops_timed(cuda, precisions):
+                builders[TORCH_INFERENCE_OPS + "ls_convit_micro"] = lambda: _with_torch_inference_ops(convit_micro())
             if _any_cpu_kernel(precisions):
                 builders[TORCH_OPS_CORE + "ls_convit_micro"] = lambda: _with_torch_ops_core(convit_micro())
                 # GMM attention: on the kernel of its GEMMs' dtype where it is built, else its torch ops either way
@@ -395,7 +396,7 @@ def run_group(name: str, *, batch: int, repeats: int, warmup: int, device: str, 
     for label in models:
         for prefix, key in ((FUSED_MHSA, "explicit_core_gain"), (TORCH_OPS_CORE, "cpu_kernel_gain"),
                             (NCHW, "channels_last_gain"), (MKL_LINEAR, "onednn_linear_gain"),
-                            (TORCH_BF16_OPS, "bf16_inference_ops_gain")):
+                            (TORCH_INFERENCE_OPS, "inference_ops_gain")):
             if label.startswith(prefix):
                 out.setdefault(key, {})[label[len(prefix):]] = pair_ratios(out, label[len(prefix):], label)
         if label.startswith(ONEDNN_LINEAR + "deit"):  # our families against the DeiT on the same GEMMs
@@ -445,8 +446,8 @@ def _print_group(group: str, batch: int, r: dict) -> None:
               + ", ".join(f"{key} {v:.2f}x" for key, v in ratios.items()))
     for label, ratios in r.get("channels_last_gain", {}).items():
         print(f"  {label}, channels_last / NCHW: " + ", ".join(f"{key} {v:.2f}x" for key, v in ratios.items()))
-    for label, ratios in r.get("bf16_inference_ops_gain", {}).items():
-        print(f"  {label}, bf16 inference linears and norms fused / on torch's ops: "
+    for label, ratios in r.get("inference_ops_gain", {}).items():
+        print(f"  {label}, inference norms and linears' fusions on / on torch's ops: "
               + ", ".join(f"{key} {v:.2f}x" for key, v in ratios.items()))
     for label, ratios in r.get("onednn_linear_gain", {}).items():
         print(f"  {label}, float32 linears on oneDNN / on MKL: " + ", ".join(f"{key} {v:.2f}x" for key, v in ratios.items()))

@@ -9,7 +9,7 @@ import pytest
 import timm
 import torch
 
-from benchmarks.models import NCHW, _with_onednn_linears, _with_torch_bf16_inference_ops, run_group
+from benchmarks.models import NCHW, _with_onednn_linears, _with_torch_inference_ops, run_group
 from tests._layers import OpCalls
 from trainers.models import _attention_kernel, _common, _linear
 
@@ -45,23 +45,30 @@ def test_a_timm_model_with_onednn_linears_has_every_linear_swapped_and_the_same_
         torch.testing.assert_close(out, reference(x), atol=1e-5, rtol=1e-5)
 
 
-def test_the_torch_bf16_ops_twin_runs_bf16_inference_on_torch_ops_and_switches_back():
-    """The "torch-bf16-ops" model the convit and micro groups time: the same weights with the bf16
-    inference linears and norms on torch's ops during its forward only; the flags come back on."""
-    if not _linear.onednn_runs_bf16_here() or _attention_kernel.kernels(torch.bfloat16) is None:
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_the_torch_inference_ops_twin_runs_inference_on_torch_ops_and_switches_back(monkeypatch, precision):
+    """The "torch-inference-ops" model the convit and micro groups time: the same weights with the
+    inference norms on torch's ops and fc1's GELU (and in bf16 the linears) off oneDNN's fused op,
+    during its forward only; the flags come back on."""
+    if precision == "bf16" and (not _linear.onednn_runs_bf16_here() or _attention_kernel.kernels(torch.bfloat16) is None):
         pytest.skip("no bf16 oneDNN products or bf16 kernel here")
+    if precision == "fp32" and _attention_kernel.kernels(torch.float32) is None:
+        pytest.skip("no float32 kernel here")
+    monkeypatch.setattr(_linear, "onednn_beats_mkl_here", lambda: True)  # fc1's GELU fuses on any CPU
     torch.manual_seed(0)
     model = timm.create_model("ls_convit_micro").eval()
-    twin = _with_torch_bf16_inference_ops(model)
+    twin = _with_torch_inference_ops(model)
     x = torch.randn(8, 1, 28, 28)
-    fused_ops = {"mkldnn._linear_pointwise", "locality_search.layer_norm_bf16"}
-    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+    library = "locality_search" if precision == "bf16" else "locality_search_fp32"
+    fused_ops, torch_norms = {f"{library}.layer_norm"}, {"aten.layer_norm", "aten.native_layer_norm"}
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
         with OpCalls() as ops:
             slow = twin(x)
-        assert not fused_ops & set(ops.calls)
-        assert _linear.USE_ONEDNN_BF16 and _common.USE_NORM_KERNEL
+        assert not fused_ops & set(ops.calls) and torch_norms & set(ops.calls) and "aten.gelu_" in ops.calls
+        assert _linear.USE_ONEDNN_BF16 and _linear.FUSE_GELU and _common.USE_NORM_KERNEL
         with OpCalls() as ops:
             fast = model(x)
-        assert fused_ops <= set(ops.calls)
+        assert fused_ops <= set(ops.calls) and not {"aten.gelu_", "aten.gelu"} & set(ops.calls)
     assert sum(p.numel() for p in twin.parameters()) == sum(p.numel() for p in model.parameters())
-    torch.testing.assert_close(fast.float(), slow.float(), atol=0.05 * slow.abs().max().item(), rtol=0)
+    tolerance = 0.05 if precision == "bf16" else 1e-4
+    torch.testing.assert_close(fast.float(), slow.float(), atol=tolerance * slow.abs().max().item(), rtol=0)

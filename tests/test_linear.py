@@ -154,6 +154,29 @@ def test_where_torch_linear_is_kept(onednn_here, monkeypatch, case):
     assert ops.calls.get(ONEDNN, 0) == (0 if case == "switched off" else 1)
 
 
+@pytest.mark.parametrize("mode", ["inference", "autograd", "switched off"])
+def test_float32_inference_fuses_the_gelu_into_the_onednn_product_bit_for_bit(onednn_here, monkeypatch, mode):
+    """`linear(..., gelu=True)` in float32 inference on oneDNN is one op: oneDNN's GELU, which is the
+    float32 GELU torch runs on a contiguous tensor, so bit for bit the product then F.gelu. With
+    autograd recording, or FUSE_GELU off, the GELU runs after the product (F.gelu, or in place)."""
+    torch.manual_seed(0)
+    x, weight, bias = torch.randn(2, 700, 96), 0.3 * torch.randn(384, 96), torch.randn(384)
+    if mode == "autograd":
+        x.requires_grad_()
+    if mode == "switched off":
+        monkeypatch.setattr(_linear, "FUSE_GELU", False)
+    with OpCalls() as ops:
+        out = _linear.linear(x, weight, bias, gelu=True)
+    with torch.no_grad():
+        expected = F.gelu(_linear.linear(x, weight, bias))
+    gelu_ops = ops.calls.get("aten.gelu", 0) + ops.calls.get("aten.gelu_", 0)
+    assert ops.calls.get(ONEDNN) == 1 and gelu_ops == (0 if mode == "inference" else 1)
+    assert torch.equal(out.detach(), expected) and out.min() < 0  # the exact GELU's dip below zero
+    if mode == "autograd":
+        (grad,) = torch.autograd.grad(out.sum(), x)
+        assert grad.shape == x.shape
+
+
 @pytest.mark.parametrize("vendor, family, capability, isa_cap, expected", [
     ("AuthenticAMD", 26, "AVX512", "", True),    # Zen 5
     ("AuthenticAMD", 26, "AVX512", "avx512_core_bf16", True),

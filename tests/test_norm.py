@@ -1,6 +1,8 @@
-"""The blocks' norms: `PreNorm` and `add_and_norm` (`trainers.models._common`), which in CPU bf16
-inference run on the bf16 kernel's `layer_norm_bf16` (`csrc/layer_norm_bf16.h`), and timm's
-LayerNorm (then autocast's cast to bf16) everywhere else."""
+"""The blocks' norms: `PreNorm` and `add_and_norm` (`trainers.models._common`), which in CPU
+inference run on the kernel libraries' `layer_norm` (`csrc/layer_norm_op.h`): the bf16 kernel's
+under autocast to bf16 (`csrc/layer_norm_bf16.h`), the float32 kernel's without autocast
+(`csrc/layer_norm_fp32.h`, its own build and the 8-lane AVX2 one); timm's LayerNorm (then
+autocast's cast to bf16) everywhere else."""
 from __future__ import annotations
 
 import pytest
@@ -12,9 +14,11 @@ from timm.layers import LayerNorm
 import trainers.models  # noqa: F401  (registers the ls_* families)
 from trainers.models import _attention_kernel, _common, _linear
 from trainers.models._common import PreNorm, add_and_norm
-from tests._layers import OpCalls
+from tests._layers import OpCalls, float32_avx2_kernel_or_skip, float32_kernel_or_skip
 
-NORM_KERNEL = "locality_search.layer_norm_bf16"
+NORM_KERNEL = "locality_search.layer_norm"
+NORM_KERNEL_FP32 = "locality_search_fp32.layer_norm"
+TORCH_NORMS = {"aten.layer_norm", "aten.native_layer_norm"}
 
 
 @pytest.fixture(scope="module")
@@ -22,6 +26,17 @@ def ops():
     if not _linear.onednn_runs_bf16_here() or _attention_kernel.kernels(torch.bfloat16) is None:
         pytest.skip(f"the bf16 kernel is not built here: {_attention_kernel.build_error(torch.bfloat16)}")
     return _attention_kernel.kernels(torch.bfloat16)
+
+
+@pytest.fixture(scope="module")
+def ops32():
+    return float32_kernel_or_skip()
+
+
+@pytest.fixture(scope="module", params=["native", "avx2"])
+def fp32_build(request):
+    """The float32 kernel as this CPU builds it, and its 8-lane AVX2 build (on AVX-512 CPUs)."""
+    return float32_kernel_or_skip() if request.param == "native" else float32_avx2_kernel_or_skip()
 
 
 def _norm(C: int, seed: int = 0) -> PreNorm:
@@ -51,7 +66,7 @@ def test_kernel_matches_torch_layer_norm_rounded_to_bf16(ops, shape, residual):
     norm = _norm(C)
     x = 3 * torch.randn(*shape) + 1
     r = None if residual is None else torch.randn(*shape).to(residual)
-    outs = ops.layer_norm_bf16(x, r, norm.weight, norm.bias, norm.eps)
+    outs = ops.layer_norm(x, r, norm.weight, norm.bias, norm.eps)
     total = x if r is None else x + r
     assert len(outs) == (1 if r is None else 2)
     if r is not None:
@@ -60,14 +75,38 @@ def test_kernel_matches_torch_layer_norm_rounded_to_bf16(ops, shape, residual):
         _assert_rounded_once(outs[0], F.layer_norm(total, (C,), norm.weight, norm.bias, norm.eps))
 
 
-@pytest.mark.parametrize("case, message", [
-    ("strided x", "not contiguous"),
-    ("bf16 x", "x: a contiguous CPU Float"),
-    ("short weight", "weight: a contiguous CPU Float tensor of size \\[16\\]"),
-    ("residual shape", "residual: a contiguous CPU"),
-    ("float64 residual", "residual: float32 or bfloat16"),
+@pytest.mark.parametrize("shape", [(8, 197, 192), (64, 50, 96), (3, 7, 40), (5, 1), (2, 0, 16), (200,), (4, 36)])
+@pytest.mark.parametrize("residual", [False, True])
+def test_float32_kernel_matches_torch_layer_norm(fp32_build, shape, residual):
+    """Every row length (whole vectors of 8 or 16, a tail: 40 and 36 with either width, one element),
+    no rows, with and without the residual: the sum is torch's x + r exactly; the norm is torch's
+    layer_norm of it but for the float32 sums' order (a few ulp)."""
+    C = shape[-1]
+    norm = _norm(C)
+    x = 3 * torch.randn(*shape) + 1
+    r = torch.randn(*shape) if residual else None
+    outs = fp32_build.layer_norm(x, r, norm.weight, norm.bias, norm.eps)
+    total = x if r is None else x + r
+    assert len(outs) == (2 if residual else 1) and all(out.dtype == torch.float32 for out in outs)
+    if residual:
+        assert torch.equal(outs[1], total)
+    torch.testing.assert_close(outs[0], F.layer_norm(total, (C,), norm.weight, norm.bias, norm.eps),
+                               atol=2e-6, rtol=2e-6)
+
+
+@pytest.mark.parametrize("library, case, message", [
+    *((library, case, message) for library in ("bf16", "float32") for case, message in (
+        ("strided x", "not contiguous"),
+        ("bf16 x", "x: a contiguous CPU Float"),
+        ("short weight", "weight: a contiguous CPU Float tensor of size \\[16\\]"),
+        ("residual shape", "residual: a contiguous CPU"))),
+    ("bf16", "float64 residual", "residual: float32 or bfloat16, got Double"),
+    ("float32", "float64 residual", "residual: float32, got Double"),
+    ("float32", "bf16 residual", "residual: float32, got BFloat16"),
 ])
-def test_kernel_rejects_what_it_cannot_read(ops, case, message):
+def test_kernel_rejects_what_it_cannot_read(request, library, case, message):
+    """Each library's op names the operand it cannot read; the float32 one takes a float32 residual only."""
+    ops = request.getfixturevalue("ops" if library == "bf16" else "ops32")
     x, weight, bias, r = torch.randn(4, 16), torch.ones(16), torch.zeros(16), None
     if case == "strided x":
         x = torch.randn(16, 4).t()
@@ -79,13 +118,15 @@ def test_kernel_rejects_what_it_cannot_read(ops, case, message):
         r = torch.randn(4, 15)
     if case == "float64 residual":
         r = torch.randn(4, 16, dtype=torch.float64)
+    if case == "bf16 residual":
+        r = torch.randn(4, 16).bfloat16()
     with pytest.raises(RuntimeError, match=message):
-        ops.layer_norm_bf16(x, r, weight, bias, 1e-6)
+        ops.layer_norm(x, r, weight, bias, 1e-6)
 
 
-def test_pre_norm_is_timm_layer_norm_outside_bf16_inference(ops):
-    """Same parameters and state dict as timm's LayerNorm; in float32, and under autocast with
-    autograd recording (training), the same output bit for bit, on torch's op."""
+def test_pre_norm_is_timm_layer_norm_outside_inference(ops32):
+    """Same parameters and state dict as timm's LayerNorm; with autograd recording (training), in
+    float32 and under autocast, the same output and gradient bit for bit, on torch's op."""
     norm, ref = _norm(96), LayerNorm(96)
     ref.load_state_dict(norm.state_dict())
     assert list(norm.state_dict()) == ["weight", "bias"] and isinstance(norm, LayerNorm)
@@ -93,13 +134,32 @@ def test_pre_norm_is_timm_layer_norm_outside_bf16_inference(ops):
     for autocast in (False, True):
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast), OpCalls() as calls:
             got, want = norm(x), ref(x)
-        assert NORM_KERNEL not in calls.calls and got.dtype == torch.float32
+        assert not {NORM_KERNEL, NORM_KERNEL_FP32} & set(calls.calls) and got.dtype == torch.float32
         assert torch.equal(got, want)
         (grad,) = torch.autograd.grad(got.sum(), x)
         torch.testing.assert_close(grad, torch.autograd.grad(want.sum(), x)[0], atol=0, rtol=0)
-    with torch.inference_mode(), OpCalls() as calls:  # float32 inference: torch's op
-        assert torch.equal(norm(x.detach()), ref(x.detach()))
-    assert NORM_KERNEL not in calls.calls
+
+
+@pytest.mark.parametrize("mode", [torch.no_grad, torch.inference_mode])
+def test_pre_norm_in_float32_inference_runs_on_the_float32_kernel(ops32, mode):
+    norm = _norm(192)
+    x = torch.randn(8, 197, 192)
+    with mode(), OpCalls() as calls:
+        got = norm(x)
+    assert calls.calls.get(NORM_KERNEL_FP32) == 1 and not TORCH_NORMS & set(calls.calls)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, F.layer_norm(x, (192,), norm.weight, norm.bias, norm.eps), atol=2e-6, rtol=2e-6)
+
+
+def test_add_and_norm_fuses_the_residual_add_in_float32_inference(ops32):
+    norm = _norm(96)
+    x, branch = torch.randn(16, 50, 96), torch.randn(16, 50, 96)
+    with torch.inference_mode(), OpCalls() as calls:
+        total, normed = add_and_norm(x, branch, norm)
+    assert calls.calls.get(NORM_KERNEL_FP32) == 1 and "aten.add" not in calls.calls
+    assert torch.equal(total, x + branch)
+    torch.testing.assert_close(normed, F.layer_norm(x + branch, (96,), norm.weight, norm.bias, norm.eps),
+                               atol=2e-6, rtol=2e-6)
 
 
 @pytest.mark.parametrize("mode", [torch.no_grad, torch.inference_mode])
@@ -112,12 +172,20 @@ def test_pre_norm_in_bf16_inference_returns_what_the_next_linear_casts_to(ops, m
     _assert_rounded_once(got, F.layer_norm(x, (192,), norm.weight, norm.bias, norm.eps))
 
 
-@pytest.mark.parametrize("case", ["switched off", "hooked", "not contiguous", "float16 autocast", "timm LayerNorm"])
-def test_where_the_norms_keep_torch_ops(ops, monkeypatch, case):
+@pytest.mark.parametrize("precision, case", [
+    *((precision, case) for precision in ("bf16", "float32")
+      for case in ("switched off", "hooked", "not contiguous", "timm LayerNorm", "no kernel built")),
+    ("bf16", "float16 autocast"),
+])
+def test_where_the_norms_keep_torch_ops(request, monkeypatch, precision, case):
     """USE_NORM_KERNEL off, a hook on the norm (it must see the call), tokens the kernel cannot read
-    in place, autocast to another dtype, and a norm that is not a PreNorm: torch's ops, as before."""
+    in place, a norm that is not a PreNorm, no kernel library built, and autocast to another dtype:
+    torch's ops, as before, in bf16 inference (autocast) and in float32 inference."""
+    request.getfixturevalue("ops" if precision == "bf16" else "ops32")
     norm = LayerNorm(64) if case == "timm LayerNorm" else _norm(64)
-    x, branch = torch.randn(2, 30, 64), torch.randn(2, 30, 64).bfloat16()
+    x, branch = torch.randn(2, 30, 64), torch.randn(2, 30, 64)
+    if precision == "bf16":
+        branch = branch.bfloat16()
     seen = []
     if case == "switched off":
         monkeypatch.setattr(_common, "USE_NORM_KERNEL", False)
@@ -125,15 +193,31 @@ def test_where_the_norms_keep_torch_ops(ops, monkeypatch, case):
         norm.register_forward_hook(lambda module, args, out: seen.append(out))
     if case == "not contiguous":
         x = torch.randn(2, 64, 30).transpose(1, 2)
+    if case == "no kernel built":
+        monkeypatch.setattr(_attention_kernel, "kernels", lambda dtype=torch.bfloat16: None)
     dtype = torch.float16 if case == "float16 autocast" else torch.bfloat16
-    with torch.inference_mode(), torch.autocast("cpu", dtype=dtype), OpCalls() as calls:
+    with torch.inference_mode(), torch.autocast("cpu", dtype=dtype, enabled=precision == "bf16"), OpCalls() as calls:
         normed = norm(x)
         total, normed_sum = add_and_norm(x, branch, norm)
-    assert NORM_KERNEL not in calls.calls
+    assert not {NORM_KERNEL, NORM_KERNEL_FP32} & set(calls.calls)
     assert torch.equal(normed, F.layer_norm(x, (64,), norm.weight, norm.bias, norm.eps))
     assert torch.equal(total, x + branch)
     assert torch.equal(normed_sum, F.layer_norm(x + branch, (64,), norm.weight, norm.bias, norm.eps))
     assert len(seen) == (2 if case == "hooked" else 0)
+
+
+def test_add_and_norm_adds_a_bf16_branch_on_torch_in_float32_inference(ops32):
+    """The float32 kernel takes float32 branches only: a bf16 one (no autocast) is added by torch's
+    add, and the norm of the float32 sum still runs on the float32 kernel."""
+    norm = _norm(64)
+    x, branch = torch.randn(2, 30, 64), torch.randn(2, 30, 64).bfloat16()
+    with torch.inference_mode(), OpCalls() as calls:
+        total, normed = add_and_norm(x, branch, norm)
+    assert calls.calls.get("aten.add") == 1 and calls.calls.get(NORM_KERNEL_FP32) == 1
+    assert torch.equal(total, x + branch)
+    with torch.no_grad():
+        expected = F.layer_norm(x + branch, (64,), norm.weight, norm.bias, norm.eps)
+    torch.testing.assert_close(normed, expected, atol=2e-6, rtol=2e-6)
 
 
 @pytest.mark.parametrize("branch_dtype", [torch.float32, torch.bfloat16])
@@ -182,3 +266,20 @@ def test_models_in_bf16_inference_norm_on_the_kernel_and_agree_with_torch_ops(op
     scale = full.abs().max()
     torch.testing.assert_close(fused, plain, atol=0.03 * scale, rtol=0)
     assert (fused - full).abs().max() <= 1.5 * (plain - full).abs().max() + 1e-3 * scale
+
+
+@pytest.mark.parametrize("variant", ["ls_convit_micro", "ls_gmm_micro", "ls_refiner_micro"])
+def test_models_in_float32_inference_norm_on_the_float32_kernel_and_agree_with_torch_ops(ops32, monkeypatch, variant):
+    """Every block's two norms take the float32 kernel (the residual add before norm2 inside it); the
+    model's last norm stays on torch's op; the logits are torch's norms' but for float32 rounding."""
+    torch.manual_seed(0)
+    model = timm.create_model(variant).eval()
+    x = torch.randn(16, 1, 28, 28)
+    with torch.inference_mode():
+        with OpCalls() as calls:
+            fused = model(x)
+        monkeypatch.setattr(_common, "USE_NORM_KERNEL", False)
+        plain = model(x)
+    torch_norms = calls.calls.get("aten.layer_norm", 0) + calls.calls.get("aten.native_layer_norm", 0)
+    assert calls.calls.get(NORM_KERNEL_FP32) == 2 * len(model.blocks) and torch_norms == 1
+    torch.testing.assert_close(fused, plain, atol=1e-4 * plain.abs().max().item(), rtol=0)

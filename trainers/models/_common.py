@@ -274,42 +274,50 @@ def has_hooks(module: nn.Module) -> bool:
 @register_notrace_module  # reason: branches on dtype, device and autocast (timm's FX feature extraction)
 class PreNorm(_TimmLayerNorm):
     """A block's norm before its attention or MLP: timm's `LayerNorm` (same parameters, state dict
-    and output), except in CPU bf16 inference (autocast to bf16, autograd not recording), where it
-    returns the normalised tokens in bf16, which is what autocast casts them to at the linear that
-    every such norm feeds (the qkv projection, fc1), bit for bit but for the last bit of about 1 in
-    30,000 (the float32 sums' order). There it runs as one pass on the bf16 kernel
-    (`csrc/layer_norm_bf16.h`), where torch runs layer_norm and then the cast: on the 2-core Zen 5
-    EPYC 34 vs 74 us at ls_convit_tiny's tokens (8 x 197 x 192), 152 vs 335 us at ls_convit_micro's
-    batch (256 x 50 x 96). Not for a model's last norm, whose float32 output the caller sees."""
+    and output), run in CPU inference (autograd not recording) as one pass over the tokens on the
+    kernel libraries' `layer_norm` (`csrc/layer_norm_op.h`), where torch runs layer_norm (and, in
+    bf16, then the cast):
+      - float32 (no autocast): the same values but for the last bits (the float32 sums' order);
+        2-core Zen 5 EPYC, ls_convit_tiny's tokens (8 x 197 x 192) 26 vs 57 us, ls_convit_micro's
+        batch (256 x 50 x 96) 108 vs 275 us; the AVX2 build there 40 and 150 us.
+      - CPU autocast to bf16: returns the normalised tokens in bf16, which is what autocast casts
+        them to at the linear that every such norm feeds (the qkv projection, fc1), bit for bit but
+        for the last bit of about 1 in 30,000; 34 vs 74 us, 152 vs 335 us.
+    Not for a model's last norm, whose float32 output the caller sees in the precision it asked for."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        ops = _norm_kernel(x, self)
-        if ops is None:
+        dtype = _norm_kernel(x, self)
+        if dtype is None:
             return super().forward(x)
-        return ops.layer_norm_bf16(x, None, self.weight, self.bias, self.eps)[0]
+        return _attention_kernel.kernels(dtype).layer_norm(x, None, self.weight, self.bias, self.eps)[0]
 
 
 @register_notrace_function  # reason: as PreNorm's
 def add_and_norm(x: torch.Tensor, branch: torch.Tensor, norm: nn.Module) -> Tuple[torch.Tensor, torch.Tensor]:
     """(x + branch, norm(x + branch)): a block's residual add and the next norm. Where `norm` is a
-    `PreNorm` that takes the bf16 kernel, both in one pass (the sum in float32, the norm in bf16):
-    8 x 197 x 192 tokens plus a bf16 branch 43 vs 106 us, 256 x 50 x 96 249 vs 477 (2-core Zen 5 EPYC)."""
-    ops = _norm_kernel(x, norm, branch)
-    if ops is None or not branch.is_contiguous() or branch.shape != x.shape or branch.dtype not in (
-            torch.float32, torch.bfloat16):
+    `PreNorm` that runs on a kernel, both in one pass (the sum in float32, exactly x + branch; the
+    norm as `PreNorm` returns it). 2-core Zen 5 EPYC, 8 x 197 x 192 tokens: float32 34 vs 76 us,
+    with a bf16 branch in bf16 inference 43 vs 106 us; 256 x 50 x 96: 148 vs 358, 249 vs 477 us."""
+    dtype = _norm_kernel(x, norm, branch)
+    if dtype is None or not branch.is_contiguous() or branch.shape != x.shape or branch.dtype not in (
+            torch.float32, dtype):
         x = x + branch
         return x, norm(x)
-    normed, x = ops.layer_norm_bf16(x, branch, norm.weight, norm.bias, norm.eps)
+    normed, x = _attention_kernel.kernels(dtype).layer_norm(x, branch, norm.weight, norm.bias, norm.eps)
     return x, normed
 
 
-def _norm_kernel(x: torch.Tensor, norm: nn.Module, *others: torch.Tensor) -> Optional[Any]:
-    """The bf16 kernel's ops where `norm(x)` runs on them (see `PreNorm`), else None."""
+def _norm_kernel(x: torch.Tensor, norm: nn.Module, *others: torch.Tensor) -> Optional[torch.dtype]:
+    """The dtype of the kernel library whose `layer_norm` runs `norm(x)` (see `PreNorm`), else None:
+    bf16 under CPU autocast to bf16, float32 without autocast, where that library is built."""
     if not (USE_NORM_KERNEL and type(norm) is PreNorm and x.device.type == 'cpu' and x.dtype == torch.float32
-            and cpu_autocast_to_bf16()
             and x.is_contiguous() and len(norm.normalized_shape) == 1 and norm.weight is not None
             and norm.bias is not None and norm.weight.dtype == norm.bias.dtype == torch.float32
             and not records_autograd(x, norm.weight, norm.bias, *others) and not torch.compiler.is_compiling()
             and not has_hooks(norm)):
         return None
-    return _attention_kernel.kernels(torch.bfloat16)
+    if torch.is_autocast_enabled('cpu'):
+        dtype = torch.bfloat16 if cpu_autocast_to_bf16() else None
+    else:
+        dtype = torch.float32
+    return dtype if dtype is not None and _attention_kernel.kernels(dtype) is not None else None

@@ -38,6 +38,12 @@ ls_convit_tiny's fc1 (1,576 x 192 -> 768): F.linear + in-place GELU 642 us, fuse
 (without the GELU), fused bias and GELU 592 us; ls_convit_tiny's bf16 inference at 224 px, batch 8,
 35.3 -> 34.5 ms (bias) -> 34.0 ms (and GELU), 15 alternating repeats. `USE_ONEDNN_BF16 = False`
 turns it off. With autograd recording (training), `F.linear` runs as before.
+
+float32 inference on oneDNN (the rule above) fuses fc1's GELU into the product too: oneDNN's
+float32 GELU is the one torch's own F.gelu runs on a contiguous float32 tensor, so the output is
+bit for bit the same (tested). On the 2-core Zen 5 EPYC at ls_convit_micro's fc1 (12,800 x 96 ->
+384) 2.33 vs 2.68 ms. `FUSE_GELU = False` applies the GELU after the product instead, in either
+precision.
 """
 from __future__ import annotations
 
@@ -54,11 +60,13 @@ from timm.models._features_fx import register_notrace_function
 from trainers._cpu import cpu_family, cpuinfo_field
 from trainers.models import _attention_kernel
 
-__all__ = ["Linear", "USE_ONEDNN_BF16", "USE_ONEDNN_FP32", "USE_WEIGHT_GRAD_KERNEL", "linear",
+__all__ = ["FUSE_GELU", "Linear", "USE_ONEDNN_BF16", "USE_ONEDNN_FP32", "USE_WEIGHT_GRAD_KERNEL", "linear",
            "cpu_autocast_to_bf16", "onednn_beats_mkl_here", "onednn_runs_bf16_here", "records_autograd"]
 
 USE_ONEDNN_FP32 = True
 USE_ONEDNN_BF16 = True
+# False: linear(..., gelu=True) applies the GELU after oneDNN's product, not inside it (the benchmarks' side-by-side rows)
+FUSE_GELU = True
 USE_WEIGHT_GRAD_KERNEL = True
 # the float32 kernel's lanes where this module's path runs (AVX-512: onednn_beats_mkl_here asks for it)
 _KERNEL_LANES = 16
@@ -91,9 +99,10 @@ def onednn_beats_mkl_here() -> bool:
             and cap not in _BELOW_AVX512)
 
 
-def _onednn(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
-    """x (M, K) @ weight (N, K)^T + bias (N,) -> (M, N) on oneDNN; x and weight may be strided."""
-    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+def _onednn(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], *, gelu: bool = False) -> torch.Tensor:
+    """x (M, K) @ weight (N, K)^T + bias (N,), then the exact GELU if asked -> (M, N) on oneDNN; x
+    and weight may be strided."""
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "gelu" if gelu else "none", [], "none" if gelu else "")
 
 
 class _OneDNNLinear(torch.autograd.Function):
@@ -185,16 +194,20 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
            gelu: bool = False) -> torch.Tensor:
     """`F.linear` (then the exact `F.gelu` if `gelu`): bf16 inference and float32 where oneDNN beats
     MKL on oneDNN's linear op (see the module doc), else `F.linear` itself. Without autograd
-    recording, the GELU runs in place on the product (or fused into it, in bf16)."""
+    recording, the GELU runs inside oneDNN's product where the product runs on oneDNN (unless
+    FUSE_GELU is off), else in place on the product."""
+    fused_gelu = gelu and FUSE_GELU
     if _takes_onednn_bf16(x, weight, bias):
-        return _onednn_bf16(x, weight, bias, gelu=gelu)
-    if not _takes_onednn(x, weight):
+        out = _onednn_bf16(x, weight, bias, gelu=fused_gelu)
+    elif not _takes_onednn(x, weight):
         out = F.linear(x, weight, bias)
+        fused_gelu = False
     elif records_autograd(x, weight, bias):
         out = _OneDNNLinear.apply(x, weight, bias)
-    else:
-        out = _onednn(x.reshape(-1, x.shape[-1]), weight, bias).view(*x.shape[:-1], weight.shape[0])
-    if not gelu:
+        fused_gelu = False
+    else:  # float32 inference: the GELU inside the product is torch's own float32 GELU (on oneDNN) bit for bit
+        out = _onednn(x.reshape(-1, x.shape[-1]), weight, bias, gelu=fused_gelu).view(*x.shape[:-1], weight.shape[0])
+    if not gelu or fused_gelu:
         return out
     # a fresh product nothing else holds: overwriting it is safe where autograd does not need it
     return F.gelu(out) if out.requires_grad else torch.ops.aten.gelu_(out)

@@ -523,3 +523,4 @@ void check_dims(const Dims& D) { TORCH_CHECK(D.dim >= 1, "qkv: a head dim of at 
 #include "attention_ops.h"
 #include "refiner_fp32.h"
 #include "linear_fp32.h"
+#include "layer_norm_fp32.h"

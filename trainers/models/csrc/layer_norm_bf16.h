@@ -1,9 +1,8 @@
 // LayerNorm of float32 tokens written straight to bf16, for bf16 inference: what torch runs as
 // layer_norm (float32 out, under autocast) and then the cast to bf16 at the linear that follows,
-// in one pass over each row, optionally after adding a residual branch's output to the tokens
-// (the block's `x + branch`, whose float32 sum it also writes). attention_core.cpp includes this
-// after its helpers (tail_mask, store_bf16); `PreNorm` and `add_and_norm` (trainers/models/_common.py)
-// call it.
+// in one pass over each row, optionally after adding a residual branch's output (float32 or bf16)
+// to the tokens. attention_core.cpp includes this after its helpers (tail_mask, store_bf16); the op,
+// `layer_norm`, is layer_norm_op.h's.
 //
 // Per row of C floats: s = x (+ r), mean = sum(s) / C, var = sum((s - mean)^2) / C (two passes
 // over the row, in L1, as accurate as torch's Welford), out = bf16((s - mean) / sqrt(var + eps) * w + b).
@@ -59,53 +58,9 @@ void layer_norm_rows(const float* x, const Residual* residual, float* sum, bf16*
   }
 }
 
-void check_norm_input(const at::Tensor& t, at::IntArrayRef sizes, at::ScalarType dtype, const char* what) {
-  TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == dtype && t.is_contiguous() && t.sizes() == sizes, what,
-              ": a contiguous CPU ", dtype, " tensor of size ", sizes, ", got ", t.scalar_type(), " ", t.sizes(),
-              t.is_contiguous() ? "" : " (not contiguous)");
-}
-
-// x (..., C) float32; residual (..., C) float32 or bf16, or none; weight, bias (C) float32.
-// -> [LayerNorm(x (+ residual)) in bf16] or, with a residual, [that, x + residual in float32]
-std::vector<at::Tensor> layer_norm_bf16(const at::Tensor& x, const c10::optional<at::Tensor>& residual,
-                                        const at::Tensor& weight, const at::Tensor& bias, double eps) {
-  TORCH_CHECK(x.dim() >= 1, "layer_norm_bf16: x (..., C), got a 0-d tensor");
-  check_norm_input(x, x.sizes(), at::kFloat, "x");
-  const int64_t C = x.size(-1), rows = C == 0 ? 0 : x.numel() / C;
-  check_norm_input(weight, {C}, at::kFloat, "weight");
-  check_norm_input(bias, {C}, at::kFloat, "bias");
-  at::Tensor out = at::empty(x.sizes(), x.options().dtype(at::kBFloat16));
-  const float e = static_cast<float>(eps);
-  const int64_t grain = std::max<int64_t>(1, 8192 / std::max<int64_t>(C, 1));  // rows per task: ~32 KB
-  const auto* w = weight.data_ptr<float>();
-  const auto* b = bias.data_ptr<float>();
-  auto* o = reinterpret_cast<bf16*>(out.data_ptr());
-  if (!residual.has_value()) {
-    at::parallel_for(0, rows, grain, [&](int64_t first, int64_t last) {
-      layer_norm_rows<void>(x.data_ptr<float>(), nullptr, nullptr, o, w, b, first, last, C, e);
-    });
-    return {out};
-  }
-  const at::Tensor& r = *residual;
-  TORCH_CHECK(r.scalar_type() == at::kFloat || r.scalar_type() == at::kBFloat16,
-              "residual: float32 or bfloat16, got ", r.scalar_type());
-  check_norm_input(r, x.sizes(), r.scalar_type(), "residual");
-  at::Tensor sum = at::empty(x.sizes(), x.options());
-  at::parallel_for(0, rows, grain, [&](int64_t first, int64_t last) {
-    if (r.scalar_type() == at::kBFloat16)
-      layer_norm_rows<bf16>(x.data_ptr<float>(), reinterpret_cast<const bf16*>(r.data_ptr()), sum.data_ptr<float>(),
-                            o, w, b, first, last, C, e);
-    else
-      layer_norm_rows<float>(x.data_ptr<float>(), r.data_ptr<float>(), sum.data_ptr<float>(), o, w, b, first, last,
-                             C, e);
-  });
-  return {out, sum};
-}
+using NormOut = bf16;
+constexpr bool kNormResidualBf16 = true;  // the attention's projection, in bf16, as the residual branch
 
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(locality_search, m) {
-  m.def("layer_norm_bf16(Tensor x, Tensor? residual, Tensor weight, Tensor bias, float eps) -> Tensor[]");
-}
-
-TORCH_LIBRARY_IMPL(locality_search, CPU, m) { m.impl("layer_norm_bf16", &layer_norm_bf16); }
+#include "layer_norm_op.h"
