@@ -283,3 +283,16 @@ def test_models_in_float32_inference_norm_on_the_float32_kernel_and_agree_with_t
     torch_norms = calls.calls.get("aten.layer_norm", 0) + calls.calls.get("aten.native_layer_norm", 0)
     assert calls.calls.get(NORM_KERNEL_FP32) == 2 * len(model.blocks) and torch_norms == 1
     torch.testing.assert_close(fused, plain, atol=1e-4 * plain.abs().max().item(), rtol=0)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "float32"])
+def test_norms_given_tokens_of_another_width_raise_torch_own_error(request, precision):
+    """Tokens whose width is not the norm's: torch's layer_norm raises its own error, as timm's
+    LayerNorm would, rather than the kernel's operand check."""
+    request.getfixturevalue("ops" if precision == "bf16" else "ops32")
+    norm, x = _norm(64), torch.randn(2, 30, 32)
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+        with pytest.raises(RuntimeError, match="normalized_shape"):
+            norm(x)
+        with pytest.raises(RuntimeError, match="normalized_shape"):
+            add_and_norm(x, torch.randn(2, 30, 32), norm)

@@ -311,8 +311,9 @@ def _norm_kernel(x: torch.Tensor, norm: nn.Module, *others: torch.Tensor) -> Opt
     """The dtype of the kernel library whose `layer_norm` runs `norm(x)` (see `PreNorm`), else None:
     bf16 under CPU autocast to bf16, float32 without autocast, where that library is built."""
     if not (USE_NORM_KERNEL and type(norm) is PreNorm and x.device.type == 'cpu' and x.dtype == torch.float32
-            and x.is_contiguous() and len(norm.normalized_shape) == 1 and norm.weight is not None
+            and x.is_contiguous() and norm.normalized_shape == x.shape[-1:] and norm.weight is not None
             and norm.bias is not None and norm.weight.dtype == norm.bias.dtype == torch.float32
+            and norm.weight.is_contiguous() and norm.bias.is_contiguous()
             and not records_autograd(x, norm.weight, norm.bias, *others) and not torch.compiler.is_compiling()
             and not has_hooks(norm)):
         return None
