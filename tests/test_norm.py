@@ -124,7 +124,7 @@ def test_kernel_rejects_what_it_cannot_read(request, library, case, message):
         ops.layer_norm(x, r, weight, bias, 1e-6)
 
 
-def test_pre_norm_is_timm_layer_norm_outside_inference(ops32):
+def test_pre_norm_is_timm_layer_norm_outside_inference():
     """Same parameters and state dict as timm's LayerNorm; with autograd recording (training), in
     float32 and under autocast, the same output and gradient bit for bit, on torch's op."""
     norm, ref = _norm(96), LayerNorm(96)
