@@ -13,7 +13,7 @@ from timm.layers import LayerNorm
 
 import trainers.models  # noqa: F401  (registers the ls_* families)
 from trainers.models import _attention_kernel, _common, _linear
-from trainers.models._common import PreNorm, add_and_norm
+from trainers.models._common import PreNorm, add_and_norm, add_residual
 from tests._layers import OpCalls, float32_avx2_kernel_or_skip, float32_kernel_or_skip
 
 NORM_KERNEL = "locality_search.layer_norm"
@@ -296,3 +296,61 @@ def test_norms_given_tokens_of_another_width_raise_torch_own_error(request, prec
             norm(x)
         with pytest.raises(RuntimeError, match="normalized_shape"):
             add_and_norm(x, torch.randn(2, 30, 32), norm)
+
+
+@pytest.mark.parametrize("branch_dtype", [torch.float32, torch.bfloat16])
+def test_add_residual_adds_in_place_in_inference(branch_dtype):
+    """The block's last add: in place on the block's own sum without autograd (the same values as
+    x + branch, bit for bit), into a new tensor with autograd, hooks on the norm, or where the sum
+    would change x's dtype."""
+    norm = _norm(64)
+    x, branch = torch.randn(2, 30, 64), torch.randn(2, 30, 64).to(branch_dtype)
+    expected = x + branch
+    with torch.no_grad():
+        out = add_residual(x.clone(), branch, norm)
+        mine = x.clone()
+        assert add_residual(mine, branch, norm).data_ptr() == mine.data_ptr()
+    assert torch.equal(out, expected) and out.dtype == torch.float32
+
+
+@pytest.mark.parametrize("case", ["autograd", "hooked norm", "bf16 tokens, float32 branch", "broadcast branch"])
+def test_add_residual_keeps_x_where_it_must(case):
+    norm = _norm(64)
+    x, branch = torch.randn(2, 30, 64), torch.randn(2, 30, 64)
+    if case == "autograd":
+        x.requires_grad_()
+    if case == "hooked norm":
+        norm.register_forward_hook(lambda module, args, out: None)
+    if case == "bf16 tokens, float32 branch":
+        x = x.bfloat16()
+    if case == "broadcast branch":
+        branch = torch.randn(64)
+    before = x.detach().clone()
+    with torch.set_grad_enabled(case == "autograd"):
+        out = add_residual(x, branch, norm)
+    assert torch.equal(x.detach(), before) and out.data_ptr() != x.data_ptr()
+    assert torch.equal(out.detach(), (x + branch).detach()) and out.dtype == torch.promote_types(x.dtype, branch.dtype)
+    if case == "autograd":
+        out.sum().backward()
+        assert torch.equal(x.grad, torch.ones_like(x))
+
+
+@pytest.mark.parametrize("precision", ["float32", "bf16"])
+@pytest.mark.parametrize("variant", ["ls_convit_micro", "ls_gmm_micro", "ls_refiner_micro"])
+def test_models_add_their_last_residual_in_place_in_inference_with_the_same_logits(monkeypatch, variant, precision):
+    """Every block's last add runs in place in inference (one aten.add_ per block, no out-of-place
+    add of a block's size), and the logits are bit for bit those of the out-of-place add."""
+    if precision == "bf16" and not _linear.onednn_runs_bf16_here():
+        pytest.skip("no bf16 oneDNN products here")
+    torch.manual_seed(0)
+    model = timm.create_model(variant).eval()
+    x = torch.randn(8, 1, 28, 28)
+    family = __import__(f"trainers.models.{variant[:-len('_micro')]}", fromlist=["Block"])
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+        with OpCalls() as calls:
+            model(x)
+        in_place = model(x)  # outside the dispatch mode, as the other
+        monkeypatch.setattr(family, "add_residual", lambda x, branch, norm: x + branch)
+        out_of_place = model(x)
+    assert calls.calls.get("aten.add_") == len(model.blocks)
+    assert torch.equal(in_place, out_of_place)

@@ -80,7 +80,7 @@ from trainers.models import _attention_kernel, _gpsa_triton
 from trainers.models._attention_core import CPU_CORE_DTYPES, FULL_PRECISION, attention_inference, gated_attention
 from trainers.models._common import (
     MHSA, GridSize, Mlp, _build_without_weights, _cfg, _check_int, _check_real, _check_vit_args, _fashion_mnist_cfg,
-    _gated_param_groups, _init_vit_weights, _patch_tokens, PreNorm, add_and_norm,
+    _gated_param_groups, _init_vit_weights, _patch_tokens, PreNorm, add_and_norm, add_residual,
 )
 from trainers.models._linear import Linear, linear
 
@@ -400,7 +400,7 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x, h = add_and_norm(x, self.drop_path(self.attn(self.norm1(x))), self.norm2)  # x + attn, norm2 of it
-        return x + self.drop_path(self.mlp(h))
+        return add_residual(x, self.drop_path(self.mlp(h)), self.norm2)  # x + mlp, in place where it can be
 
 
 class LocalityConViT(nn.Module):

@@ -67,7 +67,7 @@ from timm.models._features_fx import register_notrace_module
 from trainers.models._attention_core import masked_attention, masked_core_usable
 from trainers.models._common import (
     GridSize, Mlp, _build_without_weights, _cfg, _check_bool, _check_int, _check_real, _check_vit_args,
-    _fashion_mnist_cfg, _init_vit_weights, _patch_tokens, PreNorm, add_and_norm,
+    _fashion_mnist_cfg, _init_vit_weights, _patch_tokens, PreNorm, add_and_norm, add_residual,
 )
 from trainers.models._linear import Linear
 
@@ -258,7 +258,7 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x, h = add_and_norm(x, self.drop_path(self.attn(self.norm1(x))), self.norm2)  # x + attn, norm2 of it
-        return x + self.drop_path(self.mlp(h))
+        return add_residual(x, self.drop_path(self.mlp(h)), self.norm2)  # x + mlp, in place where it can be
 
 
 class LocalityGMMViT(nn.Module):

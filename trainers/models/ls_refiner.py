@@ -87,7 +87,7 @@ from timm.models import generate_default_cfgs, register_model
 from trainers.models import _attention_kernel
 from trainers.models._common import (
     MHSA, GridSize, Mlp, _build_without_weights, _cfg, _check_int, _check_real, _check_vit_args, _fashion_mnist_cfg,
-    _init_vit_weights, PreNorm, add_and_norm,
+    _init_vit_weights, PreNorm, add_and_norm, add_residual,
 )
 from trainers.models._linear import Linear, linear
 
@@ -381,7 +381,7 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x, h = add_and_norm(x, self.drop_path(self.attn(self.norm1(x))), self.norm2)  # x + attn, norm2 of it
-        return x + self.drop_path(self.mlp(h))
+        return add_residual(x, self.drop_path(self.mlp(h)), self.norm2)  # x + mlp, in place where it can be
 
 
 class LocalityRefinerViT(nn.Module):
