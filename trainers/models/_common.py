@@ -286,10 +286,10 @@ class PreNorm(_TimmLayerNorm):
     Not for a model's last norm, whose float32 output the caller sees in the precision it asked for."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = _norm_kernel(x, self)
-        if dtype is None:
+        ops = _norm_kernel(x, self)
+        if ops is None:
             return super().forward(x)
-        return _attention_kernel.kernels(dtype).layer_norm(x, None, self.weight, self.bias, self.eps)[0]
+        return ops.layer_norm(x, None, self.weight, self.bias, self.eps)[0]
 
 
 @register_notrace_function  # reason: as PreNorm's
@@ -298,12 +298,11 @@ def add_and_norm(x: torch.Tensor, branch: torch.Tensor, norm: nn.Module) -> Tupl
     `PreNorm` that runs on a kernel, both in one pass (the sum in float32, exactly x + branch; the
     norm as `PreNorm` returns it). 2-core Zen 5 EPYC, 8 x 197 x 192 tokens: float32 34 vs 76 us,
     with a bf16 branch in bf16 inference 43 vs 106 us; 256 x 50 x 96: 148 vs 358, 249 vs 477 us."""
-    dtype = _norm_kernel(x, norm, branch)
-    if dtype is None or not branch.is_contiguous() or branch.shape != x.shape or branch.dtype not in (
-            torch.float32, dtype):
+    ops = _norm_kernel(x, norm, branch)
+    if ops is None:
         x = x + branch
         return x, norm(x)
-    normed, x = _attention_kernel.kernels(dtype).layer_norm(x, branch, norm.weight, norm.bias, norm.eps)
+    normed, x = ops.layer_norm(x, branch, norm.weight, norm.bias, norm.eps)
     return x, normed
 
 
@@ -322,18 +321,23 @@ def add_residual(x: torch.Tensor, branch: torch.Tensor, norm: nn.Module) -> torc
     return x.add_(branch)
 
 
-def _norm_kernel(x: torch.Tensor, norm: nn.Module, *others: torch.Tensor) -> Optional[torch.dtype]:
-    """The dtype of the kernel library whose `layer_norm` runs `norm(x)` (see `PreNorm`), else None:
-    bf16 under CPU autocast to bf16, float32 without autocast, where that library is built."""
+def _norm_kernel(x: torch.Tensor, norm: nn.Module, branch: Optional[torch.Tensor] = None) -> Optional[Any]:
+    """The kernel library whose `layer_norm` runs `norm(x)` (with a branch: `norm(x + branch)` and
+    the sum; see `PreNorm`), else None: the bf16 one under CPU autocast to bf16, the float32 one
+    without autocast, where that library is built; a branch it reads as it is (contiguous, x's
+    shape, float32 or the library's dtype)."""
     if not (USE_NORM_KERNEL and type(norm) is PreNorm and x.device.type == 'cpu' and x.dtype == torch.float32
             and x.is_contiguous() and norm.normalized_shape == x.shape[-1:] and norm.weight is not None
             and norm.bias is not None and norm.weight.dtype == norm.bias.dtype == torch.float32
             and norm.weight.is_contiguous() and norm.bias.is_contiguous()
-            and not records_autograd(x, norm.weight, norm.bias, *others) and not torch.compiler.is_compiling()
+            and (branch is None or branch.is_contiguous() and branch.shape == x.shape)
+            and not records_autograd(x, norm.weight, norm.bias, branch) and not torch.compiler.is_compiling()
             and not has_hooks(norm)):
         return None
     if torch.is_autocast_enabled('cpu'):
         dtype = torch.bfloat16 if cpu_autocast_to_bf16() else None
     else:
         dtype = torch.float32
-    return dtype if dtype is not None and _attention_kernel.kernels(dtype) is not None else None
+    if dtype is None or branch is not None and branch.dtype not in (torch.float32, dtype):
+        return None
+    return _attention_kernel.kernels(dtype)

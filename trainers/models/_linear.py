@@ -178,8 +178,7 @@ def _onednn_bf16(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Ten
     autocast casts them), on oneDNN with the bias and GELU applied to the float32 sums: (..., N) bf16."""
     bf16 = torch.bfloat16
     rows = x.reshape(-1, x.shape[-1]).to(bf16)  # (M, K)
-    out = torch.ops.mkldnn._linear_pointwise(rows, weight.to(bf16), None if bias is None else bias.to(bf16),
-                                             "gelu" if gelu else "none", [], "none" if gelu else "")
+    out = _onednn(rows, weight.to(bf16), None if bias is None else bias.to(bf16), gelu=gelu)
     return out.view(*x.shape[:-1], weight.shape[0])
 
 
