@@ -60,8 +60,9 @@ Where our inference runs the blocks' norms (and the residual add before norm2) o
 fuses fc1's GELU (and in bf16 the linears' bias) into oneDNN's op (`_common.PreNorm`, `_linear`:
 float32 where the float32 kernel is built, bf16 on a bf16 CPU) in a timed precision, the convit
 and micro groups add "torch-inference-ops ls_convit_*": the same model with those on torch's ops
-(F.linear, the GELU, the add, layer_norm and in bf16 the cast), and `inference_ops_gain` (with over
-without; only the inference columns take those paths, training reads about 1).
+(F.linear, the GELU, the add, layer_norm and in bf16 the cast) and oneDNN's products given the
+plain weights (not the kept packed ones, `_linear.PACK_WEIGHTS`), and `inference_ops_gain` (with
+over without; only the inference columns take those paths, training reads about 1).
 On a CPU where our float32 linears run on oneDNN (`trainers/models/_linear.py`: full-width
 AVX-512 where MKL runs AVX2 code, AMD's Zen 5) and fp32 is timed, the convit and tiny groups add "MKL-linear
 ls_convit_tiny" (the same model on torch's `F.linear`, MKL: `onednn_linear_gain`, with over
@@ -163,7 +164,8 @@ def _with_mkl_linears(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def _with_torch_inference_ops(model: torch.nn.Module) -> torch.nn.Module:
-    return _WithPathOff(model, (_linear, "USE_ONEDNN_BF16"), (_linear, "FUSE_GELU"), (_common, "USE_NORM_KERNEL"))
+    return _WithPathOff(model, (_linear, "USE_ONEDNN_BF16"), (_linear, "FUSE_GELU"), (_linear, "PACK_WEIGHTS"),
+                        (_common, "USE_NORM_KERNEL"))
 
 
 def _with_onednn_linears(model: torch.nn.Module) -> torch.nn.Module:

@@ -49,7 +49,8 @@ def test_a_timm_model_with_onednn_linears_has_every_linear_swapped_and_the_same_
 def test_the_torch_inference_ops_twin_runs_inference_on_torch_ops_and_switches_back(monkeypatch, precision):
     """The "torch-inference-ops" model the convit and micro groups time: the same weights with the
     inference norms on torch's ops and fc1's GELU (and in bf16 the linears) off oneDNN's fused op,
-    during its forward only; the flags come back on."""
+    and oneDNN's products on the plain weights (no packing), during its forward only; the flags
+    come back on."""
     if precision == "bf16" and (not _linear.onednn_runs_bf16_here() or _attention_kernel.kernels(torch.bfloat16) is None):
         pytest.skip("no bf16 oneDNN products or bf16 kernel here")
     if precision == "fp32" and _attention_kernel.kernels(torch.float32) is None:
@@ -65,10 +66,12 @@ def test_the_torch_inference_ops_twin_runs_inference_on_torch_ops_and_switches_b
         with OpCalls() as ops:
             slow = twin(x)
         assert not fused_ops & set(ops.calls) and torch_norms & set(ops.calls) and "aten.gelu_" in ops.calls
-        assert _linear.USE_ONEDNN_BF16 and _linear.FUSE_GELU and _common.USE_NORM_KERNEL
+        assert "mkldnn._reorder_linear_weight" not in ops.calls
+        assert _linear.USE_ONEDNN_BF16 and _linear.FUSE_GELU and _linear.PACK_WEIGHTS and _common.USE_NORM_KERNEL
         with OpCalls() as ops:
             fast = model(x)
         assert fused_ops <= set(ops.calls) and not {"aten.gelu_", "aten.gelu"} & set(ops.calls)
+        assert "mkldnn._reorder_linear_weight" in ops.calls  # the weights packed on this first call
     assert sum(p.numel() for p in twin.parameters()) == sum(p.numel() for p in model.parameters())
     tolerance = 0.05 if precision == "bf16" else 1e-4
     torch.testing.assert_close(fast.float(), slow.float(), atol=tolerance * slow.abs().max().item(), rtol=0)

@@ -295,6 +295,31 @@ def test_cached_positional_attention_under_autocast_follows_weight_updates():
     assert not torch.equal(after, before)
 
 
+def test_kept_maps_follow_a_fused_adamw_step_taken_after_an_inference():
+    """torch's fused AdamW (the trials' optimizer) leaves the parameters' version counters as they
+    were: inference between a backward and the step must still not serve the maps and the fused
+    qkv weight of before the step (`_kept` counts optimizer steps)."""
+    torch.manual_seed(0)
+    model = LocalityConViT(**NANO, embed_dim=32, depth=2, num_heads=4, local_up_to_layer=1)
+    x = torch.randn(2, 1, 28, 28)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.5, fused=True)
+
+    def infer(m):
+        with torch.inference_mode():
+            return m.eval()(x)
+
+    model.train()(x).square().sum().backward()
+    before = infer(model)  # keeps P, the mixing and the fused qkv weight
+    version = model.blocks[0].attn.pos_proj.weight._version
+    optimizer.step()
+    assert model.blocks[0].attn.pos_proj.weight._version == version  # torch's behaviour guarded against
+    after = infer(model)
+    fresh = copy.deepcopy(model)
+    fresh.blocks[0].attn._frozen_cache.clear()
+    torch.testing.assert_close(after, infer(fresh), rtol=0, atol=0)
+    assert not torch.equal(after, before)
+
+
 def test_compiled_inference_traces_the_cached_maps_into_one_graph():
     """Under torch.compile, inference computes P and the fused qkv weights inside the graph (no
     storage-keyed cache: that would break the graph and recompile) and still follows an update."""

@@ -401,3 +401,135 @@ def test_mlp_fuses_fc1_and_gelu_in_bf16_inference_unless_fc1_has_hooks(onednn_bf
         torch.testing.assert_close(out.float(), unfused.float(), atol=0.05, rtol=0.05)
     # no further from float32 than the unfused path, give or take bf16 noise
     assert (fused.float() - full).abs().max() <= 1.5 * (unfused.float() - full).abs().max()
+
+
+# --- inference keeps each weight in oneDNN's blocked layout ------------------------------------
+
+REORDER = "mkldnn._reorder_linear_weight"
+
+
+def _packing_precision_or_skip(precision: str) -> bool:
+    """Whether the case runs under bf16 autocast (skipped where torch runs no bf16 oneDNN products)."""
+    if precision == "bf16" and not _linear.onednn_runs_bf16_here():
+        pytest.skip("torch runs no bf16 products on oneDNN on this CPU")
+    return precision == "bf16"
+
+
+@pytest.mark.parametrize("precision", ["float32", "bf16"])
+def test_inference_packs_each_weight_once_and_follows_its_changes(onednn_here, monkeypatch, precision):
+    """Inference lays each weight out for oneDNN once and reuses it (no reorder on later calls), bit
+    for bit the product with the plain weight; an in-place change (an optimizer step,
+    load_state_dict) is seen through the weight's version counter and packed again."""
+    bf16 = _packing_precision_or_skip(precision)
+    torch.manual_seed(0)
+    layer, x = _linear.Linear(96, 384), torch.randn(2, 700, 96)
+
+    def infer(pack: bool = True) -> tuple[torch.Tensor, int]:
+        monkeypatch.setattr(_linear, "PACK_WEIGHTS", pack)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16), torch.inference_mode():
+            with OpCalls() as ops:
+                out = layer(x)
+        assert ops.calls.get(ONEDNN) == 1
+        return out, ops.calls.get(REORDER, 0)
+
+    first, reorders = infer()
+    assert reorders == 1 and layer.weight in _linear._packed_weights
+    again, reorders = infer()
+    assert reorders == 0 and torch.equal(again, first)
+    plain, reorders = infer(pack=False)
+    assert reorders == 0 and torch.equal(plain, first)
+
+    # the trials' optimizer: torch's fused AdamW updates the weight in place without bumping its
+    # version counter; the step is seen all the same (_kept counts optimizer steps)
+    optimizer = torch.optim.AdamW(layer.parameters(), lr=0.5, fused=True)
+    layer(x).square().sum().backward()
+    infer()  # inference between the backward and the step
+    version = layer.weight._version
+    optimizer.step()
+    assert layer.weight._version == version  # torch's behaviour this guards against
+    stepped, reorders = infer()
+    assert reorders == 1 and torch.equal(stepped, infer(pack=False)[0]) and not torch.equal(stepped, first)
+
+    with torch.no_grad():
+        layer.weight.mul_(2.0)  # in place: same storage, a new version
+    doubled, reorders = infer()
+    assert reorders == 1 and torch.equal(doubled, infer(pack=False)[0])
+
+    layer.load_state_dict({"weight": torch.randn(384, 96), "bias": torch.zeros(384)})
+    loaded, reorders = infer()
+    assert reorders == 1 and torch.equal(loaded, infer(pack=False)[0])
+
+
+@pytest.mark.parametrize("case", ["inference tensor", "view", "switched off"])
+def test_weights_not_tracked_are_not_kept_packed(onednn_here, monkeypatch, case):
+    """A weight made in inference mode has no version counter (an in-place change would go unseen)
+    and a view is a new object on every call (`w.t()`): neither is kept; they run with the plain
+    weight, as everything does with PACK_WEIGHTS off."""
+    torch.manual_seed(0)
+    x = torch.randn(1400, 96)
+    weight = torch.randn(96, 384).t() if case == "view" else torch.randn(384, 96)  # normal tensors
+    if case == "switched off":
+        monkeypatch.setattr(_linear, "PACK_WEIGHTS", False)
+    with torch.inference_mode():
+        if case == "inference tensor":
+            weight = torch.randn(384, 96)
+        with OpCalls() as ops:
+            out = _linear.linear(x, weight)
+            _linear.linear(x, weight)
+            if case == "inference tensor":
+                weight.mul_(2.0)  # unseen by any cache: must not serve the old product
+                doubled = _linear.linear(x, weight)
+    assert ops.calls.get(ONEDNN) == (3 if case == "inference tensor" else 2) and REORDER not in ops.calls
+    assert weight not in _linear._packed_weights
+    torch.testing.assert_close(out, x @ weight.t() / (2.0 if case == "inference tensor" else 1.0))
+    if case == "inference tensor":
+        torch.testing.assert_close(doubled, x @ weight.t())
+
+
+def test_a_packed_weight_is_dropped_with_its_weight(onednn_here):
+    """The packed copy lives as long as its weight (weak keys): a model freed frees its copies."""
+    x = torch.randn(1400, 96)
+    layer = _linear.Linear(96, 384)
+    with torch.inference_mode():
+        layer(x)
+    assert layer.weight in _linear._packed_weights
+    before = len(_linear._packed_weights)
+    del layer
+    assert len(_linear._packed_weights) == before - 1
+
+
+@pytest.mark.parametrize("precision", ["float32", "bf16"])
+def test_models_keep_every_large_weight_packed_for_inference(onednn_here, monkeypatch, precision):
+    """In ls_convit_micro inference every linear's weight is packed on the first call, GPSA's fused
+    qkv weight too (kept by `_frozen` as a normal tensor, so tracked), none on the second; the
+    logits equal the plain weights' bit for bit, and after an optimizer step they follow it."""
+    bf16 = _packing_precision_or_skip(precision)
+    torch.manual_seed(0)
+    model = timm.create_model("ls_convit_micro", num_classes=10)
+    x = torch.randn(8, 1, 28, 28)
+
+    def infer(pack: bool = True) -> tuple[torch.Tensor, int]:
+        monkeypatch.setattr(_linear, "PACK_WEIGHTS", pack)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16), torch.inference_mode():
+            with OpCalls() as ops:
+                out = model.eval()(x)
+        return out, ops.calls.get(REORDER, 0)
+
+    # every block's qkv (GPSA's fused from qk and v), proj, fc1 and fc2; the head (8 x 96 -> 10) only
+    # in bf16 (under the float32 rule's MIN_MULTIPLY_ADDS it stays on F.linear)
+    products = 4 * len(model.blocks) + bf16
+    first, reorders = infer()
+    assert reorders == products
+    gpsa = model.blocks[0].attn
+    assert gpsa._frozen_cache["qkv_weight"][1] in _linear._packed_weights
+    again, reorders = infer()
+    assert reorders == 0 and torch.equal(again, first) and torch.equal(infer(pack=False)[0], first)
+
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1, fused=True)  # as the trials step
+    model(x).logsumexp(-1).sum().backward()
+    infer()
+    optimizer.step()
+    stepped, reorders = infer()
+    assert reorders == products
+    assert torch.equal(stepped, infer(pack=False)[0]) and not torch.equal(stepped, first)

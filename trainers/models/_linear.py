@@ -45,6 +45,17 @@ bit for bit the same (tested). On the 2-core Zen 5 EPYC at ls_convit_micro's fc1
 384) 2.33 vs 2.68 ms alone; inside the model (profiled) 2.86 vs 2.31 + 0.81 ms, with the fc2 after
 it 0.1-0.2 ms slower, so the model gains about 1% at most. `FUSE_GELU = False` applies the GELU
 after the product instead, in either precision.
+
+Both inference paths hand oneDNN the weight already in its blocked layout (and, under autocast,
+already cast to bf16), kept per weight until the weight changes (`_packed_weight`). Given a plain
+(N, K) weight, oneDNN's product re-lays it out inside every call. Same product, bit for bit
+(tested). On the 2-core Zen 5 EPYC, alternating in-process, 11-30 repeats, in several processes:
+ls_convit_tiny inference (224 px, batch 8) 1.03-1.15x in float32 and in bf16; ls_convit_micro
+(batch 256) 1.01-1.17x and 1.01-1.10x; GMM and Refiner micro 1.09-1.12x and 1.08x. The gain is
+bimodal: about 1.02-1.03x in some processes and 1.14-1.15x in others, where the plain weights' product
+ran slow (ls_convit_tiny bf16 31 vs 38 ms) and the packed one much less so. Packing on every call
+loses (a reorder per call, 130 us at 192 -> 768), so training, whose weights change every step,
+keeps the plain weights. `PACK_WEIGHTS = False` turns it off.
 """
 from __future__ import annotations
 
@@ -55,19 +66,23 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.weak import WeakIdKeyDictionary
 from torch.utils.flop_counter import flop_registry, register_flop_formula
 from timm.models._features_fx import register_notrace_function
 
 from trainers._cpu import cpu_family, cpuinfo_field
 from trainers.models import _attention_kernel
+from trainers.models._kept import parameters_key
 
-__all__ = ["FUSE_GELU", "Linear", "USE_ONEDNN_BF16", "USE_ONEDNN_FP32", "USE_WEIGHT_GRAD_KERNEL", "linear",
+__all__ = ["FUSE_GELU", "Linear", "PACK_WEIGHTS", "USE_ONEDNN_BF16", "USE_ONEDNN_FP32", "USE_WEIGHT_GRAD_KERNEL", "linear",
            "cpu_autocast_to_bf16", "onednn_beats_mkl_here", "onednn_runs_bf16_here", "records_autograd"]
 
 USE_ONEDNN_FP32 = True
 USE_ONEDNN_BF16 = True
 # False: linear(..., gelu=True) applies the GELU after oneDNN's product, not inside it (the benchmarks' side-by-side rows)
 FUSE_GELU = True
+# False: the inference paths hand oneDNN the plain weight on every call (see _packed_weight)
+PACK_WEIGHTS = True
 USE_WEIGHT_GRAD_KERNEL = True
 # the float32 kernel's lanes where this module's path runs (AVX-512: onednn_beats_mkl_here asks for it)
 _KERNEL_LANES = 16
@@ -104,6 +119,29 @@ def _onednn(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
     """x (M, K) @ weight (N, K)^T + bias (N,), then the exact GELU if asked -> (M, N) on oneDNN; x
     and weight may be strided."""
     return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "gelu" if gelu else "none", [], "none" if gelu else "")
+
+
+# weight -> (what it was packed from, the packed weight): see _packed_weight
+_packed_weights = WeakIdKeyDictionary()
+
+
+def _packed_weight(weight: torch.Tensor, dtype: torch.dtype, rows: int) -> torch.Tensor:
+    """`weight` (N, K) cast to `dtype` for oneDNN's linear op: in oneDNN's blocked layout, kept and
+    reused until the weight may have changed (`_kept.parameters_key`: its storage, version counter,
+    or an optimizer step), where that can be tracked; else the plain cast. Inference only (the
+    callers'): kept while the weight lives.
+
+    Not kept: inference tensors (no version counter, so an in-place change would go unseen) and
+    views (a new object on every call, e.g. `w.t()`). `rows` is oneDNN's hint for the layout."""
+    if not PACK_WEIGHTS or weight.is_inference() or weight._is_view():
+        return weight.to(dtype)
+    key = (parameters_key(weight), dtype)
+    kept = _packed_weights.get(weight)
+    if kept is not None and kept[0] == key:
+        return kept[1]
+    packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().to(dtype).contiguous(), rows)
+    _packed_weights[weight] = (key, packed)
+    return packed
 
 
 class _OneDNNLinear(torch.autograd.Function):
@@ -178,7 +216,8 @@ def _onednn_bf16(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Ten
     autocast casts them), on oneDNN with the bias and GELU applied to the float32 sums: (..., N) bf16."""
     bf16 = torch.bfloat16
     rows = x.reshape(-1, x.shape[-1]).to(bf16)  # (M, K)
-    out = _onednn(rows, weight.to(bf16), None if bias is None else bias.to(bf16), gelu=gelu)
+    weight_bf16 = _packed_weight(weight, bf16, rows.shape[0])
+    out = _onednn(rows, weight_bf16, None if bias is None else bias.to(bf16), gelu=gelu)
     return out.view(*x.shape[:-1], weight.shape[0])
 
 
@@ -206,7 +245,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
         out = _OneDNNLinear.apply(x, weight, bias)
         fused_gelu = False
     else:  # float32 inference: the GELU inside the product is torch's own float32 GELU (on oneDNN) bit for bit
-        out = _onednn(x.reshape(-1, x.shape[-1]), weight, bias, gelu=fused_gelu).view(*x.shape[:-1], weight.shape[0])
+        rows = x.reshape(-1, x.shape[-1])  # (M, K)
+        out = _onednn(rows, _packed_weight(weight, torch.float32, rows.shape[0]), bias, gelu=fused_gelu)
+        out = out.view(*x.shape[:-1], weight.shape[0])
     if not gelu or fused_gelu:
         return out
     # a fresh product nothing else holds: overwriting it is safe where autograd does not need it

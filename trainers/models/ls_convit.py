@@ -82,6 +82,7 @@ from trainers.models._common import (
     MHSA, GridSize, Mlp, _build_without_weights, _cfg, _check_int, _check_real, _check_vit_args, _fashion_mnist_cfg,
     _gated_param_groups, _init_vit_weights, _patch_tokens, PreNorm, add_and_norm, add_residual,
 )
+from trainers.models._kept import parameters_key
 from trainers.models._linear import Linear, linear
 
 __all__ = ['GPSA', 'MHSA', 'Block', 'LocalityConViT', 'gated_attention']
@@ -204,21 +205,24 @@ class GPSA(nn.Module):
     # --- attention maps ----------------------------------------------------------------------
     def _frozen(self, name: str, params: Tuple[torch.Tensor, ...], extra: tuple, compute: Callable[[], Any]) -> Any:
         """compute(), which depends only on `params` and `extra`; without autograd (inference) it is
-        kept and reused until a parameter changes (an optimizer step, load_state_dict, a move or a
-        cast: its storage, version counter, dtype or device) or `extra` does. With autograd it is
-        recomputed (part of the graph) and the kept copy dropped. Under torch.compile it is traced
-        into the graph (a Python-side cache keyed on storage would only cause recompiles)."""
+        kept and reused until a parameter may have changed (`_kept.parameters_key`: an optimizer
+        step, load_state_dict, a move or a cast) or `extra` does. With autograd it is
+        recomputed (part of the graph) and the kept copy dropped. Kept values are normal tensors,
+        not inference tensors. Under torch.compile it is traced into the graph (a Python-side cache
+        keyed on storage would only cause recompiles)."""
         if torch.compiler.is_compiling():
             return compute()
         if torch.is_grad_enabled():
             self._frozen_cache.pop(name, None)
             return compute()
-        key = (extra, torch.is_inference_mode_enabled(),
-               *((p.data_ptr(), p._version, p.dtype, p.device) for p in params))
+        key = (extra, torch.is_inference_mode_enabled(), parameters_key(*params))
         kept = self._frozen_cache.get(name)
         if kept is not None and kept[0] == key:
             return kept[1]
-        value = compute()
+        # normal tensors even when built during inference: _linear keeps the oneDNN layout of a
+        # weight (the qkv one) only where a version counter tracks it (see _linear._packed_weight)
+        with torch.inference_mode(False), torch.no_grad():
+            value = compute()
         self._frozen_cache[name] = (key, value)
         return value
 
