@@ -460,6 +460,22 @@ def test_inference_packs_each_weight_once_and_follows_its_changes(onednn_here, m
     assert reorders == 1 and torch.equal(loaded, infer(pack=False)[0])
 
 
+def test_float32_and_bf16_inference_in_turn_keep_one_packed_weight_each(onednn_here):
+    """A model run in float32 and under bf16 autocast in turn (as the models benchmark times them)
+    keeps a packed weight for each dtype: no reorder once both are made."""
+    _packing_precision_or_skip("bf16")
+    torch.manual_seed(0)
+    layer, x = _linear.Linear(96, 384), torch.randn(2, 700, 96)
+
+    def reorders(bf16: bool) -> int:
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16), torch.inference_mode():
+            with OpCalls() as ops:
+                layer(x)
+        return ops.calls.get(REORDER, 0)
+
+    assert [reorders(bf16) for bf16 in (False, True, False, True, False)] == [1, 1, 0, 0, 0]
+
+
 @pytest.mark.parametrize("case", ["inference tensor", "view", "switched off"])
 def test_weights_not_tracked_are_not_kept_packed(onednn_here, monkeypatch, case):
     """A weight made in inference mode has no version counter (an in-place change would go unseen)

@@ -121,7 +121,7 @@ def _onednn(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
     return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "gelu" if gelu else "none", [], "none" if gelu else "")
 
 
-# weight -> (what it was packed from, the packed weight): see _packed_weight
+# weight -> {dtype: (what it was packed from, the packed weight)}: see _packed_weight
 _packed_weights = WeakIdKeyDictionary()
 
 
@@ -129,18 +129,20 @@ def _packed_weight(weight: torch.Tensor, dtype: torch.dtype, rows: int) -> torch
     """`weight` (N, K) cast to `dtype` for oneDNN's linear op: in oneDNN's blocked layout, kept and
     reused until the weight may have changed (`_kept.parameters_key`: its storage, version counter,
     or an optimizer step), where that can be tracked; else the plain cast. Inference only (the
-    callers'): kept while the weight lives.
+    callers'): kept while the weight lives, one per dtype (a model timed in float32 and bf16 in
+    turn does not pack again at every switch).
 
     Not kept: inference tensors (no version counter, so an in-place change would go unseen) and
     views (a new object on every call, e.g. `w.t()`). `rows` is oneDNN's hint for the layout."""
     if not PACK_WEIGHTS or weight.is_inference() or weight._is_view():
         return weight.to(dtype)
-    key = (parameters_key(weight), dtype)
-    kept = _packed_weights.get(weight)
+    key = parameters_key(weight)
+    by_dtype = _packed_weights.setdefault(weight, {})
+    kept = by_dtype.get(dtype)
     if kept is not None and kept[0] == key:
         return kept[1]
     packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().to(dtype).contiguous(), rows)
-    _packed_weights[weight] = (key, packed)
+    by_dtype[dtype] = (key, packed)
     return packed
 
 
