@@ -177,8 +177,9 @@ def _with_onednn_linears(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def _inference_ops_timed(cuda: bool, precisions: tuple[str, ...]) -> bool:
-    """Whether our inference runs its norms on a kernel here (`_common.PreNorm`; with it, in bf16,
-    its linears on oneDNN's op, `_linear`), in a timed precision."""
+    """Whether our inference takes, in a timed precision, paths the "torch-inference-ops" twin turns
+    off: the norms on a kernel (`_common.PreNorm`), and with them fc1's fused GELU and the packed
+    weights on oneDNN (`_linear`; in bf16 its linears on oneDNN's op too)."""
     bf16 = ("bf16" in precisions and _linear.onednn_runs_bf16_here()
             and _attention_kernel.kernels(torch.bfloat16) is not None)
     return not cuda and (bf16 or "fp32" in precisions and _attention_kernel.kernels(torch.float32) is not None)
