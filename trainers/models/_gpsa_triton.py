@@ -1,19 +1,24 @@
 """GPSA's attention core for CUDA inference as one Triton kernel (see `ls_convit`'s module doc).
 
-Per (batch, head, block of queries) it runs flash attention's loop over the keys and, in the same
-loop, multiplies the block of s * P (the gated positional attention, input-independent) with the
-same block of values:
-
     out = (1 - s) * softmax(Q K^T / sqrt(d)) V + (s * P) V        (B, N, H, d)
 
-so the values are read once, neither term is written out on its own, and the mix lands in the
-layout the output projection reads. Two things make it quicker than fused SDPA plus a GEMM for
-P @ V at GPSA's shapes besides the saved passes: q, k and v are read straight from the qkv
-projection's (B, N, 3, H, d) output (no head-major copies), and a head width that is a sum of
-two powers of two (ConViT-Ti's 48 = 32 + 16) is multiplied as two exact pieces instead of being
-padded to the next power of two. Other widths keep the SDPA path. Measured on an H100 in bf16,
-GPU time per call (the timing `benchmarks/gpsa_cuda_core.py` repeats): 111-118 vs 164-166 us at
-224 px (batch 256, 196 tokens), 79 vs 174 us at 32 px (batch 1024, 64 tokens).
+with s * P the gated positional attention (input-independent, kept by the layer). Two kernels
+compute it, per (batch, head, block of queries), neither writing a term out on its own:
+
+* one pass (`N` up to `ONE_PASS_MAX_TOKENS`): the block's whole rows of scores at once, their
+  exact softmax, the mixed map A = (1 - s) softmax + s P in registers, then one product A @ V.
+  Two products per block instead of three (no separate P @ V), no running rescale;
+* online softmax (any `N`): flash attention's loop over blocks of keys, multiplying the block of
+  s * P with the same block of values in the same loop (three products per block of keys).
+
+With `ONE_PASS_KERNEL` on, the first call for a shape times both (each with its blocks tuned)
+and keeps the quicker; off, the online kernel always runs. Both read q, k and v straight from the
+qkv projection's (B, N, 3, H, d) output (no head-major copies), and multiply a head width that is
+a sum of two powers of two (ConViT-Ti's 48 = 32 + 16) as two exact pieces instead of padding it to
+the next power of two. Other widths keep the SDPA path. The online kernel alone, measured on an
+H100 in bf16, GPU time per call (the timing `benchmarks/gpsa_cuda_core.py` repeats): 111-118 vs
+164-166 us for fused SDPA + P @ V at 224 px (batch 256, 196 tokens), 79 vs 174 us at 32 px
+(batch 1024, 64 tokens).
 
 Inference only (no backward); fp16/bf16 only (fp32 inputs would run tl.dot in TF32, which
 changes the numbers; the module's fp32 path stays exact). `available()` says whether it can run.
@@ -25,9 +30,20 @@ import functools
 
 import torch
 
-__all__ = ['available', 'gated_attention_inference', 'head_pieces']
+__all__ = ['available', 'chosen_kernel', 'gated_attention_inference', 'head_pieces', 'KERNELS', 'ONE_PASS_MAX_TOKENS']
 
 _DTYPES = (torch.float16, torch.bfloat16)
+
+KERNELS = ('one_pass', 'online')
+# whole rows of scores in registers: up to 256 keys (BLOCK_N = 256; the 224 px grid's 196 fits)
+ONE_PASS_MAX_TOKENS = 256
+# False: always the online-softmax kernel (the benchmark's twin, to time the one-pass kernel's gain)
+ONE_PASS_KERNEL = True
+# False: each kernel launches with its default blocks, untimed (tests: one compile per variant,
+# not one per candidate block size)
+TUNE = True
+# the blocks launched untuned (and by Triton's interpreter, on the CPU)
+_DEFAULT_BLOCKS = {'one_pass': dict(BLOCK_M=16, num_warps=4), 'online': dict(BLOCK_M=32, BLOCK_N=32, num_warps=4)}
 
 
 @functools.lru_cache(maxsize=None)
@@ -61,7 +77,7 @@ def head_pieces(head_dim: int) -> tuple[int, int] | None:
 
 
 @functools.lru_cache(maxsize=None)
-def _kernel():
+def _online_kernel():
     triton, tl = _triton()
 
     configs = [triton.Config({'BLOCK_M': m, 'BLOCK_N': n}, num_warps=w, num_stages=s)
@@ -135,18 +151,125 @@ def _kernel():
     return gpsa_fwd, triton.autotune(configs=configs, key=['N', 'H', 'D'])(gpsa_fwd)
 
 
-# (N, H, d, dtype, device) -> the autotuner's pick, so later calls launch the plain kernel: the
-# autotuner's per-call bookkeeping costs about as much host time as the launch itself, and a batch
-# of a small model on a GPU can be host-bound (measured on an H100: 41 us per call through the
-# autotuner, 26 us direct)
+@functools.lru_cache(maxsize=None)
+def _one_pass_kernel():
+    triton, tl = _triton()
+
+    # BLOCK_N is N rounded up to a power of two, passed in; the blocks of queries and the warps that
+    # hold their rows of scores (BLOCK_M x BLOCK_N float32) are tuned
+    configs = [triton.Config({'BLOCK_M': m}, num_warps=w, num_stages=1)
+               for m, w in ((16, 2), (16, 4), (32, 2), (32, 4), (32, 8), (64, 4), (64, 8), (128, 8))]
+
+    @triton.jit
+    def gpsa_fwd_one_pass(qkv_ptr, pos_ptr, content_weight_ptr, out_ptr, N, qk_scale,
+                          stride_qkv_b, stride_qkv_n, stride_pos_h, stride_pos_n, stride_out_b, stride_out_n,
+                          H: tl.constexpr, D: tl.constexpr, D0: tl.constexpr, D1: tl.constexpr,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+        # as gpsa_fwd, with every key in one block (N <= BLOCK_N)
+        pid_m = tl.program_id(0)
+        pid_bh = tl.program_id(1)
+        b = pid_bh // H
+        h = pid_bh % H
+        C = H * D
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_n = tl.arange(0, BLOCK_N)
+        offs_d0 = tl.arange(0, D0)
+        mask_m = offs_m < N
+        mask_n = offs_n < N
+        base = qkv_ptr + b.to(tl.int64) * stride_qkv_b + h * D
+        q_rows = base + offs_m[:, None] * stride_qkv_n
+        k_cols = base + C + offs_n[None, :] * stride_qkv_n  # K^T (D, BLOCK_N)
+        v_rows = base + 2 * C + offs_n[:, None] * stride_qkv_n  # V (BLOCK_N, D)
+        q0 = tl.load(q_rows + offs_d0[None, :], mask=mask_m[:, None], other=0.)
+        k0 = tl.load(k_cols + offs_d0[:, None], mask=mask_n[None, :], other=0.)
+        scores = tl.dot(q0, k0)  # (BLOCK_M, BLOCK_N) float32
+        if D1 > 0:
+            offs_d1 = D0 + tl.arange(0, D1)
+            q1 = tl.load(q_rows + offs_d1[None, :], mask=mask_m[:, None], other=0.)
+            k1 = tl.load(k_cols + offs_d1[:, None], mask=mask_n[None, :], other=0.)
+            scores = tl.dot(q1, k1, scores)
+        scores = tl.where(mask_n[None, :], scores * qk_scale, float('-inf'))  # log2 units
+        p = tl.exp2(scores - tl.max(scores, 1)[:, None])
+        weight = tl.load(content_weight_ptr + h).to(tl.float32) / tl.sum(p, 1)  # (1 - s) / row sum
+        pos = tl.load(pos_ptr + h * stride_pos_h + offs_m[:, None] * stride_pos_n + offs_n[None, :],
+                      mask=mask_m[:, None] & mask_n[None, :], other=0.)
+        v0 = tl.load(v_rows + offs_d0[None, :], mask=mask_n[:, None], other=0.)
+        # the mixed map A = (1 - s) softmax(S) + s P, rounded once to V's dtype for the product
+        attn = (p * weight[:, None] + pos.to(tl.float32)).to(v0.dtype)
+        out_rows = out_ptr + b.to(tl.int64) * stride_out_b + offs_m[:, None] * stride_out_n + h * D
+        out0 = tl.dot(attn, v0)
+        tl.store(out_rows + offs_d0[None, :], out0.to(out_ptr.dtype.element_ty), mask=mask_m[:, None])
+        if D1 > 0:
+            v1 = tl.load(v_rows + offs_d1[None, :], mask=mask_n[:, None], other=0.)
+            out1 = tl.dot(attn, v1)
+            tl.store(out_rows + offs_d1[None, :], out1.to(out_ptr.dtype.element_ty), mask=mask_m[:, None])
+
+    return gpsa_fwd_one_pass, triton.autotune(configs=configs, key=['N', 'H', 'D'])(gpsa_fwd_one_pass)
+
+
+# (kernel, N, H, d, dtype, device) -> the autotuner's pick, so later calls launch the plain kernel:
+# the autotuner's per-call bookkeeping costs about as much host time as the launch itself, and a
+# batch of a small model on a GPU can be host-bound (measured on an H100: 41 us per call through
+# the autotuner, 26 us direct)
 _LAUNCH_CONFIG: dict[tuple, dict] = {}
+# (N, H, d, dtype, device) -> the kernel timed quicker at the first call for those sizes
+_CHOSEN: dict[tuple, str] = {}
+
+
+def _block_n(N: int) -> int:
+    """The one-pass kernel's key block: N rounded up to a power of two, at least 16 (tl.dot's least)."""
+    return max(16, 1 << (N - 1).bit_length())
+
+
+def _launch(kernel: str, args: tuple, shape: dict, B: int, N: int) -> None:
+    plain, autotuned = _one_pass_kernel() if kernel == 'one_pass' else _online_kernel()
+    if kernel == 'one_pass':
+        shape = dict(shape, BLOCK_N=_block_n(N))
+    H = shape['H']
+    # on the CPU: Triton's interpreter (TRITON_INTERPRET=1), which the CPU tests run
+    meta = _DEFAULT_BLOCKS[kernel] if not (args[0].is_cuda and TUNE) else None
+    key = (kernel, N, H, shape['D'], args[0].dtype, args[0].device)
+    meta = meta or _LAUNCH_CONFIG.get(key)
+    if meta is None:  # the first call for these sizes tunes the blocks and launches the best
+        autotuned[lambda m: (-(-N // m['BLOCK_M']), B * H)](*args, **shape)
+        best = autotuned.best_config
+        _LAUNCH_CONFIG[key] = dict(best.kwargs, num_warps=best.num_warps, num_stages=best.num_stages)
+        return
+    plain[(-(-N // meta['BLOCK_M']), B * H)](*args, **shape, **meta)
+
+
+def _choose(args: tuple, shape: dict, B: int, N: int) -> str:
+    """The kernel for these sizes: the one-pass one where it applies and times quicker here (both
+    tuned first, then timed in turn with CUDA events), else the online one."""
+    if not ONE_PASS_KERNEL or N > ONE_PASS_MAX_TOKENS:
+        return 'online'
+    if not (args[0].is_cuda and TUNE):
+        return 'one_pass'
+    key = (N, shape['H'], shape['D'], args[0].dtype, args[0].device)
+    chosen = _CHOSEN.get(key)
+    if chosen is None:
+        from triton.testing import do_bench
+        for kernel in KERNELS:  # tunes each kernel's blocks
+            _launch(kernel, args, shape, B, N)
+        ms = {kernel: do_bench(lambda k=kernel: _launch(k, args, shape, B, N), warmup=5, rep=25)
+              for kernel in KERNELS}
+        chosen = _CHOSEN[key] = min(ms, key=ms.get)
+    return chosen
+
+
+def chosen_kernel(tokens: int, heads: int, head_dim: int, dtype: torch.dtype, device: torch.device) -> str | None:
+    """The kernel picked for these sizes on `device` at their first call; None before it (or where
+    the choice is not timed: the one-pass kernel off or not applicable)."""
+    return _CHOSEN.get((tokens, heads, head_dim, dtype, torch.device(device)))
 
 
 def gated_attention_inference(qkv: torch.Tensor, pos: torch.Tensor, content_weight: torch.Tensor,
-                              scale: float) -> torch.Tensor:
+                              scale: float, *, kernel: str | None = None) -> torch.Tensor:
     """(1 - s) softmax(Q K^T * scale) V + (s P) V for qkv (B, N, 3, H, d) (the projection's output,
     any layout with unit stride inside a token), pos = s * P (H, N, N) and content_weight = 1 - s
-    (H elements, contiguous); returns (B, N, H, d) contiguous in qkv's dtype. No autograd."""
+    (H elements, contiguous); returns (B, N, H, d) contiguous in qkv's dtype. No autograd.
+    `kernel`: one of `KERNELS` to force it (the one-pass one only up to `ONE_PASS_MAX_TOKENS`
+    tokens); None picks (see the module doc)."""
     B, N, three, H, d = qkv.shape
     strides = qkv.stride()
     if three != 3 or strides[4] != 1 or strides[3] != d or strides[2] != H * d:
@@ -155,6 +278,10 @@ def gated_attention_inference(qkv: torch.Tensor, pos: torch.Tensor, content_weig
     pieces = head_pieces(d)
     if pieces is None:
         raise ValueError(f'head width {d} is neither a power of two >= 16 nor a sum of two; see available()')
+    if kernel not in (None, *KERNELS):
+        raise ValueError(f'kernel must be one of {KERNELS} or None; got {kernel!r}')
+    if kernel == 'one_pass' and N > ONE_PASS_MAX_TOKENS:
+        raise ValueError(f'the one-pass kernel takes at most {ONE_PASS_MAX_TOKENS} tokens; got {N}')
     pos = pos.to(qkv.dtype)
     if pos.stride(2) != 1:
         pos = pos.contiguous()
@@ -162,16 +289,5 @@ def gated_attention_inference(qkv: torch.Tensor, pos: torch.Tensor, content_weig
     args = (qkv, pos, content_weight, out, N, scale * 1.4426950408889634,  # log2(e): exp2 in-kernel
             strides[0], strides[1], pos.stride(0), pos.stride(1), N * H * d, H * d)
     shape = dict(H=H, D=d, D0=pieces[0], D1=pieces[1])
-    plain, autotuned = _kernel()
-    if not qkv.is_cuda:  # Triton's interpreter (TRITON_INTERPRET=1), which the CPU tests run
-        plain[(-(-N // 32), B * H)](*args, **shape, BLOCK_M=32, BLOCK_N=32)
-        return out
-    key = (N, H, d, qkv.dtype, qkv.device)
-    meta = _LAUNCH_CONFIG.get(key)
-    if meta is None:  # the first call for these sizes tunes the blocks and launches the best
-        autotuned[lambda m: (-(-N // m['BLOCK_M']), B * H)](*args, **shape)
-        best = autotuned.best_config
-        _LAUNCH_CONFIG[key] = dict(best.kwargs, num_warps=best.num_warps, num_stages=best.num_stages)
-        return out
-    plain[(-(-N // meta['BLOCK_M']), B * H)](*args, **shape, **meta)
+    _launch(kernel or _choose(args, shape, B, N), args, shape, B, N)
     return out
