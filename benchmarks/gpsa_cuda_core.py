@@ -103,7 +103,7 @@ def run(*, repeats: int, calls: int, warmup: int, dtype: torch.dtype) -> dict:
             "max_abs_diff": diff,
             "gpu_us": gpu_us,
             "host_us": host_us,
-            "chosen_kernel": _gpsa_triton.chosen_kernel(tokens, heads, width, dtype, qkv.device) or "online",
+            "chosen_kernel": _gpsa_triton.chosen_kernel(batch, tokens, heads, width, dtype, qkv.device) or "online",
             "ratio_sdpa_path_over_kernel": {name: {"gpu": gpu_us["SDPA + P @ V"] / gpu_us[name],
                                                    "host": host_us["SDPA + P @ V"] / host_us[name]}
                                             for name in gpu_us if "kernel" in name},

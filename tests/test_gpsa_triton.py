@@ -85,13 +85,14 @@ def test_rejects_an_unknown_kernel_and_the_one_pass_kernel_past_its_rows():
 
 
 def test_the_one_pass_kernel_only_where_its_rows_fit_and_while_switched_on(monkeypatch):
-    def choose(N):
-        qkv = torch.zeros(1, N, 3, 2, 16)  # the CPU (interpreter) path: no timing, the rule alone
-        return _gpsa_triton._choose((qkv,), dict(H=2, D=16), 1, N)
-    assert choose(196) == choose(256) == 'one_pass'
-    assert choose(257) == 'online'
+    assert _gpsa_triton._allowed(196, None) == _gpsa_triton._allowed(256, None) == ('one_pass', 'online')
+    assert _gpsa_triton._allowed(257, None) == ('online',)
+    assert _gpsa_triton._allowed(196, 'online') == ('online',)
     monkeypatch.setattr(_gpsa_triton, 'ONE_PASS_KERNEL', False)
-    assert choose(196) == 'online'
+    assert _gpsa_triton._allowed(196, None) == ('online',)
+    qkv = torch.zeros(1, 196, 3, 2, 16)  # the CPU (interpreter) path: the first allowed, untimed
+    assert _gpsa_triton._pick((qkv,), dict(H=2, D=16), 1, 196, ('one_pass', 'online')) == (
+        'one_pass', _gpsa_triton.CONFIGS['one_pass'][0])
 
 
 @pytest.mark.skipif(_triton_missing, reason="Triton is not installed (a CPU-only torch build)")
@@ -171,7 +172,7 @@ def test_cuda_kernel_as_picked_tuned(shape):
     qkv, pos, cw = _inputs(B, N, H, d, torch.bfloat16, 'cuda')
     expected = reference(qkv, pos, cw, d ** -0.5)
     out = _gpsa_triton.gated_attention_inference(qkv, pos, cw, d ** -0.5)
-    picked = _gpsa_triton.chosen_kernel(N, H, d, torch.bfloat16, qkv.device)
+    picked = _gpsa_triton.chosen_kernel(B, N, H, d, torch.bfloat16, qkv.device)
     if N > _gpsa_triton.ONE_PASS_MAX_TOKENS:
         assert picked is None  # nothing to choose between
     else:

@@ -11,8 +11,9 @@ compute it, per (batch, head, block of queries), neither writing a term out on i
 * online softmax (any `N`): flash attention's loop over blocks of keys, multiplying the block of
   s * P with the same block of values in the same loop (three products per block of keys).
 
-With `ONE_PASS_KERNEL` on, the first call for a shape times both (each with its blocks tuned)
-and keeps the quicker; off, the online kernel always runs. Both read q, k and v straight from the
+The first call for a shape (and a batch size, rounded up to a power of two) times each kernel
+that applies at each of its launch settings (`CONFIGS`) and keeps the quickest; with
+`ONE_PASS_KERNEL` off only the online kernel is timed. Both read q, k and v straight from the
 qkv projection's (B, N, 3, H, d) output (no head-major copies), and multiply a head width that is
 a sum of two powers of two (ConViT-Ti's 48 = 32 + 16) as two exact pieces instead of padding it to
 the next power of two. Other widths keep the SDPA path. The online kernel alone, measured on an
@@ -42,8 +43,17 @@ ONE_PASS_KERNEL = True
 # False: each kernel launches with its default blocks, untimed (tests: one compile per variant,
 # not one per candidate block size)
 TUNE = True
-# the blocks launched untuned (and by Triton's interpreter, on the CPU)
-_DEFAULT_BLOCKS = {'one_pass': dict(BLOCK_M=16, num_warps=4), 'online': dict(BLOCK_M=32, BLOCK_N=32, num_warps=4)}
+# the launch settings each kernel is timed with at a shape's first call (BLOCK_M: queries per
+# program; the online kernel's BLOCK_N: keys per step; the one-pass kernel's is N rounded up to a
+# power of two), and the first of each, launched untuned (and by Triton's interpreter, on the CPU)
+CONFIGS = {
+    'one_pass': tuple(dict(BLOCK_M=m, num_warps=w, num_stages=1)
+                      for m, w in ((16, 4), (16, 2), (32, 2), (32, 4), (32, 8), (64, 4), (64, 8), (128, 8))),
+    'online': tuple(dict(BLOCK_M=m, BLOCK_N=n, num_warps=w, num_stages=s)
+                    for m, n, w, s in ((32, 32, 4, 2), (32, 32, 2, 2), (32, 64, 2, 2), (32, 64, 4, 2), (64, 32, 4, 2),
+                                       (64, 64, 4, 2), (64, 64, 4, 3), (128, 32, 4, 2), (128, 64, 4, 2),
+                                       (128, 64, 8, 2), (64, 128, 4, 2))),
+}
 
 
 @functools.lru_cache(maxsize=None)
@@ -79,11 +89,6 @@ def head_pieces(head_dim: int) -> tuple[int, int] | None:
 @functools.lru_cache(maxsize=None)
 def _online_kernel():
     triton, tl = _triton()
-
-    configs = [triton.Config({'BLOCK_M': m, 'BLOCK_N': n}, num_warps=w, num_stages=s)
-               for m, n, w, s in ((32, 32, 2, 2), (32, 64, 2, 2), (32, 64, 4, 2), (64, 32, 4, 2),
-                                  (64, 64, 4, 2), (64, 64, 4, 3), (128, 32, 4, 2), (128, 64, 4, 2),
-                                  (128, 64, 8, 2), (64, 128, 4, 2))]
 
     @triton.jit
     def gpsa_fwd(qkv_ptr, pos_ptr, content_weight_ptr, out_ptr, N, qk_scale,
@@ -148,17 +153,12 @@ def _online_kernel():
             out1 = acc1 * weight[:, None] + pacc1
             tl.store(out_rows + offs_d1[None, :], out1.to(out_ptr.dtype.element_ty), mask=mask_m[:, None])
 
-    return gpsa_fwd, triton.autotune(configs=configs, key=['N', 'H', 'D'])(gpsa_fwd)
+    return gpsa_fwd
 
 
 @functools.lru_cache(maxsize=None)
 def _one_pass_kernel():
     triton, tl = _triton()
-
-    # BLOCK_N is N rounded up to a power of two, passed in; the blocks of queries and the warps that
-    # hold their rows of scores (BLOCK_M x BLOCK_N float32) are tuned
-    configs = [triton.Config({'BLOCK_M': m}, num_warps=w, num_stages=1)
-               for m, w in ((16, 2), (16, 4), (32, 2), (32, 4), (32, 8), (64, 4), (64, 8), (128, 8))]
 
     @triton.jit
     def gpsa_fwd_one_pass(qkv_ptr, pos_ptr, content_weight_ptr, out_ptr, N, qk_scale,
@@ -204,16 +204,15 @@ def _one_pass_kernel():
             out1 = tl.dot(attn, v1)
             tl.store(out_rows + offs_d1[None, :], out1.to(out_ptr.dtype.element_ty), mask=mask_m[:, None])
 
-    return gpsa_fwd_one_pass, triton.autotune(configs=configs, key=['N', 'H', 'D'])(gpsa_fwd_one_pass)
+    return gpsa_fwd_one_pass
 
 
-# (kernel, N, H, d, dtype, device) -> the autotuner's pick, so later calls launch the plain kernel:
-# the autotuner's per-call bookkeeping costs about as much host time as the launch itself, and a
-# batch of a small model on a GPU can be host-bound (measured on an H100: 41 us per call through
-# the autotuner, 26 us direct)
-_LAUNCH_CONFIG: dict[tuple, dict] = {}
-# (N, H, d, dtype, device) -> the kernel timed quicker at the first call for those sizes
-_CHOSEN: dict[tuple, str] = {}
+# (batch rounded up to a power of two, N, H, d, dtype, device, kernels allowed) -> (kernel, launch
+# settings), timed at the first call for those sizes; later calls launch the plain kernel (a
+# batch of a small model on a GPU can be host-bound: Triton's autotuner costs as much host time
+# per call as the launch itself, 41 vs 26 us measured on an H100). The batch is in the key as
+# blocks tuned at batch 2 (a model's first, checking call) can be the slow ones at batch 256.
+_PICKED: dict[tuple, tuple[str, dict]] = {}
 
 
 def _block_n(N: int) -> int:
@@ -221,46 +220,51 @@ def _block_n(N: int) -> int:
     return max(16, 1 << (N - 1).bit_length())
 
 
-def _launch(kernel: str, args: tuple, shape: dict, B: int, N: int) -> None:
-    plain, autotuned = _one_pass_kernel() if kernel == 'one_pass' else _online_kernel()
+def _launch(kernel: str, config: dict, args: tuple, shape: dict, B: int, N: int) -> None:
+    plain = _one_pass_kernel() if kernel == 'one_pass' else _online_kernel()
     if kernel == 'one_pass':
         shape = dict(shape, BLOCK_N=_block_n(N))
-    H = shape['H']
-    # on the CPU: Triton's interpreter (TRITON_INTERPRET=1), which the CPU tests run
-    meta = _DEFAULT_BLOCKS[kernel] if not (args[0].is_cuda and TUNE) else None
-    key = (kernel, N, H, shape['D'], args[0].dtype, args[0].device)
-    meta = meta or _LAUNCH_CONFIG.get(key)
-    if meta is None:  # the first call for these sizes tunes the blocks and launches the best
-        autotuned[lambda m: (-(-N // m['BLOCK_M']), B * H)](*args, **shape)
-        best = autotuned.best_config
-        _LAUNCH_CONFIG[key] = dict(best.kwargs, num_warps=best.num_warps, num_stages=best.num_stages)
-        return
-    plain[(-(-N // meta['BLOCK_M']), B * H)](*args, **shape, **meta)
+    if not args[0].is_cuda:  # Triton's interpreter (TRITON_INTERPRET=1) takes no launch settings
+        config = {k: v for k, v in config.items() if k.startswith('BLOCK_')}
+    plain[(-(-N // config['BLOCK_M']), B * shape['H'])](*args, **shape, **config)
 
 
-def _choose(args: tuple, shape: dict, B: int, N: int) -> str:
-    """The kernel for these sizes: the one-pass one where it applies and times quicker here (both
-    tuned first, then timed in turn with CUDA events), else the online one."""
-    if not ONE_PASS_KERNEL or N > ONE_PASS_MAX_TOKENS:
-        return 'online'
+def _allowed(N: int, kernel: str | None) -> tuple[str, ...]:
+    if kernel is not None:
+        return (kernel,)
+    return KERNELS if ONE_PASS_KERNEL and N <= ONE_PASS_MAX_TOKENS else ('online',)
+
+
+def _pick(args: tuple, shape: dict, B: int, N: int, kernels: tuple[str, ...]) -> tuple[str, dict]:
+    """The kernel and launch settings for these sizes: on a GPU (with `TUNE`) the quickest of every
+    allowed kernel's `CONFIGS`, timed with CUDA events at the first call; else the first kernel's
+    first settings."""
     if not (args[0].is_cuda and TUNE):
-        return 'one_pass'
-    key = (N, shape['H'], shape['D'], args[0].dtype, args[0].device)
-    chosen = _CHOSEN.get(key)
-    if chosen is None:
+        return kernels[0], CONFIGS[kernels[0]][0]
+    key = (1 << (B - 1).bit_length(), N, shape['H'], shape['D'], args[0].dtype, args[0].device, kernels)
+    picked = _PICKED.get(key)
+    if picked is None:
+        from triton.runtime.errors import OutOfResources
         from triton.testing import do_bench
-        for kernel in KERNELS:  # tunes each kernel's blocks
-            _launch(kernel, args, shape, B, N)
-        ms = {kernel: do_bench(lambda k=kernel: _launch(k, args, shape, B, N), warmup=5, rep=25)
-              for kernel in KERNELS}
-        chosen = _CHOSEN[key] = min(ms, key=ms.get)
-    return chosen
+        timings = {}
+        for kernel in kernels:
+            for i, config in enumerate(CONFIGS[kernel]):
+                try:
+                    _launch(kernel, config, args, shape, B, N)  # compiles it
+                except OutOfResources:  # too many registers or too much shared memory
+                    continue
+                timings[kernel, i] = do_bench(lambda: _launch(kernel, config, args, shape, B, N), warmup=5, rep=20)
+        kernel, i = min(timings, key=timings.get)
+        picked = _PICKED[key] = kernel, CONFIGS[kernel][i]
+    return picked
 
 
-def chosen_kernel(tokens: int, heads: int, head_dim: int, dtype: torch.dtype, device: torch.device) -> str | None:
-    """The kernel picked for these sizes on `device` at their first call; None before it (or where
-    the choice is not timed: the one-pass kernel off or not applicable)."""
-    return _CHOSEN.get((tokens, heads, head_dim, dtype, torch.device(device)))
+def chosen_kernel(batch: int, tokens: int, heads: int, head_dim: int, dtype: torch.dtype,
+                  device: torch.device) -> str | None:
+    """The kernel picked for these sizes on `device` at their first call, where both could run;
+    None before it, or where only the online kernel applies."""
+    key = (1 << (batch - 1).bit_length(), tokens, heads, head_dim, dtype, torch.device(device), KERNELS)
+    return _PICKED.get(key, (None,))[0]
 
 
 def gated_attention_inference(qkv: torch.Tensor, pos: torch.Tensor, content_weight: torch.Tensor,
@@ -289,5 +293,5 @@ def gated_attention_inference(qkv: torch.Tensor, pos: torch.Tensor, content_weig
     args = (qkv, pos, content_weight, out, N, scale * 1.4426950408889634,  # log2(e): exp2 in-kernel
             strides[0], strides[1], pos.stride(0), pos.stride(1), N * H * d, H * d)
     shape = dict(H=H, D=d, D0=pieces[0], D1=pieces[1])
-    _launch(kernel or _choose(args, shape, B, N), args, shape, B, N)
+    _launch(*_pick(args, shape, B, N, _allowed(N, kernel)), args, shape, B, N)
     return out
