@@ -1,19 +1,17 @@
-"""GPSA's attention core for CUDA inference: the fused Triton kernels vs fused SDPA + P @ V.
+"""GPSA's attention core for CUDA inference: the fused Triton kernel vs fused SDPA + P @ V.
 
     python -m benchmarks.gpsa_cuda_core                  # ConViT-Ti at 224 px and at 32 px, bf16
     python -m benchmarks.gpsa_cuda_core --repeats 500
 
-The ways `ls_convit.GPSA` can compute (1 - s) softmax(Q K^T / sqrt(d)) V + (s P) V in fp16/bf16
+The two ways `ls_convit.GPSA` computes (1 - s) softmax(Q K^T / sqrt(d)) V + (s P) V in fp16/bf16
 inference on a GPU, on the same inputs (q, k and v as the qkv projection lays them out, (B, N, 3,
-H, d)): each of `_gpsa_triton`'s two kernels forced (one pass: whole rows of scores, one product
-with the mixed map; online softmax: flash attention's loop with P @ V in it), the kernel the module
-picks for the shape (`fused kernel`, what GPSA runs), and the SDPA path it replaces; the outputs
-are compared. Per shape and per way, timed alternately in rounds after a warm-up:
+H, d)); the outputs are compared. Per shape and per way, timed alternately in rounds after a
+warm-up:
   gpu_us   GPU time per call: CUDA events around a round of back-to-back calls;
   host_us  host time per call: the same rounds' wall time to enqueue, the GPU drained before each
            round (a small model's eager batch on a GPU can be bound by this, not by GPU time).
-Ratios are SDPA path / kernel and online / one-pass (> 1: the second is faster). The fused SDPA
-content term alone is timed too (the floor the two-term core is measured against). Writes
+Ratios are SDPA path / kernel (> 1: the kernel is faster). The fused SDPA content term alone is
+timed too (the floor the two-term core is measured against). Writes
 benchmarks/results/gpsa_cuda_core-<device>.json. Needs a CUDA GPU and Triton.
 """
 from __future__ import annotations
@@ -22,7 +20,6 @@ import argparse
 import statistics
 import sys
 import time
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -56,13 +53,10 @@ def _ways(qkv, gated_pos, content_weight, scale):
         return torch.addcmul(pos_out, content().transpose(1, 2), content_weight,
                              out=torch.empty((B, N, H, d), dtype=qkv.dtype, device=qkv.device))
 
-    def kernel(name: str | None) -> Callable[[], torch.Tensor]:
-        return lambda: _gpsa_triton.gated_attention_inference(qkv, gated_pos, content_weight, scale, kernel=name)
+    def kernel():
+        return _gpsa_triton.gated_attention_inference(qkv, gated_pos, content_weight, scale)
 
-    ways = {"fused kernel": kernel(None), "online-softmax kernel": kernel("online")}
-    if N <= _gpsa_triton.ONE_PASS_MAX_TOKENS:
-        ways["one-pass kernel"] = kernel("one_pass")
-    return {**ways, "SDPA + P @ V": sdpa_path, "SDPA content term alone": content}
+    return {"fused kernel": kernel, "SDPA + P @ V": sdpa_path, "SDPA content term alone": content}
 
 
 def _round(fn, calls: int) -> tuple[float, float]:
@@ -85,8 +79,7 @@ def run(*, repeats: int, calls: int, warmup: int, dtype: torch.dtype) -> dict:
         qkv, gated_pos, content_weight = _inputs(batch, tokens, heads, width, dtype)
         ways = _ways(qkv, gated_pos, content_weight, width ** -0.5)
         with torch.inference_mode():
-            sdpa = ways["SDPA + P @ V"]().float()
-            diff = {name: (fn().float() - sdpa).abs().max().item() for name, fn in ways.items() if "kernel" in name}
+            diff = (ways["fused kernel"]().float() - ways["SDPA + P @ V"]().float()).abs().max().item()
             for fn in ways.values():
                 _round(fn, warmup)  # the kernel's first call tunes its blocks
             gpu = {name: [] for name in ways}
@@ -103,15 +96,9 @@ def run(*, repeats: int, calls: int, warmup: int, dtype: torch.dtype) -> dict:
             "max_abs_diff": diff,
             "gpu_us": gpu_us,
             "host_us": host_us,
-            "chosen_kernel": _gpsa_triton.chosen_kernel(batch, tokens, heads, width, dtype, qkv.device) or "online",
-            "ratio_sdpa_path_over_kernel": {name: {"gpu": gpu_us["SDPA + P @ V"] / gpu_us[name],
-                                                   "host": host_us["SDPA + P @ V"] / host_us[name]}
-                                            for name in gpu_us if "kernel" in name},
+            "ratio_sdpa_path_over_kernel": {"gpu": gpu_us["SDPA + P @ V"] / gpu_us["fused kernel"],
+                                            "host": host_us["SDPA + P @ V"] / host_us["fused kernel"]},
         }
-        if "one-pass kernel" in gpu_us:
-            results[label]["ratio_online_over_one_pass"] = {
-                "gpu": gpu_us["online-softmax kernel"] / gpu_us["one-pass kernel"],
-                "host": host_us["online-softmax kernel"] / host_us["one-pass kernel"]}
     return results
 
 
@@ -134,15 +121,11 @@ def main(argv: list[str] | None = None) -> None:
     for label, r in results.items():
         s = r["shape"]
         print(f"[{label}] batch {s['batch']}, {s['tokens']} tokens, {s['heads']} x {s['head_dim']}; "
-              f"the module picks the {r['chosen_kernel']} kernel")
+              f"max |diff| {r['max_abs_diff']:.1e}")
         for name in r["gpu_us"]:
-            diff = f"   max |diff| vs SDPA path {r['max_abs_diff'][name]:.1e}" if name in r["max_abs_diff"] else ""
-            print(f"  {name:<24} GPU {r['gpu_us'][name]:7.1f} us   host {r['host_us'][name]:6.1f} us per call{diff}")
-        for name, ratio in r["ratio_sdpa_path_over_kernel"].items():
-            print(f"  SDPA + P @ V / {name}: GPU {ratio['gpu']:.2f}x, host {ratio['host']:.2f}x")
-        if "ratio_online_over_one_pass" in r:
-            ratio = r["ratio_online_over_one_pass"]
-            print(f"  online / one-pass kernel: GPU {ratio['gpu']:.2f}x, host {ratio['host']:.2f}x")
+            print(f"  {name:<24} GPU {r['gpu_us'][name]:7.1f} us   host {r['host_us'][name]:6.1f} us per call")
+        ratio = r["ratio_sdpa_path_over_kernel"]
+        print(f"  SDPA + P @ V / fused kernel: GPU {ratio['gpu']:.2f}x, host {ratio['host']:.2f}x")
     path = write_result("gpsa_cuda_core", {"config": vars(args), "shapes": results}, device="cuda")
     print(f"-> {path}")
 

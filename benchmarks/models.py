@@ -46,9 +46,7 @@ during the warm-up. The convit and px32 groups also report `ours_over_deit`: ls_
 against the DeiT-Ti of the group per mode and precision (and the compiled pair, where both are).
 On CUDA those two groups add "unfused ls_convit_tiny": the same model (same weights) with GPSA's
 fused Triton inference kernel switched off (fused SDPA + P @ V), and `fused_kernel_gain` (with
-over without; only fp16/bf16 inference takes the kernel, so the other columns read about 1), and
-"online-kernel ls_convit_tiny": the same model with the kernel's one-pass variant off (the
-online-softmax kernel always), and `one_pass_kernel_gain` (as picked over that).
+over without; only fp16/bf16 inference takes the kernel, so the other columns read about 1).
 On the CPU the convit and micro groups add "fused-MHSA ls_convit_*": the same model with its plain
 attention blocks on torch's fused kernel instead of the explicit core (which they take under bf16
 autocast on a CPU with bf16 GEMMs, and in float32 where the float32 kernel is built,
@@ -85,12 +83,11 @@ import torch
 
 import trainers.models  # noqa: F401  (registers the ls_* families)
 from trainers._memory_format import runs_channels_last
-from trainers.models import _attention_core, _attention_kernel, _common, _gpsa_triton, _linear, ls_convit
+from trainers.models import _attention_core, _attention_kernel, _common, _linear, ls_convit
 from benchmarks._env import add_malloc_option, autocast, bf16_by_default, parse_and_set_up, sync, write_result
 
 IMAGENET = dict(num_classes=1000, in_chans=3)
 UNFUSED = "unfused "  # label prefix: ls_convit_tiny with GPSA's CUDA inference kernel off
-ONLINE_KERNEL = "online-kernel "  # label prefix: ls_convit_tiny with GPSA's CUDA one-pass kernel off
 FUSED_MHSA = "fused-MHSA "  # label prefix: a CPU ls_convit with its plain attention on torch's fused kernel
 TORCH_OPS_CORE = "torch-ops-core "  # label prefix: a CPU ls_convit/ls_gmm without the fused attention kernel
 NCHW = "NCHW "  # label prefix: a CPU T-CNN in NCHW instead of the channels_last a trial runs it in
@@ -152,10 +149,6 @@ class _WithPathOff(torch.nn.Module):
 
 def _without_fused_cuda_kernel(model: torch.nn.Module) -> torch.nn.Module:
     return _WithPathOff(model, (ls_convit, "USE_FUSED_CUDA_KERNEL"))
-
-
-def _with_online_cuda_kernel(model: torch.nn.Module) -> torch.nn.Module:
-    return _WithPathOff(model, (_gpsa_triton, "ONE_PASS_KERNEL"))
 
 
 def _with_fused_mhsa(model: torch.nn.Module) -> torch.nn.Module:
@@ -223,7 +216,6 @@ def _group(name: str, *, cuda: bool = False, precisions: tuple[str, ...] = ("fp3
         }
         if cuda:
             builders[UNFUSED + "ls_convit_tiny"] = lambda: _without_fused_cuda_kernel(pair()[1])
-            builders[ONLINE_KERNEL + "ls_convit_tiny"] = lambda: _with_online_cuda_kernel(pair()[1])
         else:
             builders[FUSED_MHSA + "ls_convit_tiny"] = lambda: _with_fused_mhsa(pair()[1])
             if _any_cpu_kernel(precisions):
@@ -258,7 +250,6 @@ def _group(name: str, *, cuda: bool = False, precisions: tuple[str, ...] = ("fp3
         }
         if cuda:
             builders[UNFUSED + "ls_convit_tiny (32 px, patch 4)"] = lambda: _without_fused_cuda_kernel(pair()[1])
-            builders[ONLINE_KERNEL + "ls_convit_tiny (32 px, patch 4)"] = lambda: _with_online_cuda_kernel(pair()[1])
         return builders, "deit_tiny (32 px, patch 4)", (3, 32, 32), extra
     if name == "micro":
         builders = {
@@ -407,7 +398,7 @@ def run_group(name: str, *, batch: int, repeats: int, warmup: int, device: str, 
             out["ours_over_deit"][f"{ours} +compile / {deit} +compile"] = pair_ratios(
                 out, f"{ours} +compile", f"{deit} +compile")
     for label in models:
-        for prefix, key in ((ONLINE_KERNEL, "one_pass_kernel_gain"), (FUSED_MHSA, "explicit_core_gain"), (TORCH_OPS_CORE, "cpu_kernel_gain"),
+        for prefix, key in ((FUSED_MHSA, "explicit_core_gain"), (TORCH_OPS_CORE, "cpu_kernel_gain"),
                             (NCHW, "channels_last_gain"), (MKL_LINEAR, "onednn_linear_gain"),
                             (TORCH_INFERENCE_OPS, "inference_ops_gain")):
             if label.startswith(prefix):
@@ -451,9 +442,6 @@ def _print_group(group: str, batch: int, r: dict) -> None:
     if "fused_kernel_gain" in r:
         print("  GPSA's fused CUDA kernel, ls_convit_tiny with / without it: "
               + ", ".join(f"{key} {v:.2f}x" for key, v in r["fused_kernel_gain"].items()))
-    for label, ratios in r.get("one_pass_kernel_gain", {}).items():
-        print(f"  {label}, GPSA's CUDA kernels as picked / the online-softmax kernel alone: "
-              + ", ".join(f"{key} {v:.2f}x" for key, v in ratios.items()))
     for label, ratios in r.get("explicit_core_gain", {}).items():
         print(f"  {label}, plain attention on the explicit core / on the fused kernel: "
               + ", ".join(f"{key} {v:.2f}x" for key, v in ratios.items()))

@@ -9,12 +9,9 @@ import pytest
 import timm
 import torch
 
-from benchmarks.models import (
-    NCHW, ONLINE_KERNEL, UNFUSED, _group, _with_online_cuda_kernel, _with_onednn_linears, _with_torch_inference_ops,
-    run_group,
-)
+from benchmarks.models import NCHW, _with_onednn_linears, _with_torch_inference_ops, run_group
 from tests._layers import OpCalls
-from trainers.models import _attention_kernel, _common, _gpsa_triton, _linear
+from trainers.models import _attention_kernel, _common, _linear
 
 TCNN = "ls_tcnn_resnet10_micro_s (converted)"
 
@@ -78,20 +75,3 @@ def test_the_torch_inference_ops_twin_runs_inference_on_torch_ops_and_switches_b
     assert sum(p.numel() for p in twin.parameters()) == sum(p.numel() for p in model.parameters())
     tolerance = 0.05 if precision == "bf16" else 1e-4
     torch.testing.assert_close(fast.float(), slow.float(), atol=tolerance * slow.abs().max().item(), rtol=0)
-
-
-@pytest.mark.parametrize("group", ["convit", "px32"])
-def test_cuda_groups_time_the_gpsa_kernel_as_picked_against_the_online_kernel_alone(group):
-    """On CUDA the convit and px32 groups add the "online-kernel" twin: the same ls_convit_tiny with
-    `_gpsa_triton.ONE_PASS_KERNEL` off during its forward only (the flag comes back on)."""
-    builders, *_ = _group(group, cuda=True, precisions=("bf16",))
-    ours = next(label for label in builders if label.startswith("ls_convit_tiny"))
-    assert ONLINE_KERNEL + ours in builders and UNFUSED + ours in builders
-    seen = []
-    model = timm.create_model("ls_convit_micro").eval()
-    model.register_forward_pre_hook(lambda *_: seen.append(_gpsa_triton.ONE_PASS_KERNEL))
-    twin = _with_online_cuda_kernel(model)
-    with torch.inference_mode():
-        twin(torch.randn(2, 1, 28, 28))
-        model(torch.randn(2, 1, 28, 28))
-    assert seen == [False, True] and _gpsa_triton.ONE_PASS_KERNEL

@@ -195,6 +195,25 @@ def test_positional_attention_is_reused_without_grad_until_the_parameters_change
     assert p.requires_grad and 'pos' not in layer._frozen_cache
 
 
+def test_mixing_terms_kept_per_dtype():
+    """s * P and 1 - s (the CUDA path's) kept for inference in each dtype asked for: alternating
+    bf16 and fp32 calls reuse both instead of recomputing at every switch; an update recomputes."""
+    layer = GPSA(16, num_heads=4).eval()
+    with torch.inference_mode():
+        fp32, bf16 = layer._mixing_terms((7, 7), torch.float32), layer._mixing_terms((7, 7), torch.bfloat16)
+        assert fp32[0].dtype == torch.float32 and bf16[0].dtype == torch.bfloat16
+        assert layer._mixing_terms((7, 7), torch.float32)[0] is fp32[0]
+        assert layer._mixing_terms((7, 7), torch.bfloat16)[0] is bf16[0]
+    with torch.no_grad():
+        layer.gating_param.add_(1.)
+    with torch.inference_mode():
+        again = layer._mixing_terms((7, 7), torch.float32)
+    assert again[0] is not fp32[0]
+    gate = torch.sigmoid(layer.gating_param.detach())
+    torch.testing.assert_close(again[1], (1 - gate).view(-1, 1))
+    torch.testing.assert_close(again[0], gate.view(-1, 1, 1) * layer._positional_attention((7, 7)))
+
+
 def test_positional_attention_drops_only_negligible_entries():
     torch.manual_seed(0)
     layer = GPSA(16, num_heads=4, locality_strength=3.).double()

@@ -18,8 +18,6 @@ _triton_missing = _gpsa_triton._triton() is None
 # (B, N, H, d): ConViT-Ti's 48 = 32 + 16 and 80 = 64 + 16 (two pieces), 64 and 16 (one); N not a
 # multiple of any block, and N below one block
 SHAPES = [(2, 49, 4, 48), (1, 70, 3, 80), (2, 20, 2, 64), (2, 5, 1, 16)]
-# past the one-pass kernel's rows (256 keys): the online kernel alone
-LONG = (1, 260, 2, 48)
 
 
 def reference(qkv: torch.Tensor, pos: torch.Tensor, content_weight: torch.Tensor, scale: float) -> torch.Tensor:
@@ -74,27 +72,6 @@ def test_rejects_a_qkv_whose_tokens_are_not_contiguous():
         _gpsa_triton.gated_attention_inference(torch.zeros(2, 5, 3, 4, 40), torch.zeros(4, 5, 5), torch.zeros(4), 0.25)
 
 
-def test_rejects_an_unknown_kernel_and_the_one_pass_kernel_past_its_rows():
-    qkv = torch.zeros(1, 5, 3, 2, 16)
-    with pytest.raises(ValueError, match="one of \\('one_pass', 'online'\\)"):
-        _gpsa_triton.gated_attention_inference(qkv, torch.zeros(2, 5, 5), torch.zeros(2), 0.25, kernel='flash')
-    N = _gpsa_triton.ONE_PASS_MAX_TOKENS + 1
-    with pytest.raises(ValueError, match='at most 256 tokens; got 257'):
-        _gpsa_triton.gated_attention_inference(torch.zeros(1, N, 3, 2, 16), torch.zeros(2, N, N), torch.zeros(2), 0.25,
-                                               kernel='one_pass')
-
-
-def test_the_one_pass_kernel_only_where_its_rows_fit_and_while_switched_on(monkeypatch):
-    assert _gpsa_triton._allowed(196, None) == _gpsa_triton._allowed(256, None) == ('one_pass', 'online')
-    assert _gpsa_triton._allowed(257, None) == ('online',)
-    assert _gpsa_triton._allowed(196, 'online') == ('online',)
-    monkeypatch.setattr(_gpsa_triton, 'ONE_PASS_KERNEL', False)
-    assert _gpsa_triton._allowed(196, None) == ('online',)
-    qkv = torch.zeros(1, 196, 3, 2, 16)  # the CPU (interpreter) path: the first allowed, untimed
-    assert _gpsa_triton._pick((qkv,), dict(H=2, D=16), 1, 196, ('one_pass', 'online')) == (
-        'one_pass', _gpsa_triton.CONFIGS['one_pass'][0])
-
-
 @pytest.mark.skipif(_triton_missing, reason="Triton is not installed (a CPU-only torch build)")
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU runs the compiled kernel's tests instead")
 def test_kernel_matches_reference_in_triton_interpreter():
@@ -102,15 +79,13 @@ def test_kernel_matches_reference_in_triton_interpreter():
         import torch
         from trainers.models import _gpsa_triton
         from tests.test_gpsa_triton import _inputs, reference
-        cases = [(shape, kernel) for shape in {SHAPES!r} for kernel in _gpsa_triton.KERNELS]
-        cases += [({LONG!r}, 'online'), ({LONG!r}, None)]  # None: past 256 tokens, online picked
-        for (B, N, H, d), kernel in cases:
+        for B, N, H, d in {SHAPES!r}:
             for dtype, tol in ((torch.float16, 2e-3),):  # the interpreter's numpy has no bfloat16
                 qkv, pos, cw = _inputs(B, N, H, d, dtype, 'cpu')
-                out = _gpsa_triton.gated_attention_inference(qkv, pos, cw, d ** -0.5, kernel=kernel)
+                out = _gpsa_triton.gated_attention_inference(qkv, pos, cw, d ** -0.5)
                 assert out.shape == (B, N, H, d) and out.dtype == dtype and out.is_contiguous()
                 err = (out.double() - reference(qkv, pos, cw, d ** -0.5)).abs().max().item()
-                assert err < tol, (B, N, H, d, kernel, dtype, err)
+                assert err < tol, (B, N, H, d, dtype, err)
         print('ok')
     """)
     _run_in_interpreter(script)
@@ -126,13 +101,9 @@ def test_benchmark_ways_agree_in_triton_interpreter():
         from benchmarks.gpsa_cuda_core import _inputs, _ways
         qkv, pos, cw = _inputs(2, 49, 4, 48, torch.float16, device='cpu')
         ways = _ways(qkv, pos, cw, 48 ** -0.5)
-        assert set(ways) == {'fused kernel', 'one-pass kernel', 'online-softmax kernel', 'SDPA + P @ V',
-                             'SDPA content term alone'}
-        sdpa = ways['SDPA + P @ V']().double()
-        for name in ('fused kernel', 'one-pass kernel', 'online-softmax kernel'):
-            kernel = ways[name]().double()
-            assert kernel.shape == sdpa.shape == (2, 49, 4, 48)
-            assert (kernel - sdpa).abs().max().item() < 2e-3, (name, (kernel - sdpa).abs().max().item())
+        kernel, sdpa = ways['fused kernel']().double(), ways['SDPA + P @ V']().double()
+        assert kernel.shape == sdpa.shape == (2, 49, 4, 48)
+        assert (kernel - sdpa).abs().max().item() < 2e-3, (kernel - sdpa).abs().max().item()
         print('ok')
     """)
     _run_in_interpreter(script)
@@ -148,39 +119,14 @@ def test_benchmark_refuses_without_a_gpu(capsys):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or _triton_missing, reason="needs a CUDA GPU and Triton")
-@pytest.mark.parametrize('kernel', _gpsa_triton.KERNELS)
 @pytest.mark.parametrize('dtype', [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize('shape', SHAPES + [(64, 196, 4, 48), (256, 64, 4, 48), LONG])
-def test_cuda_kernel_matches_reference(shape, dtype, kernel, monkeypatch):
-    """Each kernel compiled, at its default blocks (the tuned ones: the next test, and the model's)."""
-    monkeypatch.setattr(_gpsa_triton, 'TUNE', False)
+@pytest.mark.parametrize('shape', SHAPES + [(64, 196, 4, 48)])
+def test_cuda_kernel_matches_reference(shape, dtype):
     B, N, H, d = shape
-    if kernel == 'one_pass' and N > _gpsa_triton.ONE_PASS_MAX_TOKENS:
-        pytest.skip("past the one-pass kernel's rows")
     qkv, pos, cw = _inputs(B, N, H, d, dtype, 'cuda')
-    out = _gpsa_triton.gated_attention_inference(qkv, pos, cw, d ** -0.5, kernel=kernel)
+    out = _gpsa_triton.gated_attention_inference(qkv, pos, cw, d ** -0.5)
     tol = 2e-3 if dtype == torch.float16 else 2e-2
     assert (out.double() - reference(qkv, pos, cw, d ** -0.5)).abs().max().item() < tol
-
-
-@pytest.mark.skipif(not torch.cuda.is_available() or _triton_missing, reason="needs a CUDA GPU and Triton")
-@pytest.mark.parametrize('shape', [(256, 196, 4, 48), (1024, 64, 4, 48), LONG])  # ConViT-Ti at 224 and 32 px
-def test_cuda_kernel_as_picked_tuned(shape):
-    """Blocks tuned and the kernel picked by timing at the first call; kept for later calls (which
-    give the same numbers); every tuned kernel against the reference."""
-    B, N, H, d = shape
-    qkv, pos, cw = _inputs(B, N, H, d, torch.bfloat16, 'cuda')
-    expected = reference(qkv, pos, cw, d ** -0.5)
-    out = _gpsa_triton.gated_attention_inference(qkv, pos, cw, d ** -0.5)
-    picked = _gpsa_triton.chosen_kernel(B, N, H, d, torch.bfloat16, qkv.device)
-    if N > _gpsa_triton.ONE_PASS_MAX_TOKENS:
-        assert picked is None  # nothing to choose between
-    else:
-        assert picked in _gpsa_triton.KERNELS
-    assert torch.equal(_gpsa_triton.gated_attention_inference(qkv, pos, cw, d ** -0.5), out)
-    for kernel in (None, *(_gpsa_triton.KERNELS if picked else ['online'])):
-        tuned = _gpsa_triton.gated_attention_inference(qkv, pos, cw, d ** -0.5, kernel=kernel)
-        assert (tuned.double() - expected).abs().max().item() < 2e-2, kernel
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or _triton_missing, reason="needs a CUDA GPU and Triton")
@@ -212,3 +158,28 @@ def test_cuda_model_with_and_without_the_kernel(monkeypatch):
     with torch.autocast('cuda', torch.bfloat16):
         model(x).float().sum().backward()
     assert len(calls) == model.local_up_to_layer
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or _triton_missing, reason="needs a CUDA GPU and Triton")
+def test_cuda_launch_settings_tuned_per_batch_size():
+    """Timed at the first call per batch size rounded up to a power of two (a model's first call,
+    at batch 2, no longer decides batch 256's blocks), kept for later calls, which give the same
+    numbers."""
+    N, H, d = 196, 4, 48
+    for B in (2, 256, 200):
+        qkv, pos, cw = _inputs(B, N, H, d, torch.bfloat16, 'cuda')
+        out = _gpsa_triton.gated_attention_inference(qkv, pos, cw, d ** -0.5)
+        assert (out.double() - reference(qkv, pos, cw, d ** -0.5)).abs().max().item() < 2e-2
+        assert torch.equal(_gpsa_triton.gated_attention_inference(qkv, pos, cw, d ** -0.5), out)
+    keys = {key[:2] for key in _gpsa_triton._TUNED if key[1:4] == (N, H, d)}
+    assert {(2, N), (256, N)} <= keys and all(config in _gpsa_triton.CONFIGS for config in _gpsa_triton._TUNED.values())
+
+
+def test_untuned_launch_takes_the_first_settings(monkeypatch):
+    """The interpreter (CPU) and `TUNE` off launch CONFIGS[0], untimed."""
+    qkv = torch.zeros(1, 196, 3, 2, 16)
+    assert _gpsa_triton._config((qkv,), dict(H=2, D=16), 1, 196) is _gpsa_triton.CONFIGS[0]
+    monkeypatch.setattr(_gpsa_triton, 'TUNE', False)
+    if torch.cuda.is_available():
+        assert _gpsa_triton._config((qkv.cuda(),), dict(H=2, D=16), 1, 196) is _gpsa_triton.CONFIGS[0]
+    assert not any(key[1] == 196 and key[2:4] == (2, 16) for key in _gpsa_triton._TUNED)

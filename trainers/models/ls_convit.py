@@ -355,7 +355,9 @@ class GPSA(nn.Module):
             pos_attn = gate.view(-1, 1, 1) * self.positional_attention(grid)
             return pos_attn.to(dtype), (1. - gate).view(-1, 1).to(dtype)
 
-        return self._frozen('mixing', (self.pos_proj.weight, self.pos_proj.bias, self.gating_param), (grid, dtype),
+        # one kept pair per dtype: a model evaluated in bf16 and timed in fp32 in turn (or benchmarked
+        # so) would otherwise recompute them at every switch
+        return self._frozen(f'mixing_{dtype}', (self.pos_proj.weight, self.pos_proj.bias, self.gating_param), grid,
                             compute)
 
     @torch.no_grad()
