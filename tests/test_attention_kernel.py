@@ -17,7 +17,9 @@ from pathlib import Path
 import pytest
 import timm
 import torch
+import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import FlopCounterMode
 
 import trainers.models  # noqa: F401  (registers ls_convit_* with timm)
 
@@ -379,6 +381,21 @@ def test_convit_runs_the_kernel_of_its_gemms_dtype(precision, train, monkeypatch
     attention_calls = {op: n for op, n in recorder.calls.items() if ".attention_" in op}  # (not the norms: test_norm)
     assert attention_calls == ({f"{namespace}.attention_forward": blocks, f"{namespace}.attention_backward": blocks}
                                if train else {f"{namespace}.attention_forward": blocks})
+
+
+def test_torch_fused_cpu_attention_counts_its_products_forward_and_backward():
+    """FlopCounterMode counts torch's fused CPU attention as torch counts its CUDA kernels (our
+    formulas, `_attention_core`; torch has none for the CPU one, where a plain block's attention
+    counted 0): the two products forward (2 per multiply-add), five backward."""
+    B, H, L, S, E = 2, 4, 50, 40, 8
+    q = torch.randn(B, H, L, E, requires_grad=True)
+    k, v = torch.randn(B, H, S, E, requires_grad=True), torch.randn(B, H, S, E, requires_grad=True)
+    with FlopCounterMode(display=False) as counter:
+        out = F.scaled_dot_product_attention(q, k, v)
+    assert counter.get_total_flops() == 2 * 2 * B * H * L * S * E
+    with FlopCounterMode(display=False) as counter:
+        out.sum().backward()
+    assert counter.get_total_flops() == 5 * 2 * B * H * L * S * E
 
 
 @pytest.mark.parametrize("name", ["ls_convit_nano", "ls_gmm_nano"])

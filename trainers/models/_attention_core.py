@@ -25,6 +25,7 @@ q, k, v read in the projection's layout); elsewhere
 from typing import Optional, Tuple
 
 import torch
+from torch.utils.flop_counter import flop_registry, register_flop_formula, sdpa_backward_flop_count, sdpa_flop_count
 
 from trainers._cpu import cpu_has_native_bf16
 from trainers.models import _attention_kernel
@@ -39,6 +40,27 @@ CPU_CORE_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 # False: plain attention (`MHSA`) keeps torch's fused kernel on the CPU where `use_explicit_core`
 # would take this core (the benchmarks time both side by side); GPSA is not affected
 PLAIN_ATTENTION_ON_EXPLICIT_CORE = True
+
+
+def _register_cpu_sdpa_flop_formulas() -> None:
+    """Count torch's fused CPU attention as torch counts its CUDA kernels (it registers formulas
+    for those only): a plain block's attention on it counted no FLOPs, while the same block on the
+    explicit core counted its two products, so a trial's `flops` depended on the CPU (the path
+    `use_explicit_core` picks) and on whether the CPU kernel was built."""
+    forward = getattr(torch.ops.aten, '_scaled_dot_product_flash_attention_for_cpu', None)
+    backward = getattr(torch.ops.aten, '_scaled_dot_product_flash_attention_for_cpu_backward', None)
+    if forward is not None and forward not in flop_registry and forward.default not in flop_registry:
+        @register_flop_formula(forward)
+        def _forward(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+            return sdpa_flop_count(query_shape, key_shape, value_shape)
+
+    if backward is not None and backward not in flop_registry and backward.default not in flop_registry:
+        @register_flop_formula(backward)
+        def _backward(grad_out_shape, query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+            return sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape, value_shape)
+
+
+_register_cpu_sdpa_flop_formulas()
 
 
 def gemm_dtype(dtype: torch.dtype) -> torch.dtype:
