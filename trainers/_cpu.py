@@ -52,7 +52,7 @@ def cpu_has_native_bf16() -> bool:
 
     With it, bf16 matmuls run faster than float32 ones, so `train.precision: auto` trains in bf16
     and GPSA's attention core multiplies in bf16 under autocast; without it oneDNN emulates bf16,
-    about 16x slower than float32 (README, Performance)."""
+    about 16x slower than float32 (benchmarks/README.md)."""
     cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "").strip().upper()
     if cap and cap not in _ONEDNN_BF16_LEVELS:
         return False

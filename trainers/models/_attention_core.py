@@ -5,7 +5,7 @@ shared by the batch (GMM attention: softmax((Q K^T * scale) * M) @ V, `masked_at
 
 At the token counts of these models (N <= 197) the maps are small and the GEMMs batched, so on a
 2-core CPU this beats torch's fused attention kernels where its GEMMs can run in bf16 (CPU autocast
-on bf16 hardware; README, Performance): the whole attention layer, forward + backward, 1.3-1.4x;
+on bf16 hardware; benchmarks/README.md): the whole attention layer, forward + backward, 1.3-1.4x;
 and in float32 on the float32 kernel (1.33x forward + backward, 1.14x inference on an AVX2 EPYC).
 Only in float32 on torch ops are the two even, so plain attention keeps torch's fused kernel there
 (`use_explicit_core`). GPSA runs this core on the CPU in every dtype: fused kernels have no

@@ -15,7 +15,7 @@ computes a float32 linear layer's weight gradient (`csrc/linear_fp32.h`, op ``li
 The core (`_attention_core`) runs on it wherever its GEMMs run in bfloat16 (CPU autocast on a CPU
 with bf16 hardware, as `precision: auto` trains there) or in float32 (fp32 training and inference,
 as `auto` trains on CPUs without bf16 hardware): the GPSA layer and the whole models faster than on
-the core's torch ops (README, Performance; the benchmarks time both side by side).
+the core's torch ops (benchmarks/README.md; the benchmarks time both side by side).
 
 Built on first use with the C++ compiler that FFCV's build needs too, into
 ``$XDG_CACHE_HOME/locality-search/kernels`` (one file per source, torch and instruction set; built
