@@ -188,8 +188,9 @@ def _inference_ops_timed(cuda: bool, precisions: tuple[str, ...]) -> bool:
 
 def _onednn_linears_timed(cuda: bool, precisions: tuple[str, ...]) -> bool:
     """Whether our models' float32 linears run on oneDNN here, in a timed precision (so timm's, on
-    MKL, are not like for like)."""
-    return not cuda and "fp32" in precisions and _linear.onednn_beats_mkl_here()
+    MKL, are not like for like): in inference at least (`onednn_inference_beats_mkl_here`; on
+    Intel's AVX-512 CPUs training keeps MKL, and the twins read about 1 there)."""
+    return not cuda and "fp32" in precisions and _linear.onednn_inference_beats_mkl_here()
 
 
 def _group(name: str, *, cuda: bool = False, precisions: tuple[str, ...] = ("fp32", "bf16")

@@ -178,6 +178,44 @@ def test_float32_inference_fuses_the_gelu_into_the_onednn_product_bit_for_bit(on
 
 
 @pytest.mark.parametrize("vendor, family, capability, isa_cap, expected", [
+    ("GenuineIntel", 6, "AVX512", "", True),     # Sapphire Rapids: packed weights and fused GELU gain a little
+    ("GenuineIntel", 6, "AVX512", "avx2", False),
+    ("GenuineIntel", 6, "AVX2", "", False),
+    ("AuthenticAMD", 26, "AVX512", "", True),    # where training takes oneDNN too
+    ("AuthenticAMD", 25, "AVX512", "", False),
+    ("", None, "AVX512", "", False),
+])
+def test_the_inference_rule_adds_intels_avx512_cpus(monkeypatch, vendor, family, capability, isa_cap, expected):
+    monkeypatch.setattr(_linear, "_cpu_vendor_and_family", lambda: (vendor, family))
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", isa_cap)
+    for rule in (_linear.onednn_beats_mkl_here, _linear.onednn_inference_beats_mkl_here):
+        rule.cache_clear()
+    try:
+        assert _linear.onednn_inference_beats_mkl_here() is expected
+    finally:
+        for rule in (_linear.onednn_beats_mkl_here, _linear.onednn_inference_beats_mkl_here):
+            rule.cache_clear()
+
+
+def test_where_only_inference_beats_mkl_training_keeps_f_linear(monkeypatch):
+    """Intel's rule: float32 inference on oneDNN (the packed weight, fc1's GELU inside), a product
+    autograd records on torch's F.linear (MKL), the same numbers to float32 rounding."""
+    monkeypatch.setattr(_linear, "onednn_beats_mkl_here", lambda: False)
+    monkeypatch.setattr(_linear, "onednn_inference_beats_mkl_here", lambda: True)
+    torch.manual_seed(0)
+    x = torch.randn(300, 96)
+    weight, bias = torch.randn(384, 96, requires_grad=True), torch.randn(384, requires_grad=True)
+    with torch.inference_mode(), OpCalls() as ops:
+        inferred = _linear.linear(x, weight, bias, gelu=True)
+    assert ops.calls.get(ONEDNN) == 1 and not {"aten.gelu", "aten.gelu_", "aten.addmm"} & set(ops.calls)
+    with OpCalls() as ops:
+        trained = _linear.linear(x, weight, bias, gelu=True)
+    assert ONEDNN not in ops.calls and "aten.addmm" in ops.calls and trained.requires_grad
+    torch.testing.assert_close(inferred, trained.detach(), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("vendor, family, capability, isa_cap, expected", [
     ("AuthenticAMD", 26, "AVX512", "", True),    # Zen 5
     ("AuthenticAMD", 26, "AVX512", "avx512_core_bf16", True),
     ("AuthenticAMD", 26, "AVX512", "avx2", False),   # oneDNN capped at AVX2: not measured to gain

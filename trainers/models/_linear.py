@@ -25,7 +25,8 @@ ahead 12,544 rows 768 -> 192 (11.0 vs 10.9 ms). `USE_WEIGHT_GRAD_KERNEL = False`
 
 Where MKL's AVX-512 code runs (Intel), where neither library has AVX-512, and on Zen 4 (whose
 512-bit FMAs run as two 256-bit halves, so AVX2 code reaches the same peak) torch's path is kept:
-those were not measured to gain. Under CPU autocast `F.linear` runs in bf16 on oneDNN already, so
+those were not measured to gain; except float32 inference on Intel's AVX-512 CPUs, where the packed
+weights and the fused GELU below gain a little (`onednn_inference_beats_mkl_here`). Under CPU autocast `F.linear` runs in bf16 on oneDNN already, so
 this rule is for float32 only. `USE_ONEDNN_FP32 = False` turns it off (the benchmarks' side-by-side
 rows). The trials' `flops` count the oneDNN op as the `F.linear` it replaces.
 
@@ -75,7 +76,7 @@ from trainers.models import _attention_kernel
 from trainers.models._kept import parameters_key
 
 __all__ = ["FUSE_GELU", "Linear", "PACK_WEIGHTS", "USE_ONEDNN_BF16", "USE_ONEDNN_FP32", "USE_WEIGHT_GRAD_KERNEL", "linear",
-           "cpu_autocast_to_bf16", "onednn_beats_mkl_here", "onednn_runs_bf16_here", "records_autograd"]
+           "cpu_autocast_to_bf16", "onednn_beats_mkl_here", "onednn_inference_beats_mkl_here", "onednn_runs_bf16_here", "records_autograd"]
 
 USE_ONEDNN_FP32 = True
 USE_ONEDNN_BF16 = True
@@ -113,6 +114,21 @@ def onednn_beats_mkl_here() -> bool:
             and torch.backends.cpu.get_cpu_capability() == "AVX512"
             and vendor not in ("", "GenuineIntel") and not (vendor == "AuthenticAMD" and family == 25)
             and cap not in _BELOW_AVX512)
+
+
+@functools.lru_cache(maxsize=None)
+def onednn_inference_beats_mkl_here() -> bool:
+    """Whether float32 inference (autograd not recording) runs on oneDNN here: where
+    `onednn_beats_mkl_here`, and on Intel's AVX-512 CPUs, where MKL runs its own AVX-512 code but
+    oneDNN's product on the weights kept in its layout, with fc1's GELU inside, still wins a little
+    (ls_convit_tiny at 224 px, batch 8, on a 2-core Sapphire Rapids Xeon: 1.03-1.04x; its training
+    step on oneDNN read 0.94x, so training keeps MKL there)."""
+    vendor, _ = _cpu_vendor_and_family()
+    cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "").strip().upper()
+    return onednn_beats_mkl_here() or (
+        vendor == "GenuineIntel" and torch.backends.mkldnn.is_available()
+        and hasattr(torch.ops.mkldnn, "_linear_pointwise") and torch.backends.cpu.get_cpu_capability() == "AVX512"
+        and cap not in _BELOW_AVX512)
 
 
 def _onednn(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], *, gelu: bool = False) -> torch.Tensor:
@@ -223,10 +239,11 @@ def _onednn_bf16(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Ten
     return out.view(*x.shape[:-1], weight.shape[0])
 
 
-def _takes_onednn(x: torch.Tensor, weight: torch.Tensor) -> bool:
+def _takes_onednn(x: torch.Tensor, weight: torch.Tensor, recording: bool) -> bool:
     return (USE_ONEDNN_FP32 and x.dtype == torch.float32 and weight.dtype == torch.float32
             and x.device.type == "cpu" and x.dim() >= 2 and not torch.is_autocast_enabled("cpu")
-            and not torch.compiler.is_compiling() and onednn_beats_mkl_here()
+            and not torch.compiler.is_compiling()
+            and (onednn_beats_mkl_here() or not recording and onednn_inference_beats_mkl_here())
             and x.numel() * weight.shape[0] >= MIN_MULTIPLY_ADDS)
 
 
@@ -238,12 +255,13 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
     recording, the GELU runs inside oneDNN's product where the product runs on oneDNN (unless
     FUSE_GELU is off), else in place on the product."""
     fused_gelu = gelu and FUSE_GELU
+    recording = records_autograd(x, weight, bias)
     if _takes_onednn_bf16(x, weight, bias):
         out = _onednn_bf16(x, weight, bias, gelu=fused_gelu)
-    elif not _takes_onednn(x, weight):
+    elif not _takes_onednn(x, weight, recording):
         out = F.linear(x, weight, bias)
         fused_gelu = False
-    elif records_autograd(x, weight, bias):
+    elif recording:
         out = _OneDNNLinear.apply(x, weight, bias)
         fused_gelu = False
     else:  # float32 inference: the GELU inside the product is torch's own float32 GELU (on oneDNN) bit for bit
