@@ -13,7 +13,10 @@ projection's (B, N, 3, H, d) output (no head-major copies), and a head width tha
 two powers of two (ConViT-Ti's 48 = 32 + 16) is multiplied as two exact pieces instead of being
 padded to the next power of two. Other widths keep the SDPA path. Measured on an H100 in bf16,
 GPU time per call (the timing `benchmarks/gpsa_cuda_core.py` repeats): 111-118 vs 164-166 us at
-224 px (batch 256, 196 tokens), 79 vs 174 us at 32 px (batch 1024, 64 tokens).
+224 px (batch 256, 196 tokens), 79 vs 174 us at 32 px (batch 1024, 64 tokens); on an H200
+118-119 vs 166-168 us and 44-47 vs 174-175 us. Its launch settings (`CONFIGS`) are timed at the
+first call for a shape and batch size (rounded up to a power of two); `TUNE = False` launches the
+first of them untimed.
 
 A one-pass variant (each block's whole rows of scores at once, their exact softmax, the mixed map
 in registers, one product with V: two products instead of three) was built and measured on an
@@ -30,7 +33,7 @@ import functools
 
 import torch
 
-__all__ = ['available', 'gated_attention_inference', 'head_pieces']
+__all__ = ['CONFIGS', 'TUNE', 'available', 'gated_attention_inference', 'head_pieces']
 
 _DTYPES = (torch.float16, torch.bfloat16)
 
