@@ -109,11 +109,8 @@ def onednn_beats_mkl_here() -> bool:
     512-bit FMA as two 256-bit halves, so AVX2 code reaches the same peak there: not measured to
     gain), with oneDNN present and not capped below AVX-512."""
     vendor, family = _cpu_vendor_and_family()
-    cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "").strip().upper()
-    return (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-            and torch.backends.cpu.get_cpu_capability() == "AVX512"
-            and vendor not in ("", "GenuineIntel") and not (vendor == "AuthenticAMD" and family == 25)
-            and cap not in _BELOW_AVX512)
+    return (_onednn_runs_avx512_here() and vendor not in ("", "GenuineIntel")
+            and not (vendor == "AuthenticAMD" and family == 25))
 
 
 @functools.lru_cache(maxsize=None)
@@ -123,12 +120,14 @@ def onednn_inference_beats_mkl_here() -> bool:
     oneDNN's product on the weights kept in its layout, with fc1's GELU inside, still wins a little
     (ls_convit_tiny at 224 px, batch 8, on a 2-core Sapphire Rapids Xeon: 1.03-1.04x; its training
     step on oneDNN read 0.94x, so training keeps MKL there)."""
-    vendor, _ = _cpu_vendor_and_family()
+    return onednn_beats_mkl_here() or (_cpu_vendor_and_family()[0] == "GenuineIntel" and _onednn_runs_avx512_here())
+
+
+def _onednn_runs_avx512_here() -> bool:
+    """oneDNN's linear op present, AVX-512 as torch's dispatch sees it, oneDNN not capped below it."""
     cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "").strip().upper()
-    return onednn_beats_mkl_here() or (
-        vendor == "GenuineIntel" and torch.backends.mkldnn.is_available()
-        and hasattr(torch.ops.mkldnn, "_linear_pointwise") and torch.backends.cpu.get_cpu_capability() == "AVX512"
-        and cap not in _BELOW_AVX512)
+    return (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+            and torch.backends.cpu.get_cpu_capability() == "AVX512" and cap not in _BELOW_AVX512)
 
 
 def _onednn(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], *, gelu: bool = False) -> torch.Tensor:
@@ -239,11 +238,12 @@ def _onednn_bf16(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Ten
     return out.view(*x.shape[:-1], weight.shape[0])
 
 
-def _takes_onednn(x: torch.Tensor, weight: torch.Tensor, recording: bool) -> bool:
+def _takes_onednn(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> bool:
     return (USE_ONEDNN_FP32 and x.dtype == torch.float32 and weight.dtype == torch.float32
             and x.device.type == "cpu" and x.dim() >= 2 and not torch.is_autocast_enabled("cpu")
             and not torch.compiler.is_compiling()
-            and (onednn_beats_mkl_here() or not recording and onednn_inference_beats_mkl_here())
+            and (onednn_beats_mkl_here()
+                 or onednn_inference_beats_mkl_here() and not records_autograd(x, weight, bias))
             and x.numel() * weight.shape[0] >= MIN_MULTIPLY_ADDS)
 
 
@@ -255,13 +255,12 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
     recording, the GELU runs inside oneDNN's product where the product runs on oneDNN (unless
     FUSE_GELU is off), else in place on the product."""
     fused_gelu = gelu and FUSE_GELU
-    recording = records_autograd(x, weight, bias)
     if _takes_onednn_bf16(x, weight, bias):
         out = _onednn_bf16(x, weight, bias, gelu=fused_gelu)
-    elif not _takes_onednn(x, weight, recording):
+    elif not _takes_onednn(x, weight, bias):
         out = F.linear(x, weight, bias)
         fused_gelu = False
-    elif recording:
+    elif records_autograd(x, weight, bias):
         out = _OneDNNLinear.apply(x, weight, bias)
         fused_gelu = False
     else:  # float32 inference: the GELU inside the product is torch's own float32 GELU (on oneDNN) bit for bit
