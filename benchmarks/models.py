@@ -43,8 +43,12 @@ groups add "NCHW <the T-CNN>": the same architecture in NCHW, and `channels_last
 trial runs it over NCHW). On CUDA the default batches fill the GPU (256 at 224 px, 1024 at 32 and 28 px). `--compile SUBSTRING ...` adds a
 `torch.compile`d copy of each model whose label contains one of the substrings, labelled
 "<label> +compile" and timed in the same rotation (sharing the eager model's weights); it compiles
-during the warm-up. The convit and px32 groups also report `ours_over_deit`: ls_convit_tiny
-against the DeiT-Ti of the group per mode and precision (and the compiled pair, where both are).
+during the warm-up. `--cuda-graphs SUBSTRING ...` (CUDA) adds, for inference, a copy of each
+matching model labelled "<label> +graph": its forward captured once per precision as a CUDA graph
+(`trainers/_cuda_graph.py`, as a trial's throughput is measured on a GPU) and replayed per batch, so
+the host's Python speed drops out. The convit and px32 groups also report `ours_over_deit`: ls_convit_tiny
+against the DeiT-Ti of the group per mode and precision (and the compiled pair and the graphed
+pair, where both are).
 On CUDA those two groups add "unfused ls_convit_tiny": the same model (same weights) with GPSA's
 fused Triton inference kernel switched off (fused SDPA + P @ V), and `fused_kernel_gain` (with
 over without; only fp16/bf16 inference takes the kernel, so the other columns read about 1).
@@ -83,6 +87,7 @@ import timm
 import torch
 
 import trainers.models  # noqa: F401  (registers the ls_* families)
+from trainers._cuda_graph import GraphedInference, capture_inference
 from trainers._memory_format import runs_channels_last
 from trainers.models import _attention_core, _attention_kernel, _common, _linear, ls_convit
 from benchmarks._env import add_malloc_option, autocast, bf16_by_default, parse_and_set_up, sync, write_result
@@ -288,13 +293,16 @@ def _timing_key(mode: str, precision: str) -> str:
 
 
 def pair_ratios(out: dict, ours: str, ref: str) -> dict[str, float]:
-    """ref's median batch time over ours', for every timing column present (> 1: ours is faster)."""
+    """ref's median batch time over ours', for every timing column present with both (> 1: ours
+    is faster; a CUDA graph copy has inference columns only)."""
     return {key: out[key]["median_batch_s"][ref] / out[key]["median_batch_s"][ours]
-            for key in ("inference", "train", "inference_bf16", "train_bf16") if key in out}
+            for key in ("inference", "train", "inference_bf16", "train_bf16")
+            if key in out and {ours, ref} <= out[key]["median_batch_s"].keys()}
 
 
 def run_group(name: str, *, batch: int, repeats: int, warmup: int, device: str, train: bool,
-              precisions: tuple[str, ...] = ("fp32", "bf16"), compile_matching: tuple[str, ...] = ()) -> dict:
+              precisions: tuple[str, ...] = ("fp32", "bf16"), compile_matching: tuple[str, ...] = (),
+              graph_matching: tuple[str, ...] = ()) -> dict:
     dev = torch.device(device)
     builders, baseline, shape, extra = _group(name, cuda=dev.type == "cuda", precisions=tuple(precisions))
     models: dict[str, torch.nn.Module] = {}
@@ -313,6 +321,14 @@ def run_group(name: str, *, batch: int, repeats: int, warmup: int, device: str, 
         models[f"{label} +compile"] = torch.compile(models[label])
         params[f"{label} +compile"] = params[label]
         formats[f"{label} +compile"] = formats[label]
+    graphed: dict[str, str] = {}  # "<label> +graph" -> label: its eager model, captured per precision
+    if dev.type == "cuda":
+        for label in [label for label in models if any(pattern in label for pattern in graph_matching)]:
+            graphed[f"{label} +graph"] = label
+            models[f"{label} +graph"] = models[label]
+            params[f"{label} +graph"] = params[label]
+            formats[f"{label} +graph"] = formats[label]
+    graphs: dict[tuple[str, str], GraphedInference] = {}
     torch.manual_seed(1)
     x = torch.randn(batch, *shape, device=dev)
     inputs = {label: x.contiguous(memory_format=fmt) for label, fmt in formats.items()}  # the same values
@@ -323,6 +339,17 @@ def run_group(name: str, *, batch: int, repeats: int, warmup: int, device: str, 
         time to enqueue it; where that nears the wall time, the batch is host-bound)."""
         model = models[label]
         model.eval()
+        if label in graphed:  # captured at its first call (in the warm-up), replayed after
+            if (label, precision) not in graphs:
+                graphs[label, precision] = capture_inference(
+                    model, inputs[label], autocast_dtype=None if precision == "fp32" else PRECISION_DTYPES[precision])
+            graph = graphs[label, precision]
+            sync(dev)
+            start = time.perf_counter()
+            graph(graph.static_input)
+            host = time.perf_counter() - start
+            sync(dev)
+            return time.perf_counter() - start, host
         sync(dev)
         start = time.perf_counter()
         with torch.inference_mode(), autocast(dev, precision):
@@ -348,7 +375,8 @@ def run_group(name: str, *, batch: int, repeats: int, warmup: int, device: str, 
     out: dict = {"config": dict(group=name, batch=batch, input_shape=list(shape), repeats=repeats, warmup=warmup,
                                 device=str(dev), dtype="float32", precisions=precisions,
                                 channels_last=[label for label, fmt in formats.items() if fmt is torch.channels_last],
-                                compiled=[label for label in models if label.endswith(" +compile")]),
+                                compiled=[label for label in models if label.endswith(" +compile")],
+                                cuda_graphs=list(graphed)),
                  "baseline": baseline, "params": params}
     if "max_abs_logit_diff" in extra:
         out["max_abs_logit_diff"] = extra["max_abs_logit_diff"]
@@ -358,13 +386,13 @@ def run_group(name: str, *, batch: int, repeats: int, warmup: int, device: str, 
                 xs = x[:2]
                 out["max_abs_logit_diff_bf16"] = (ref.eval()(xs).float() - ours.eval()(xs).float()).abs().max().item()
     for mode, fn in modes.items():
+        labels = [label for label in models if mode == "inference" or label not in graphed]  # graphs: inference only
         for _ in range(warmup):
             for precision in precisions:
-                for label in models:
+                for label in labels:
                     fn(label, precision)
-        times: dict[str, dict[str, list[float]]] = {p: {label: [] for label in models} for p in precisions}
-        host_times: dict[str, dict[str, list[float]]] = {p: {label: [] for label in models} for p in precisions}
-        labels = list(models)
+        times: dict[str, dict[str, list[float]]] = {p: {label: [] for label in labels} for p in precisions}
+        host_times: dict[str, dict[str, list[float]]] = {p: {label: [] for label in labels} for p in precisions}
         for repeat in range(repeats):
             # each repeat starts one model further on, so every model follows every other equally
             # often: on an H200, ls_convit_tiny, always right after timm's ConViT, read 1.4-2.1 ms
@@ -402,9 +430,10 @@ def run_group(name: str, *, batch: int, repeats: int, warmup: int, device: str, 
         if unfused is not None:
             out["ours_over_deit"][f"{unfused} / {deit}"] = pair_ratios(out, unfused, deit)
             out["fused_kernel_gain"] = pair_ratios(out, ours, unfused)
-        if f"{ours} +compile" in models and f"{deit} +compile" in models:
-            out["ours_over_deit"][f"{ours} +compile / {deit} +compile"] = pair_ratios(
-                out, f"{ours} +compile", f"{deit} +compile")
+        for suffix in (" +compile", " +graph"):
+            if f"{ours}{suffix}" in models and f"{deit}{suffix}" in models:
+                out["ours_over_deit"][f"{ours}{suffix} / {deit}{suffix}"] = pair_ratios(
+                    out, f"{ours}{suffix}", f"{deit}{suffix}")
     for label in models:
         for prefix, key in ((FUSED_MHSA, "explicit_core_gain"), (TORCH_OPS_CORE, "cpu_kernel_gain"),
                             (NCHW, "channels_last_gain"), (MKL_LINEAR, "onednn_linear_gain"),
@@ -431,7 +460,7 @@ def _print_group(group: str, batch: int, r: dict) -> None:
                 else f"{'':<44} {'':7}"
             line = f"  {name} {precision:<4}  infer {r[infer]['images_per_s'][label]:9.1f} img/s " \
                    f"({r[infer]['speed_vs_baseline'][label]:.2f}x)"
-            if train in r:
+            if train in r and label in r[train]["images_per_s"]:
                 line += f"   train {r[train]['images_per_s'][label]:8.1f} img/s ({r[train]['speed_vs_baseline'][label]:.2f}x)"
             print(line)
 
@@ -484,12 +513,17 @@ def main(argv: list[str] | None = None) -> None:
                              "--no-bf16: fp32)")
     parser.add_argument("--compile", nargs="+", default=[], metavar="SUBSTRING",
                         help="also time a torch.compile'd copy of each model whose label contains one of these")
+    parser.add_argument("--cuda-graphs", nargs="+", default=[], metavar="SUBSTRING",
+                        help="CUDA: also time each model whose label contains one of these as replays of its "
+                             "inference forward captured as a CUDA graph (inference only)")
     parser.add_argument("--result-name", default="models",
                         help="the JSON's name: benchmarks/results/<name>-<device>.json (default: models)")
     add_malloc_option(parser)
     args = parse_and_set_up(parser, argv)
     if args.precisions and args.no_bf16:
         parser.error("--no-bf16 and --precisions: give one of them")
+    if args.cuda_graphs and args.device != "cuda":
+        parser.error("--cuda-graphs needs --device cuda")
     bf16, why_not = (False, "") if args.no_bf16 else bf16_by_default(args.device)
     if why_not and not args.precisions:
         print(f"no bf16 columns: {why_not} (--precisions fp32 bf16 times them anyway)")
@@ -499,7 +533,8 @@ def main(argv: list[str] | None = None) -> None:
     for group in args.groups:
         batch = args.batch or default_batch[group]
         r = run_group(group, batch=batch, repeats=args.repeats, warmup=args.warmup, device=args.device,
-                      train=not args.no_train, precisions=precisions, compile_matching=tuple(args.compile))
+                      train=not args.no_train, precisions=precisions, compile_matching=tuple(args.compile),
+                      graph_matching=tuple(args.cuda_graphs))
         results[group] = r
         _print_group(group, batch, r)
     path = write_result(args.result_name, {"groups": results}, device=args.device)

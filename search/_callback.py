@@ -181,7 +181,7 @@ class StoreCallback(PrintingCallback):
                 "family", "throughput", "throughput_device", "throughput_batch", "throughput_precision",
                 "throughput_threads", "train_precision", "torch_version", "params", "flops", "node_ip", "hostname", "node_id",
                 "throughput_before_conversion", "converted_at_epoch", "throughput_cached", "architecture",
-                "throughput_timed", "throughput_reference",
+                "throughput_timed", "throughput_reference", "throughput_cuda_graph",
             )},
             "rejected_by": result.get("rejected"),
             "failures": int(getattr(trial, "num_failures", 0) or 0),

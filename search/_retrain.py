@@ -44,6 +44,7 @@ RESULT_COLUMNS: dict[str, tuple[pa.DataType, str]] = {
     "throughput_batch": TRIAL_COLUMNS["throughput_batch"],
     "throughput_precision": TRIAL_COLUMNS["throughput_precision"],
     "throughput_threads": TRIAL_COLUMNS["throughput_threads"],
+    "throughput_cuda_graph": TRIAL_COLUMNS["throughput_cuda_graph"],
     "val_acc": (pa.float64(), "best validation accuracy over the epochs run"),
     "val_loss": (pa.float64(), "lowest validation loss over the epochs run"),
     "final_val_acc": (pa.float64(), "validation accuracy after the last epoch (the weights saved and tested)"),
@@ -203,7 +204,8 @@ def retrain(
     constructor = {k: cfg.model_args.get(k, v) for k, v in dataset_args.items()}
     row: dict[str, Any] = {
         **{k: measurement.get(k) for k in ("family", "params", "flops", "throughput", "throughput_device",
-                                            "throughput_batch", "throughput_precision", "throughput_threads")},
+                                            "throughput_batch", "throughput_precision", "throughput_threads",
+                                            "throughput_cuda_graph")},
         "model": cfg.model,
         "val_acc": outcome.best_val_acc,
         "val_loss": last["best_val_loss"],

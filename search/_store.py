@@ -73,6 +73,7 @@ TRIAL_COLUMNS: dict[str, tuple[pa.DataType, str]] = {
     "throughput_batch": (pa.int64(), "batch size of the throughput measurement"),
     "throughput_precision": (pa.string(), "fp32, bf16 or fp16"),
     "throughput_threads": (pa.int64(), "torch CPU threads during the measurement"),
+    "throughput_cuda_graph": (pa.bool_(), "GPU: the forward was timed as replays of one captured CUDA graph (throughput.cuda_graph; false: eagerly, the setting off or the model not capturable); null on the CPU"),
     "throughput_cached": (pa.bool_(), "the measurement came from the per-architecture cache (an earlier trial measured this architecture, as its model or as the reference it was timed beside)"),
     "architecture": (pa.string(), "fingerprint of the measured architecture (same value: same network, whatever the training knobs)"),
     "torch_version": (pa.string(), "torch version of the trial"),

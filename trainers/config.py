@@ -84,6 +84,10 @@ class ThroughputSettings:
     warmup: int = 3
     repeats: int = 10
     precision: Precision = "auto"  # auto: fp32 on CPU, fp16 on CUDA
+    # on a GPU, time the forward as replays of one captured CUDA graph: the GPU's cost of the
+    # architecture rather than the host's speed at enqueueing its kernels, which bounds small
+    # models there (trainers/_cuda_graph.py); false: eagerly. Ignored on the CPU
+    cuda_graph: bool = True
 
     def __post_init__(self) -> None:
         for key in ("batch_size", "repeats"):

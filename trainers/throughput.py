@@ -2,7 +2,8 @@
 
 Throughput depends on the architecture, the input and the device, not on the training
 settings, so it is measured once per architecture and reused: eval mode, inference mode, a
-fixed batch, warm-up iterations, synchronised timing, the median of several repeats; on the CPU,
+fixed batch, warm-up iterations, synchronised timing, the median of several repeats; on a GPU,
+each batch one replay of the forward captured as a CUDA graph (``throughput.cuda_graph``); on the CPU,
 the fastest of three such rounds, and a round timed again when another process took cores
 meanwhile (:func:`measure_throughput`).
 
@@ -36,15 +37,17 @@ import platform
 import statistics
 import sys
 import time
+import warnings
 from contextlib import nullcontext, suppress
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from trainers._atomic import atomic_write
+from trainers._cuda_graph import CaptureError, capture_inference
 from trainers._device_share import device_share
 
 __all__ = [
@@ -74,6 +77,7 @@ class ThroughputResult:
     kept_round: int = 1  # which round was kept, the fastest (see measure_throughput)
     rounds: int = 1  # rounds timed: 1 on a GPU; on the CPU CPU_ROUNDS, more when some were contended
     reference_ratio: float | None = None  # with a reference: the model's batch time over the reference's (see measure_throughput)
+    cuda_graph: bool = False  # timed as replays of one captured CUDA graph (GPU only, see measure_throughput)
 
 
 def device_name(device: torch.device) -> str:
@@ -97,11 +101,13 @@ def resolve_precision(precision: str, device: torch.device) -> str:
     return "fp16" if device.type == "cuda" else "fp32"
 
 
+AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}  # fp32: no autocast
+
+
 def _autocast(precision: str, device: torch.device):
     if precision == "fp32":
         return nullcontext()
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
-    return torch.autocast(device_type=device.type, dtype=dtype)
+    return torch.autocast(device_type=device.type, dtype=AUTOCAST_DTYPES[precision])
 
 
 def _sync(device: torch.device) -> None:
@@ -145,8 +151,8 @@ CPU_ATTEMPTS = 6
 CPU_RETRY_PAUSE_S = 1.0
 
 
-def _timed_round(model: nn.Module, x: torch.Tensor, repeats: int, device: torch.device,
-                 reference: nn.Module | None = None) -> tuple[list[float], list[float], float]:
+def _timed_round(model: Callable[[torch.Tensor], Any], x: torch.Tensor, repeats: int, device: torch.device,
+                 reference: Callable[[torch.Tensor], Any] | None = None) -> tuple[list[float], list[float], float]:
     """Seconds per batch over ``repeats`` batches; with a reference, seconds per reference batch,
     one after each of the model's (else an empty list); and the share of the CPU this process had
     while timing them (its CPU time over threads x wall time; 1 when its threads never waited for a
@@ -174,10 +180,15 @@ def measure_throughput(
     precision: str = "auto",
     channels_last: bool = False,
     reference: nn.Module | None = None,
+    cuda_graph: bool = True,
 ) -> ThroughputResult:
     """Images per second of ``model``'s forward pass, median over ``repeats`` timed batches. On the
     CPU the fastest of CPU_ROUNDS such rounds, a round timed while another process took cores not
-    counted among them (see CPU_SHARE_FLOOR).
+    counted among them (see CPU_SHARE_FLOOR). On a GPU with ``cuda_graph``, the forward is
+    captured after the warm-up and each timed batch is one replay of the graph
+    (`trainers._cuda_graph`: the GPU's cost of the architecture, not the host's speed at
+    enqueueing it); a model that cannot be captured is timed eagerly, with a warning
+    (``ThroughputResult.cuda_graph`` says which).
 
     With a ``reference`` model (on the same device, taking the same input), each of the model's
     batches is followed by one of the reference's, and ``reference_ratio`` is the model's median
@@ -198,9 +209,21 @@ def measure_throughput(
             for net, _ in timed:
                 net(x)
         _sync(device)
+    runners: list[Callable[[torch.Tensor], Any]] = [net for net, _ in timed]
+    graphed = False
+    if cuda_graph and device.type == "cuda":
+        try:
+            graphs = [capture_inference(net, x, autocast_dtype=AUTOCAST_DTYPES.get(precision)) for net in runners]
+        except CaptureError as exc:
+            warnings.warn(f"{exc}; its throughput is timed eagerly", stacklevel=2)
+        else:  # each replay reads the graph's own input (same values as x): no copy per batch
+            runners = [lambda _x, g=g: g(g.static_input) for g in graphs]
+            graphed = True
+    run_model, run_reference = runners[0], runners[1] if reference is not None else None
+    with torch.inference_mode(), _autocast(precision, device):
         uncontended = 0
         for attempt in range(1, CPU_ATTEMPTS + 1):
-            times, reference_times, cpu_share = _timed_round(model, x, repeats, device, reference)
+            times, reference_times, cpu_share = _timed_round(run_model, x, repeats, device, run_reference)
             median = statistics.median(times)
             if best is None or median < best[0]:
                 best = (median, cpu_share, attempt)
@@ -231,6 +254,7 @@ def measure_throughput(
         kept_round=kept_round,
         rounds=attempt,
         reference_ratio=statistics.median(ratios or contended_ratios) if reference is not None else None,
+        cuda_graph=graphed,
     )
 
 
@@ -275,6 +299,7 @@ def measure_model(
     channels_last: bool = False,
     cache_dir: str | os.PathLike | None = None,
     reference: nn.Module | None = None,
+    cuda_graph: bool = True,
 ) -> dict[str, Any]:
     """Params, FLOPs/image and throughput of ``model`` as a flat record (the trial row's columns);
     from the cache when this architecture was measured on this device with these settings.
@@ -284,7 +309,8 @@ def measure_model(
     ``model`` is timed beside it (:func:`measure_throughput`): its ``throughput`` is the
     reference's divided by their cost ratio, so two architectures measured minutes apart compare
     by what they cost, not by how fast the VM ran at the time; ``throughput_timed`` is the model's
-    own fastest round."""
+    own fastest round. On a GPU, ``cuda_graph`` times the forward as CUDA graph replays
+    (:func:`measure_throughput`; ``throughput_cuda_graph`` says whether it was)."""
     device = next(model.parameters()).device
     precision = resolve_precision(precision, device)
     settings = dict(input_shape=input_shape, batch_size=batch_size, warmup=warmup, repeats=repeats,
@@ -306,6 +332,8 @@ def measure_model(
         "torch": str(torch.__version__),
         "method": MEASUREMENT_METHOD,
     }
+    if device.type == "cuda":  # (not on the CPU: its measurements cached before the setting stay valid)
+        key_fields["cuda_graph"] = cuda_graph
     if reference_record is not None:  # measured against this reference's number: a new one, new measurements
         key_fields["reference"] = [reference_record["architecture"], reference_record["throughput"]]
     key = hashlib.sha256(json.dumps(key_fields, sort_keys=True).encode()).hexdigest()[:32]
@@ -317,7 +345,8 @@ def measure_model(
         cached = _read_cached(path)  # another trial may have measured it while we waited
         if cached is not None:
             return cached
-        result = measure_throughput(model, **settings, reference=reference if reference_record is not None else None)
+        result = measure_throughput(model, **settings, reference=reference if reference_record is not None else None,
+                                    cuda_graph=cuda_graph)
         throughput = result.images_per_s
         if reference_record is not None:
             throughput = reference_record["throughput"] / result.reference_ratio
@@ -331,6 +360,7 @@ def measure_model(
             "throughput_batch": result.batch_size,
             "throughput_precision": result.precision,
             "throughput_threads": result.threads,
+            "throughput_cuda_graph": result.cuda_graph if device.type == "cuda" else None,
             "torch_version": result.torch_version,
             "architecture": key_fields["architecture"],
         }

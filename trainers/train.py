@@ -260,6 +260,7 @@ def train_trial(
                 channels_last=channels_last,
                 cache_dir=cfg.throughput_cache_dir,
                 reference=reference,
+                cuda_graph=cfg.throughput.cuda_graph,
             )
         # this project's families say so; for a plain timm model, its name's first word (vit, deit, ...)
         return {"family": getattr(model, "family", None) or cfg.model.split("_")[0], **record}
