@@ -133,6 +133,7 @@ def _study(n: int, seed: int = 0) -> tuple[ResultsStore, pa.Table]:
         "throughput_batch": np.full(n, 256),
         "throughput_precision": ["fp32"] * n,
         "throughput_threads": np.full(n, 2),
+        "throughput_cuda_graph": [None] * n,  # (a CPU study)
         "throughput_cached": rng.random(n) < 0.5,
         "architecture": [f"{d}-{w}" for d, w in zip(depth, width)],
         "torch_version": ["2.x"] * n,

@@ -228,7 +228,8 @@ def test_export_writes_a_standalone_config(study, tmp_path, capsys):
     assert config["train"]["num_workers"] == 1 and config["train"]["weight_decay"] == 0.05  # fixed, default
     assert set(config["train"]) == {"batch_size", "lr", "weight_decay", "warmup_epochs", "min_lr", "label_smoothing",
                                     "grad_clip", "num_workers", "pad_crop", "flip", "precision", "compile"}
-    assert config["throughput"] == {"batch_size": 16, "warmup": 1, "repeats": 2, "precision": "auto"}
+    assert config["throughput"] == {"batch_size": 16, "warmup": 1, "repeats": 2, "precision": "auto",
+                                    "cuda_graph": True}
     source = config["source"]
     assert source["study"] == str(study.resolve()) and source["trial_id"] == "c1"
     assert source["selected_by"] == "knee" and source["val_acc"] == 0.9 and source["throughput"] == 4000.0
