@@ -40,11 +40,11 @@ Each model and its input run in the memory format a trial gives them
 (`trainers/_memory_format.py`): channels_last on CUDA; on the CPU channels_last for the T-CNNs
 (overlapping convolutions) and NCHW for the vision transformers. On the CPU the tiny and micro
 groups add "NCHW <the T-CNN>": the same architecture in NCHW, and `channels_last_gain` (as a
-trial runs it over NCHW). On CUDA the default batches fill the GPU (256 at 224 px, 1024 at 32 and 28 px). `--compile SUBSTRING ...` adds a
-`torch.compile`d copy of each model whose label contains one of the substrings, labelled
+trial runs it over NCHW). On CUDA the default batches fill the GPU (256 at 224 px, 1024 at 32 and 28 px). `--compile PREFIX ...` adds a
+`torch.compile`d copy of each model whose label starts with one of the prefixes, labelled
 "<label> +compile" and timed in the same rotation (sharing the eager model's weights); it compiles
-during the warm-up. `--cuda-graphs SUBSTRING ...` (CUDA) adds, for inference, a copy of each
-matching model labelled "<label> +graph": its forward captured once per precision as a CUDA graph
+during the warm-up. `--cuda-graphs PREFIX ...` (CUDA) adds, for inference, a copy of each
+eager model whose label starts with one of the prefixes labelled "<label> +graph": its forward captured once per precision as a CUDA graph
 (`trainers/_cuda_graph.py`, as a trial's throughput is measured on a GPU) and replayed per batch, so
 the host's Python speed drops out. The convit and px32 groups also report `ours_over_deit`: ls_convit_tiny
 against the DeiT-Ti of the group per mode and precision (and the compiled pair and the graphed
@@ -317,13 +317,14 @@ def run_group(name: str, *, batch: int, repeats: int, warmup: int, device: str, 
             if isinstance(getattr(module, "rel_indices", None), torch.Tensor):
                 module.rel_indices = module.rel_indices.to(dev)
     params = {label: sum(p.numel() for p in m.parameters()) for label, m in models.items()}
-    for label in [label for label in models if any(pattern in label for pattern in compile_matching)]:
+    for label in [label for label in models if label.startswith(compile_matching)]:
         models[f"{label} +compile"] = torch.compile(models[label])
         params[f"{label} +compile"] = params[label]
         formats[f"{label} +compile"] = formats[label]
     graphed: dict[str, str] = {}  # "<label> +graph" -> label: its eager model, captured per precision
     if dev.type == "cuda":
-        for label in [label for label in models if any(pattern in label for pattern in graph_matching)]:
+        # eager models only: a compiled copy is captured by torch.compile's own cudagraph modes
+        for label in [label for label in models if label.startswith(graph_matching) and not label.endswith(" +compile")]:
             graphed[f"{label} +graph"] = label
             models[f"{label} +graph"] = models[label]
             params[f"{label} +graph"] = params[label]
@@ -511,10 +512,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--precisions", nargs="+", choices=["fp32", "bf16"],
                         help="the precision columns to time (default: fp32 bf16 where bf16 is native, else fp32; "
                              "--no-bf16: fp32)")
-    parser.add_argument("--compile", nargs="+", default=[], metavar="SUBSTRING",
-                        help="also time a torch.compile'd copy of each model whose label contains one of these")
-    parser.add_argument("--cuda-graphs", nargs="+", default=[], metavar="SUBSTRING",
-                        help="CUDA: also time each model whose label contains one of these as replays of its "
+    parser.add_argument("--compile", nargs="+", default=[], metavar="PREFIX",
+                        help="also time a torch.compile'd copy of each model whose label starts with one of these")
+    parser.add_argument("--cuda-graphs", nargs="+", default=[], metavar="PREFIX",
+                        help="CUDA: also time each model whose label starts with one of these as replays of its "
                              "inference forward captured as a CUDA graph (inference only)")
     parser.add_argument("--result-name", default="models",
                         help="the JSON's name: benchmarks/results/<name>-<device>.json (default: models)")
