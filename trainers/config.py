@@ -46,7 +46,8 @@ class TrainSettings:
     precision: Precision = "auto"
     # run the training and validation batches through torch.compile (the same parameters;
     # throughput is still measured on the eager model). For GPUs, where it removes most kernel
-    # launches (benchmarks.models --compile: 1.5-1.8x per batch on an H100); on this project's
+    # launches (benchmarks.models --compile: 1.5-1.8x per batch on an H100; ConViT-Ti on an H200
+    # 1.35x inference, 1.80x training); on this project's
     # 2-core CPU it costs the main job's trial 40 s of compiling and no step gets faster
     compile: bool = False
 
