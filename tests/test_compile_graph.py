@@ -28,5 +28,6 @@ def test_the_forward_traces_without_a_graph_break(name, train, dtype, device):
     with (torch.enable_grad() if train else torch.inference_mode()), \
             torch.autocast(device, dtype=dtype or torch.float32, enabled=dtype is not None):
         explained = dynamo.explain(model)(x)
+    dynamo.reset()  # no traced frames left for later tests in this worker
     assert explained.graph_break_count == 0, [str(reason.reason)[:300] for reason in explained.break_reasons]
     assert explained.graph_count == 1
