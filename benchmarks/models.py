@@ -44,9 +44,9 @@ trial runs it over NCHW). On CUDA the default batches fill the GPU (256 at 224 p
 `torch.compile`d copy of each model whose label starts with one of the prefixes, labelled
 "<label> +compile" and timed in the same rotation (sharing the eager model's weights); it compiles
 during the warm-up. `--cuda-graphs PREFIX ...` (CUDA) adds, for inference, a copy of each
-eager model whose label starts with one of the prefixes labelled "<label> +graph": its forward captured once per precision as a CUDA graph
-(`trainers/_cuda_graph.py`, as a trial's throughput is measured on a GPU) and replayed per batch, so
-the host's Python speed drops out. The convit and px32 groups also report `ours_over_deit`: ls_convit_tiny
+eager model whose label starts with one of the prefixes, labelled "<label> +graph": its forward
+captured once per precision as a CUDA graph (`trainers/_cuda_graph.py`, as a trial's throughput is
+measured on a GPU) and replayed per batch, so the host's Python speed drops out. The convit and px32 groups also report `ours_over_deit`: ls_convit_tiny
 against the DeiT-Ti of the group per mode and precision (and the compiled pair and the graphed
 pair, where both are).
 On CUDA those two groups add "unfused ls_convit_tiny": the same model (same weights) with GPSA's

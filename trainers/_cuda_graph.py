@@ -20,6 +20,7 @@ memory format): a replay reads its batch from that input and writes the same out
 from __future__ import annotations
 
 from contextlib import nullcontext
+
 import torch
 from torch import nn
 
