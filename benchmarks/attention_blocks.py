@@ -19,7 +19,8 @@ Layers (all dim 96, 4 heads, the width of the *_micro models):
              it (in float32 r <= 2 here; under bf16 autocast, forward + backward, r = 1)
   refiner_r2_ops (where the refiner runs on the kernel) refiner_r2 on its torch ops (USE_FUSED_KERNEL off)
   gpsa       ConViT's GPSA, for reference
-Each is timed alternately with the others after a warm-up (so load drifts hit all alike); the
+Each is timed alternately with the others after a warm-up (so load drifts hit all alike), each
+round in its own seeded order (`_env.shuffled_rounds`: none always follows the same other); the
 median of each and its ratio to plain are printed and written to benchmarks/results/, with the
 kernels' gains (`kernel_gain`: the *_ops layer's time over the same layer's on the kernel).
 """
@@ -33,7 +34,7 @@ import time
 
 import torch
 
-from benchmarks._env import add_malloc_option, autocast, parse_and_set_up, sync, write_result
+from benchmarks._env import add_malloc_option, autocast, parse_and_set_up, shuffled_rounds, sync, write_result
 from trainers.models import _attention_core, _attention_kernel
 from trainers.models.ls_convit import GPSA, MHSA
 from trainers.models.ls_gmm import GMMAttention
@@ -101,8 +102,8 @@ def run(*, batch: int, tokens: int, dim: int, heads: int, repeats: int, warmup: 
         for name in layers:
             step(name)
     times: dict[str, list[float]] = {name: [] for name in layers}
-    for _ in range(repeats):
-        for name in layers:
+    for round_ in shuffled_rounds(list(layers), repeats):
+        for name in round_:
             times[name].append(step(name))
     median = {name: statistics.median(ts) for name, ts in times.items()}
     return {

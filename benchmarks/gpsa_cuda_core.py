@@ -6,7 +6,7 @@
 The two ways `ls_convit.GPSA` computes (1 - s) softmax(Q K^T / sqrt(d)) V + (s P) V in fp16/bf16
 inference on a GPU, on the same inputs (q, k and v as the qkv projection lays them out, (B, N, 3,
 H, d)); the outputs are compared. Per shape and per way, timed alternately in rounds after a
-warm-up:
+warm-up, each round in its own seeded order (`_env.shuffled_rounds`):
   gpu_us   GPU time per call: CUDA events around a round of back-to-back calls;
   host_us  host time per call: the same rounds' wall time to enqueue, the GPU drained before each
            round (a small model's eager batch on a GPU can be bound by this, not by GPU time).
@@ -24,7 +24,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from benchmarks._env import setup_process, write_result
+from benchmarks._env import setup_process, shuffled_rounds, write_result
 from trainers.models import _gpsa_triton
 
 # (label, batch, tokens, heads, head width): ConViT-Ti (dim 192, 4 heads) at its default batches
@@ -84,9 +84,9 @@ def run(*, repeats: int, calls: int, warmup: int, dtype: torch.dtype) -> dict:
                 _round(fn, warmup)  # the kernel's first call tunes its blocks
             gpu = {name: [] for name in ways}
             host = {name: [] for name in ways}
-            for _ in range(repeats):
-                for name, fn in ways.items():
-                    g, h = _round(fn, calls)
+            for round_ in shuffled_rounds(list(ways), repeats):
+                for name in round_:
+                    g, h = _round(ways[name], calls)
                     gpu[name].append(g)
                     host[name].append(h)
         gpu_us = {name: statistics.median(v) for name, v in gpu.items()}

@@ -4,8 +4,9 @@
     python -m benchmarks.gpsa_layer --device cpu --repeats 30
 
 Both layers hold the same weights (ours loads timm's state dict) and see the same input; they are
-timed alternately (timm, ours, timm, ours, ...) after a warm-up, so drifts in machine load hit
-both alike. Reports the median of each and the ratio timm / ours (> 1: ours is faster), and writes
+timed alternately after a warm-up, one step of each contender per round, each round in a new
+(seeded) order (`_env.shuffled_rounds`), so drifts in machine load hit all alike and none always
+runs right after the same other. Reports the median of each and the ratio timm / ours (> 1: ours is faster), and writes
 benchmarks/results/gpsa_layer-<device>.json.
 
 bf16 column (on by default on CUDA and on a CPU with bf16 hardware; --no-bf16 skips it, --bf16
@@ -50,7 +51,8 @@ from typing import Callable
 import torch
 from timm.models.convit import GPSA as TimmGPSA
 
-from benchmarks._env import add_malloc_option, autocast, bf16_by_default, parse_and_set_up, sync, write_result
+from benchmarks._env import (add_malloc_option, autocast, bf16_by_default, parse_and_set_up, shuffled_rounds, sync,
+                            write_result)
 from trainers.models import _attention_kernel, _linear
 from trainers.models.ls_convit import GPSA
 
@@ -148,8 +150,8 @@ def run(*, batch: int, tokens: int, dim: int, heads: int, repeats: int, warmup: 
     times: dict[str, dict[str, list[float]]] = {precision: {} for precision in precisions}
     for precision, name in contenders:
         times[precision][name] = []
-    for _ in range(repeats):
-        for precision, name in contenders:
+    for round_ in shuffled_rounds(contenders, repeats):
+        for precision, name in round_:
             times[precision][name].append(_time(lambda: steps[name](precision), dev))
     med = {precision: {name: statistics.median(ts) for name, ts in by_name.items()}
            for precision, by_name in times.items()}

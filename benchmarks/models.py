@@ -5,8 +5,8 @@
     python -m benchmarks.models --groups tiny small --batch 16
 
 Groups (each a set of models timed side by side, alternately: one batch of each in turn per
-repeat, after a warm-up, so load drifts hit all alike; each repeat starts one model further on,
-so no model always runs right after the same other one):
+repeat, after a warm-up, so load drifts hit all alike; each repeat in its own seeded order,
+`_env.shuffled_rounds`, so no model always runs right after the same other one):
 
   convit   ls_convit_tiny vs timm's convit_tiny at 224 px, ours loading timm's state dict (same
            config, same weights: the outputs are compared), plus deit_tiny_patch16_224
@@ -90,7 +90,8 @@ import trainers.models  # noqa: F401  (registers the ls_* families)
 from trainers._cuda_graph import GraphedInference, capture_inference
 from trainers._memory_format import runs_channels_last
 from trainers.models import _attention_core, _attention_kernel, _common, _linear, ls_convit
-from benchmarks._env import add_malloc_option, autocast, bf16_by_default, parse_and_set_up, sync, write_result
+from benchmarks._env import (add_malloc_option, autocast, bf16_by_default, parse_and_set_up, shuffled_rounds, sync,
+                            write_result)
 
 IMAGENET = dict(num_classes=1000, in_chans=3)
 UNFUSED = "unfused "  # label prefix: ls_convit_tiny with GPSA's CUDA inference kernel off
@@ -394,12 +395,10 @@ def run_group(name: str, *, batch: int, repeats: int, warmup: int, device: str, 
                     fn(label, precision)
         times: dict[str, dict[str, list[float]]] = {p: {label: [] for label in labels} for p in precisions}
         host_times: dict[str, dict[str, list[float]]] = {p: {label: [] for label in labels} for p in precisions}
-        for repeat in range(repeats):
-            # each repeat starts one model further on, so every model follows every other equally
-            # often: on an H200, ls_convit_tiny, always right after timm's ConViT, read 1.4-2.1 ms
-            # more host time a batch than its own twins (same weights, same kernel) in two runs,
-            # cause not established
-            order = labels[repeat % len(labels):] + labels[:repeat % len(labels)]
+        for order in shuffled_rounds(labels, repeats):
+            # each repeat in its own order, so no model always follows the same other: on an H200,
+            # ls_convit_tiny, always right after timm's ConViT, read 1.4-2.1 ms more host time a
+            # batch than its own twins (same weights, same kernel) in two runs, cause not established
             for precision in precisions:
                 for label in order:
                     wall, host = fn(label, precision)

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from benchmarks import _env
-from benchmarks._env import add_malloc_option, bf16_by_default, environment, parse_and_set_up, result_slug
+from benchmarks._env import (add_malloc_option, bf16_by_default, environment, parse_and_set_up, result_slug,
+                             shuffled_rounds)
 
 
 def test_cpu_result_names_carry_the_instruction_set_and_a_nameless_cpus_family():
@@ -61,3 +62,15 @@ def test_cuda_asked_for_where_there_is_none_is_a_usage_error(device_kwargs, argv
         parse_and_set_up(_parser(**device_kwargs), argv)
     assert exit_info.value.code == 2
     assert "--device cuda: no CUDA device is available here" in capsys.readouterr().err
+
+
+def test_rounds_time_every_contender_once_each_in_changing_orders_the_same_from_run_to_run():
+    contenders = ["timm", "ours", "floor", "ours_torch_ops", "ours_recomputing"]
+    rounds = list(shuffled_rounds(contenders, 40))
+    assert len(rounds) == 40 and all(sorted(r) == sorted(contenders) for r in rounds)
+    assert rounds == list(shuffled_rounds(contenders, 40))  # seeded
+    assert rounds != list(shuffled_rounds(contenders, 40, seed=1))
+    # no contender always runs right after the same other (a fixed or shifted order would)
+    before = {name: {r[r.index(name) - 1] for r in rounds if r.index(name) > 0} for name in contenders}
+    assert all(len(others) >= 3 for others in before.values()), before
+    assert list(shuffled_rounds(["a"], 3)) == [["a"]] * 3 and list(shuffled_rounds(contenders, 0)) == []
