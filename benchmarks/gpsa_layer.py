@@ -6,13 +6,13 @@
 Both layers hold the same weights (ours loads timm's state dict) and see the same input; they are
 timed alternately after a warm-up, one step of each contender per round, each round in a new
 (seeded) order (`_env.shuffled_rounds`), so drifts in machine load hit all alike and none always
-runs right after the same other. Reports the median of each and the ratio timm / ours (> 1: ours is faster), and writes
-benchmarks/results/gpsa_layer-<device>.json.
+runs right after the same other. Reports the median of each and the ratio timm / ours (> 1: ours
+is faster), and writes benchmarks/results/gpsa_layer-<device>.json.
 
 bf16 column (on by default on CUDA and on a CPU with bf16 hardware; --no-bf16 skips it, --bf16
 forces it where bf16 is emulated): the same two layers, fp32 weights and
 input, each under `torch.autocast(device, dtype=torch.bfloat16)` (as the trainer's `precision:
-bf16`), timed in the same rotation (timm fp32, ours fp32, timm bf16, ours bf16, ...). Three ratios:
+bf16`), timed in the same rounds as the fp32 steps (timm and ours in each precision). Three ratios:
   ratio_timm_over_ours            fp32 vs fp32 (like for like; the original key)
   ratio_timm_over_ours_bf16       bf16 vs bf16 (like for like)
   ratio_timm_fp32_over_ours_bf16  timm in fp32 vs ours in bf16: a PRECISION CHANGE, not like for like
