@@ -88,3 +88,13 @@ def test_training_waits_while_measured(tmp_path):
     asked, start, end = json.loads(measurer.communicate(timeout=60)[0].splitlines()[-1])
     out = trainer.communicate(timeout=60)[0].splitlines()
     assert min(json.loads(out[-1])) >= end
+
+
+def test_lock_files_closed_at_exit(tmp_path):
+    # The lock files stay open for the process; at exit they are closed, not left to the GC
+    # (which warns "ResourceWarning: unclosed file" under -X dev and in pytest's subprocesses).
+    env = {**os.environ, "LOCALITY_SEARCH_LOCKS": str(tmp_path), "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-X", "dev", "-c", TRAINER, "0.05"], capture_output=True,
+                          text=True, cwd=ROOT, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "ResourceWarning" not in done.stderr

@@ -22,6 +22,7 @@ one machine (which share its CPU) share the CPU's lock.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import fcntl
 import os
@@ -60,6 +61,11 @@ class DeviceShare:
         self._device = open(directory / f"{safe}.lock", "a")  # noqa: SIM115 -- held for the process
         self._gate = open(directory / f"{safe}.gate", "a")  # noqa: SIM115
         self._sharing = 0  # nesting depth of training(): > 0 while this process holds the shared lock
+
+    def close(self) -> None:
+        """Close the lock files (releasing any lock this process holds on them)."""
+        self._device.close()
+        self._gate.close()
 
     # -- training ---------------------------------------------------------------------------
     def _acquire_shared(self) -> None:
@@ -114,6 +120,12 @@ class DeviceShare:
 
 
 _shares: dict[tuple[str, str], DeviceShare] = {}
+
+
+@atexit.register
+def _close_shares() -> None:  # at exit, not by the GC: an unclosed file warns (ResourceWarning)
+    while _shares:
+        _shares.popitem()[1].close()
 
 
 def device_share(device: torch.device) -> DeviceShare:
