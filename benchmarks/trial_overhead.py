@@ -23,9 +23,14 @@ benchmark (2 CPUs, no dashboard); seconds per trial = Tuner.fit() wall time / tr
 On a GPU (--device cuda; the trial trains with AMP and channels_last, as `precision: auto` does
 there, and the compute replica does the same): an NVML sampler thread reads the GPU's
 utilisation (the share of time a kernel was running) every 50 ms through each trial, and the
-result reports its mean over the trial's epochs and over its whole wall time.
+result reports its mean over the trial's epochs and over its whole wall time. --compile sets
+`train.compile: true`: every trial compiles its model anew (as each trial of a search does, in its
+own model), and the compute replica is compiled before its clock starts, so a trial's compiling
+counts as its overhead.
 
     python -m benchmarks.trial_overhead --device cuda --skip-ray --train-fraction 1.0 --batch-size 256
+    python -m benchmarks.trial_overhead --device cuda --skip-ray --train-fraction 1.0 --batch-size 256 \
+        --compile --result-name trial_overhead_compile     # train.compile: true, compiled anew each trial
 
 Writes benchmarks/results/trial_overhead-<device>.json.
 """
@@ -45,10 +50,10 @@ from benchmarks._env import init_local_ray, parse_and_set_up, write_result
 
 
 def _config(data, *, epochs: int, cache_dir: str, model: str = "ls_convit_micro", device: str = "cpu",
-            batch_size: int | None = None):
+            batch_size: int | None = None, compile: bool = False):
     from trainers.config import ThroughputSettings, TrainSettings, TrialConfig
 
-    train = TrainSettings() if batch_size is None else TrainSettings(batch_size=batch_size)
+    train = TrainSettings(compile=compile, **({} if batch_size is None else {"batch_size": batch_size}))
     return TrialConfig(model=model, model_args={}, data=data, epochs=epochs, train=train,
                        throughput=ThroughputSettings(), seed=0, device=device, throughput_cache_dir=cache_dir)
 
@@ -153,10 +158,19 @@ def _compute(cfg, batches: dict) -> float:
     groups = model.param_groups(weight_decay=cfg.train.weight_decay) if hasattr(model, "param_groups") \
         else default_param_groups(model, cfg.train.weight_decay)
     optimizer = adamw(groups, lr=cfg.train.lr)
+    runner = torch.compile(model) if cfg.train.compile else model  # as train_trial's batches_runner
     criterion = nn.CrossEntropyLoss(label_smoothing=cfg.train.label_smoothing)
     steps = len(batches["train"][0])
     total = steps * cfg.epochs
     warmup = round(cfg.train.warmup_epochs * steps)
+    if cfg.train.compile:  # compiled before the clock starts: a trial's compiling is overhead, not compute
+        model.train()
+        with autocast():
+            criterion(runner(batches["train"][0][0][0]), batches["train"][0][0][1]).backward()
+        optimizer.zero_grad(set_to_none=True)
+        model.eval()
+        with torch.inference_mode(), autocast():
+            runner(batches["val"][0][0])
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     start = time.perf_counter()
@@ -168,7 +182,7 @@ def _compute(cfg, batches: dict) -> float:
             for group in optimizer.param_groups:
                 group["lr"] = lr * group.get("lr_scale", 1.0)
             with autocast():
-                loss = criterion(model(images), labels)
+                loss = criterion(runner(images), labels)
             optimizer.zero_grad(set_to_none=True)
             scaler.scale(loss).backward()
             scaler.step(optimizer)
@@ -177,7 +191,7 @@ def _compute(cfg, batches: dict) -> float:
         with torch.inference_mode():
             for images, labels in batches["val"]:
                 with autocast():
-                    model(images)
+                    runner(images)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return time.perf_counter() - start
@@ -199,14 +213,15 @@ def _batches(cfg) -> dict:
 
 
 def trainer_overhead(*, epochs: int, model: str = "ls_convit_micro", device: str = "cpu", train_fraction: float = 0.1,
-                     batch_size: int | None = None) -> dict:
+                     batch_size: int | None = None, compile: bool = False) -> dict:
     from search._runner import default_cache_dir
     from trainers.data import DatasetRequest, prepare_dataset
 
     data = prepare_dataset(DatasetRequest(name="fashion_mnist", train_fraction=train_fraction),
                            cache_dir=default_cache_dir())
     with tempfile.TemporaryDirectory(prefix="ls-bench-tput-") as cache:
-        cfg = _config(data, epochs=epochs, cache_dir=cache, model=model, device=device, batch_size=batch_size)
+        cfg = _config(data, epochs=epochs, cache_dir=cache, model=model, device=device, batch_size=batch_size,
+                      compile=compile)
         # The trials go first in this process, so the first one really is cold (FFCV compiles).
         compute = []
         first = _trial(cfg)
@@ -223,7 +238,7 @@ def trainer_overhead(*, epochs: int, model: str = "ls_convit_micro", device: str
         "config": {"model": cfg.model, "dataset": data.name, "train_images": data.counts["train"],
                    "val_images": data.counts["val"], "epochs": epochs, "batch_size": cfg.train.batch_size,
                    "num_workers": cfg.train.num_workers, "throughput_batch": cfg.throughput.batch_size,
-                   "device": device, "precision": cfg.train.precision},
+                   "device": device, "precision": cfg.train.precision, "compile": cfg.train.compile},
         "compute_s": compute,
         "compute_median_s": compute_s,
         "trials": trials,
@@ -282,6 +297,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ray-repeats", type=int, default=2)
     parser.add_argument("--skip-ray", action="store_true")
     parser.add_argument("--only-ray", action="store_true")
+    parser.add_argument("--compile", action="store_true",
+                        help="train.compile: true (the trials' and the compute replica's batches through torch.compile)")
+    parser.add_argument("--result-name", default="trial_overhead",
+                        help="the JSON's name: benchmarks/results/<name>-<device>.json (default: trial_overhead)")
     # the process set up as train_trial's, so the compute replica runs under the same allocator settings
     args = parse_and_set_up(parser, argv)
     if args.device == "cuda" and not args.only_ray:
@@ -289,11 +308,12 @@ def main(argv: list[str] | None = None) -> None:
     result: dict = {}
     if not args.only_ray:
         t = trainer_overhead(epochs=args.epochs, model=args.model, device=args.device,
-                             train_fraction=args.train_fraction, batch_size=args.batch_size)
+                             train_fraction=args.train_fraction, batch_size=args.batch_size, compile=args.compile)
         result["trainer"] = t
         first, later = t["trials"]["first"], t["trials"]["later"]
         print(f"trainer: {t['config']['model']}, {t['config']['train_images']} train / {t['config']['val_images']} val "
-              f"images, {args.epochs} epochs, batch {t['config']['batch_size']}")
+              f"images, {args.epochs} epochs, batch {t['config']['batch_size']}"
+              f"{', torch.compile' if args.compile else ''}")
         print(f"  pure compute (fwd/bwd/AdamW + val forward, from memory): {t['compute_median_s']:.2f} s "
               f"(runs: {', '.join(f'{c:.2f}' for c in t['compute_s'])})")
         print(f"  first trial in the process: {first['wall_s']:.2f} s wall ({first['outside_epochs_s']:.2f} s outside "
@@ -316,7 +336,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"  reuse_actors=True : {r['seconds_per_trial']['reuse_actors']:.3f} s/trial")
         print(f"  reuse_actors=False: {r['seconds_per_trial']['fresh_actors']:.3f} s/trial "
               f"({r['fresh_over_reuse']:.2f}x the reused)")
-    path = write_result("trial_overhead", result, device=args.device)
+    path = write_result(args.result_name, result, device=args.device)
     print(f"-> {path}")
 
 

@@ -32,7 +32,7 @@ from trainers.models import _attention_kernel
 
 __all__ = [
     'CPU_CORE_DTYPES', 'FULL_PRECISION', 'PLAIN_ATTENTION_ON_EXPLICIT_CORE', 'attention', 'attention_inference',
-    'gated_attention', 'masked_attention', 'masked_core_usable', 'use_explicit_core',
+    'compiled_away', 'gated_attention', 'masked_attention', 'masked_core_usable', 'use_explicit_core',
 ]
 
 FULL_PRECISION = (torch.float32, torch.float64)
@@ -76,12 +76,21 @@ def gemm_dtype(dtype: torch.dtype) -> torch.dtype:
 def use_explicit_core(qkv: torch.Tensor) -> bool:
     """Whether plain attention on `qkv` (the projection's output) is quicker through this core than
     through torch's fused kernel: on the CPU when its GEMMs run in bf16, or in float32 on the float32
-    kernel (see the module doc)."""
-    if not (PLAIN_ATTENTION_ON_EXPLICIT_CORE and qkv.device.type == 'cpu'):
+    kernel (see the module doc). Under torch.compile never: see `compiled_away`."""
+    if not (PLAIN_ATTENTION_ON_EXPLICIT_CORE and qkv.device.type == 'cpu') or compiled_away():
         return False
     if qkv.dtype == torch.bfloat16:
         return cpu_has_native_bf16()
     return qkv.dtype == torch.float32 and _attention_kernel.usable(qkv)
+
+
+def compiled_away() -> bool:
+    """True while torch.compile traces: callers then take torch's own ops (fused SDPA), which
+    inductor fuses around, instead of this core. Its hand-written backward writes its products
+    with out= into slices of one buffer, which AOT autograd's functionalisation does not carry
+    through: GPSA's bf16 training step under CPU autocast failed to compile ("expected scalar type
+    float32 but found bfloat16" in the traced backward), and the fused kernels are opaque to it."""
+    return torch.compiler.is_compiling()
 
 
 def _map_dtype(dtype: torch.dtype) -> torch.dtype:

@@ -77,7 +77,8 @@ from timm.models import generate_default_cfgs, register_model
 from timm.models._features_fx import register_notrace_module
 
 from trainers.models import _attention_kernel, _gpsa_triton
-from trainers.models._attention_core import CPU_CORE_DTYPES, FULL_PRECISION, attention_inference, gated_attention
+from trainers.models._attention_core import (CPU_CORE_DTYPES, FULL_PRECISION, attention_inference, compiled_away,
+                                             gated_attention)
 from trainers.models._common import (
     MHSA, GridSize, Mlp, _build_without_weights, _cfg, _check_int, _check_real, _check_vit_args, _fashion_mnist_cfg,
     _gated_param_groups, _init_vit_weights, _patch_tokens, PreNorm, add_and_norm, add_residual,
@@ -297,8 +298,8 @@ class GPSA(nn.Module):
     def _use_gated_attention(self, x: torch.Tensor) -> bool:
         """The explicit core (`gated_attention`): on the CPU, for training and inference alike, in
         float32/64 and in bfloat16/float16 (CPU autocast, or a model cast to that dtype); see the
-        module doc. Elsewhere (CUDA) fused SDPA + P @ V."""
-        return x.device.type == 'cpu' and x.dtype in CPU_CORE_DTYPES
+        module doc. Elsewhere (CUDA), and under torch.compile (`compiled_away`), fused SDPA + P @ V."""
+        return x.device.type == 'cpu' and x.dtype in CPU_CORE_DTYPES and not compiled_away()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, N, C = x.shape
