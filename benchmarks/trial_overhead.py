@@ -23,14 +23,16 @@ benchmark (2 CPUs, no dashboard); seconds per trial = Tuner.fit() wall time / tr
 On a GPU (--device cuda; the trial trains with AMP and channels_last, as `precision: auto` does
 there, and the compute replica does the same): an NVML sampler thread reads the GPU's
 utilisation (the share of time a kernel was running) every 50 ms through each trial, and the
-result reports its mean over the trial's epochs and over its whole wall time. --compile sets
-`train.compile: true`: every trial compiles its model anew (as each trial of a search does, in its
-own model), and the compute replica is compiled before its clock starts, so a trial's compiling
-counts as its overhead.
+result reports its mean over the trial's epochs and over its whole wall time. --compile [MODE]
+sets `train.compile: true` (or MODE): each trial compiles its own model, as in a search (a
+process's later trials reuse the first one's compiled code), and the compute replica is compiled
+before its clock starts, so a trial's compiling counts as its overhead.
 
     python -m benchmarks.trial_overhead --device cuda --skip-ray --train-fraction 1.0 --batch-size 256
     python -m benchmarks.trial_overhead --device cuda --skip-ray --train-fraction 1.0 --batch-size 256 \
-        --compile --result-name trial_overhead_compile     # train.compile: true, compiled anew each trial
+        --compile --result-name trial_overhead_compile     # train.compile: true
+    python -m benchmarks.trial_overhead --device cuda --skip-ray --train-fraction 1.0 --batch-size 256 \
+        --compile reduce-overhead --result-name trial_overhead_cudagraphs
 
 Writes benchmarks/results/trial_overhead-<device>.json.
 """
@@ -47,10 +49,11 @@ import time
 import torch
 
 from benchmarks._env import init_local_ray, parse_and_set_up, write_result
+from trainers.config import COMPILE_MODES
 
 
 def _config(data, *, epochs: int, cache_dir: str, model: str = "ls_convit_micro", device: str = "cpu",
-            batch_size: int | None = None, compile: bool = False):
+            batch_size: int | None = None, compile: bool | str = False):
     from trainers.config import ThroughputSettings, TrainSettings, TrialConfig
 
     train = TrainSettings(compile=compile, **({} if batch_size is None else {"batch_size": batch_size}))
@@ -158,12 +161,13 @@ def _compute(cfg, batches: dict) -> float:
     groups = model.param_groups(weight_decay=cfg.train.weight_decay) if hasattr(model, "param_groups") \
         else default_param_groups(model, cfg.train.weight_decay)
     optimizer = adamw(groups, lr=cfg.train.lr)
-    runner = torch.compile(model) if cfg.train.compile else model  # as train_trial's batches_runner
+    # as train_trial's batches_runner
+    runner = model if cfg.train.compile_mode is None else torch.compile(model, mode=cfg.train.compile_mode)
     criterion = nn.CrossEntropyLoss(label_smoothing=cfg.train.label_smoothing)
     steps = len(batches["train"][0])
     total = steps * cfg.epochs
     warmup = round(cfg.train.warmup_epochs * steps)
-    if cfg.train.compile:  # compiled before the clock starts: a trial's compiling is overhead, not compute
+    if cfg.train.compile_mode is not None:  # compiled before the clock starts: a trial's compiling is overhead, not compute
         model.train()
         with autocast():
             criterion(runner(batches["train"][0][0][0]), batches["train"][0][0][1]).backward()
@@ -213,7 +217,7 @@ def _batches(cfg) -> dict:
 
 
 def trainer_overhead(*, epochs: int, model: str = "ls_convit_micro", device: str = "cpu", train_fraction: float = 0.1,
-                     batch_size: int | None = None, compile: bool = False) -> dict:
+                     batch_size: int | None = None, compile: bool | str = False) -> dict:
     from search._runner import default_cache_dir
     from trainers.data import DatasetRequest, prepare_dataset
 
@@ -238,7 +242,8 @@ def trainer_overhead(*, epochs: int, model: str = "ls_convit_micro", device: str
         "config": {"model": cfg.model, "dataset": data.name, "train_images": data.counts["train"],
                    "val_images": data.counts["val"], "epochs": epochs, "batch_size": cfg.train.batch_size,
                    "num_workers": cfg.train.num_workers, "throughput_batch": cfg.throughput.batch_size,
-                   "device": device, "precision": cfg.train.precision, "compile": cfg.train.compile},
+                   "device": device, "precision": cfg.train.precision, "compile": cfg.train.compile,
+                   "compile_mode": cfg.train.compile_mode},
         "compute_s": compute,
         "compute_median_s": compute_s,
         "trials": trials,
@@ -297,8 +302,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ray-repeats", type=int, default=2)
     parser.add_argument("--skip-ray", action="store_true")
     parser.add_argument("--only-ray", action="store_true")
-    parser.add_argument("--compile", action="store_true",
-                        help="train.compile: true (the trials' and the compute replica's batches through torch.compile)")
+    parser.add_argument("--compile", nargs="?", const=True, default=False, choices=COMPILE_MODES, metavar="MODE",
+                        help="train.compile: true, or MODE (e.g. reduce-overhead): the trials' and the compute "
+                             "replica's batches through torch.compile")
     parser.add_argument("--result-name", default="trial_overhead",
                         help="the JSON's name: benchmarks/results/<name>-<device>.json (default: trial_overhead)")
     # the process set up as train_trial's, so the compute replica runs under the same allocator settings
@@ -313,7 +319,7 @@ def main(argv: list[str] | None = None) -> None:
         first, later = t["trials"]["first"], t["trials"]["later"]
         print(f"trainer: {t['config']['model']}, {t['config']['train_images']} train / {t['config']['val_images']} val "
               f"images, {args.epochs} epochs, batch {t['config']['batch_size']}"
-              f"{', torch.compile' if args.compile else ''}")
+              f"{'' if args.compile is False else ', torch.compile ' + t['config']['compile_mode']}")
         print(f"  pure compute (fwd/bwd/AdamW + val forward, from memory): {t['compute_median_s']:.2f} s "
               f"(runs: {', '.join(f'{c:.2f}' for c in t['compute_s'])})")
         print(f"  first trial in the process: {first['wall_s']:.2f} s wall ({first['outside_epochs_s']:.2f} s outside "

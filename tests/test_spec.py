@@ -98,7 +98,7 @@ MALFORMED = [
      "space.precision: 'bf17' is not a valid train.precision: must be one of auto, fp32, bf16, fp16"),
     ({"train": {"compile": "yes"}}, "train.compile"),
     ({"space.compile": {"type": "choice", "values": [True, "yes"]}},
-     "space.compile: 'yes' is not a valid train.compile: must be true or false, got 'yes'"),
+     "space.compile: 'yes' is not a valid train.compile: must be true, false or a torch.compile mode "),
     ({"space.batch_size": {"type": "int", "low": 0, "high": 64}},
      "space.batch_size: 0 is not a valid train.batch_size: must be at least 1, got 0; remove it from the range"),
     ({"models": [{"name": "ls_gmm_nano"}]}, "model: give either 'model:' (one model) or 'models:'"),

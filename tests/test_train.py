@@ -236,6 +236,22 @@ def test_compiled_trial_trains_like_the_eager_one(synthetic):
     assert list(states["compiled"]["model"]) == list(states["eager"]["model"])
 
 
+def test_compile_takes_true_false_or_a_torch_compile_mode(synthetic, monkeypatch):
+    assert TrainSettings().compile_mode is None and TrainSettings(compile=True).compile_mode == "default"
+    assert TrainSettings(compile="reduce-overhead").compile_mode == "reduce-overhead"
+    for bad in ("fast", 1, None):
+        with pytest.raises(SettingError, match="must be true, false or a torch.compile mode") as info:
+            TrainSettings(compile=bad)
+        assert info.value.key == "compile"
+    # the mode reaches torch.compile (compiled here by aot_eager: the mode's own work is torch's)
+    modes, compile_ = [], torch.compile
+    monkeypatch.setattr(torch, "compile", lambda model, mode=None: modes.append(mode) or compile_(model, backend="aot_eager"))
+    torch._dynamo.reset()
+    train_trial(_config(synthetic, epochs=1, compile="max-autotune-no-cudagraphs"))
+    torch._dynamo.reset()
+    assert modes == ["max-autotune-no-cudagraphs"]
+
+
 def test_training_dtype_per_precision(monkeypatch):
     import trainers.train as train_module
 

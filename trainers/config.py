@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Literal
 if TYPE_CHECKING:  # only a type here; importing the data package pulls in FFCV and numba
     from trainers.data import PreparedDataset
 
-__all__ = ["SettingError", "TrainSettings", "ThroughputSettings", "TrialConfig", "TRAIN_KEYS", "PRECISIONS", "Constraint", "CONSTRAINT_METRICS"]
+__all__ = ["SettingError", "TrainSettings", "ThroughputSettings", "TrialConfig", "TRAIN_KEYS", "PRECISIONS", "COMPILE_MODES", "Constraint", "CONSTRAINT_METRICS"]
 
 
 class SettingError(ValueError):
@@ -24,6 +24,8 @@ class SettingError(ValueError):
 
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
 PRECISIONS: tuple[str, ...] = typing.get_args(Precision)
+CompileMode = Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
+COMPILE_MODES: tuple[str, ...] = typing.get_args(CompileMode)  # torch.compile's modes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,11 +47,12 @@ class TrainSettings:
     # (1.4-2x), else fp32 (emulated bf16 is 16x slower); see trainers.train.training_precision
     precision: Precision = "auto"
     # run the training and validation batches through torch.compile (the same parameters;
-    # throughput is still measured on the eager model). For GPUs, where it removes most kernel
-    # launches (benchmarks.models --compile: 1.5-1.8x per batch on an H100; ConViT-Ti on an H200
-    # 1.35x inference, 1.80x training); on this project's
-    # 2-core CPU it costs the main job's trial 40 s of compiling and no step gets faster
-    compile: bool = False
+    # throughput is still measured on the eager model): true (torch's default mode) or one of
+    # torch.compile's modes. For GPUs, where a small model's step is bound by launching kernels:
+    # on an H200, ls_convit_micro's trial at batch 256 trained at 1.17x eager with true and 2.8x
+    # with reduce-overhead (CUDA graphs; benchmarks/README.md), ConViT-Ti's step 1.80x with true.
+    # On a CPU no faster: the compiled step runs torch's attention, not this project's kernels
+    compile: bool | CompileMode = False
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -70,10 +73,19 @@ class TrainSettings:
             raise SettingError("num_workers", f"must be at least 1, got {self.num_workers}")
         if self.pad_crop < 0:
             raise SettingError("pad_crop", f"must be >= 0, got {self.pad_crop}")
-        if not isinstance(self.compile, bool):
-            raise SettingError("compile", f"must be true or false, got {self.compile!r}")
+        if not isinstance(self.compile, bool) and not (isinstance(self.compile, str) and self.compile in COMPILE_MODES):
+            raise SettingError("compile", f"must be true, false or a torch.compile mode ({', '.join(COMPILE_MODES)}), "
+                                          f"got {self.compile!r}")
         if self.precision not in PRECISIONS:
             raise SettingError("precision", f"must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+
+
+    @property
+    def compile_mode(self) -> str | None:
+        """torch.compile's mode for the batches, or None to run them eagerly."""
+        if self.compile is False:
+            return None
+        return "default" if self.compile is True else self.compile
 
 
 TRAIN_KEYS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(TrainSettings))

@@ -275,7 +275,7 @@ def train_trial(
     def batches_runner() -> nn.Module:
         """What the batches go through: the model, or its torch.compile wrapper (train.compile).
         State dicts, the measurement and a conversion stay on `model` itself."""
-        return torch.compile(model) if settings.compile else model
+        return model if settings.compile_mode is None else torch.compile(model, mode=settings.compile_mode)
 
     # Measured before training only where something needs the number then: the constraints (a
     # config is judged untrained) or a T-CNN converting at epoch 0 (the CNN's number). Otherwise
