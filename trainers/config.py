@@ -79,7 +79,6 @@ class TrainSettings:
         if self.precision not in PRECISIONS:
             raise SettingError("precision", f"must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
 
-
     @property
     def compile_mode(self) -> str | None:
         """torch.compile's mode for the batches, or None to run them eagerly."""

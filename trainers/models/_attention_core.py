@@ -86,10 +86,10 @@ def use_explicit_core(qkv: torch.Tensor) -> bool:
 
 def compiled_away() -> bool:
     """True while torch.compile traces: callers then take torch's own ops (fused SDPA), which
-    inductor fuses around, instead of this core. Its hand-written backward writes its products
-    with out= into slices of one buffer, which AOT autograd's functionalisation does not carry
-    through: GPSA's bf16 training step under CPU autocast failed to compile ("expected scalar type
-    float32 but found bfloat16" in the traced backward), and the fused kernels are opaque to it."""
+    inductor fuses around, instead of this core. The fused kernels are opaque to it, and the
+    hand-written backward (its products written out= into one buffer) did not survive AOT
+    autograd: a bf16 training step under CPU autocast with two GPSA layers failed to compile
+    ("expected scalar type float32 but found bfloat16" in the traced backward, torch 2.14)."""
     return torch.compiler.is_compiling()
 
 
