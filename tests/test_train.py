@@ -228,7 +228,8 @@ def test_compiled_trial_trains_like_the_eager_one(synthetic):
     eager = train_trial(_config(synthetic, epochs=1), on_epoch=keep("eager"))
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
-    compiled = train_trial(_config(synthetic, epochs=1, compile=True), on_epoch=keep("compiled"))
+    with pytest.warns(UserWarning, match="meant for GPUs"):
+        compiled = train_trial(_config(synthetic, epochs=1, compile=True), on_epoch=keep("compiled"))
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 2  # training and validation graphs
     assert compiled.history[0]["train_loss"] == pytest.approx(eager.history[0]["train_loss"], rel=1e-3)
     assert compiled.history[0]["val_acc"] == pytest.approx(eager.history[0]["val_acc"], abs=0.02)
