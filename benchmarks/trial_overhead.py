@@ -49,13 +49,11 @@ import time
 import torch
 
 from benchmarks._env import init_local_ray, parse_and_set_up, write_result
-from trainers.config import COMPILE_MODES
+from trainers.config import COMPILE_MODES, ThroughputSettings, TrainSettings, TrialConfig
 
 
 def _config(data, *, epochs: int, cache_dir: str, model: str = "ls_convit_micro", device: str = "cpu",
             batch_size: int | None = None, compile: bool | str = False):
-    from trainers.config import ThroughputSettings, TrainSettings, TrialConfig
-
     train = TrainSettings(compile=compile, **({} if batch_size is None else {"batch_size": batch_size}))
     return TrialConfig(model=model, model_args={}, data=data, epochs=epochs, train=train,
                        throughput=ThroughputSettings(), seed=0, device=device, throughput_cache_dir=cache_dir)
@@ -150,7 +148,7 @@ def _compute(cfg, batches: dict) -> float:
 
     from trainers._memory_format import place_model
     from trainers.train import (adamw, autocast_for, build_model, default_param_groups, lr_at, pick_device,
-                                training_dtype)
+                                runner_for_batches, training_dtype)
 
     torch.manual_seed(cfg.seed)
     device = pick_device(cfg.device)
@@ -161,8 +159,7 @@ def _compute(cfg, batches: dict) -> float:
     groups = model.param_groups(weight_decay=cfg.train.weight_decay) if hasattr(model, "param_groups") \
         else default_param_groups(model, cfg.train.weight_decay)
     optimizer = adamw(groups, lr=cfg.train.lr)
-    # as train_trial's batches_runner
-    runner = model if cfg.train.compile_mode is None else torch.compile(model, mode=cfg.train.compile_mode)
+    runner = runner_for_batches(model, cfg.train, device)  # as train_trial's
     criterion = nn.CrossEntropyLoss(label_smoothing=cfg.train.label_smoothing)
     steps = len(batches["train"][0])
     total = steps * cfg.epochs

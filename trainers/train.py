@@ -33,12 +33,12 @@ from trainers._cpu import cpu_has_native_bf16
 from trainers._device_share import device_share
 from trainers._malloc import retain_freed_memory
 from trainers._memory_format import place_model
-from trainers.config import SettingError, TrialConfig
+from trainers.config import SettingError, TrainSettings, TrialConfig
 from trainers.data import make_loader
 from trainers.throughput import measure_model
 
 __all__ = ["train_trial", "TrialOutcome", "NonFiniteLossError", "lr_at", "build_model", "evaluate", "pick_device",
-           "training_precision", "training_dtype", "autocast_for"]
+           "training_precision", "training_dtype", "autocast_for", "runner_for_batches"]
 
 EpochCallback = Callable[[dict[str, Any], Callable[[], dict[str, Any]]], None]
 
@@ -198,6 +198,17 @@ def autocast_for(precision: str, device: torch.device) -> Callable[[], ContextMa
     return autocast
 
 
+def runner_for_batches(model: nn.Module, settings: TrainSettings, device: torch.device) -> nn.Module:
+    """The model, or its torch.compile wrapper in the mode train.compile names."""
+    if settings.compile_mode is None:
+        return model
+    if device.type == "cpu":
+        warnings.warn("train.compile on a CPU: compiled batches run torch's attention instead of this "
+                      "project's CPU kernels (a bf16 step 0.56x eager on a Xeon); it is meant for GPUs",
+                      stacklevel=2)
+    return torch.compile(model, mode=settings.compile_mode)
+
+
 @torch.inference_mode()
 def evaluate(model: nn.Module, loader, *, autocast) -> tuple[float, float]:
     """(mean cross-entropy, accuracy) over every image of ``loader``."""
@@ -273,15 +284,9 @@ def train_trial(
         return {**measure(), "converted_at_epoch": epoch, "throughput_before_conversion": before}
 
     def batches_runner() -> nn.Module:
-        """What the batches go through: the model, or its torch.compile wrapper (train.compile).
-        State dicts, the measurement and a conversion stay on `model` itself."""
-        if settings.compile_mode is None:
-            return model
-        if device.type == "cpu":
-            warnings.warn("train.compile on a CPU: compiled batches run torch's attention instead of this "
-                          "project's CPU kernels (a bf16 step 0.56x eager on a Xeon); it is meant for GPUs",
-                          stacklevel=2)
-        return torch.compile(model, mode=settings.compile_mode)
+        """What the batches go through (`runner_for_batches`). State dicts, the measurement and a
+        conversion stay on `model` itself."""
+        return runner_for_batches(model, settings, device)
 
     # Measured before training only where something needs the number then: the constraints (a
     # config is judged untrained) or a T-CNN converting at epoch 0 (the CNN's number). Otherwise
