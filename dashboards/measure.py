@@ -33,7 +33,6 @@ from search._dashboard import make_server, studies_payload
 from search._report import write_report
 
 
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=10_000)

@@ -301,8 +301,6 @@ def _trainable_for(spec: SearchSpec, data, cache_dir: str | os.PathLike | None):
     return tune.with_resources(tune.with_parameters(run_tune_trial, template=template), spec.resources.ray_resources())
 
 
-
-
 def run_study(
     spec: SearchSpec,
     *,

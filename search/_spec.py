@@ -66,8 +66,6 @@ class ModelSpec:
     space: dict[str, "ParamSpec"] = dataclasses.field(default_factory=dict)
 
 
-
-
 @dataclasses.dataclass(frozen=True)
 class ParamSpec:
     """One searched knob. Bounds are inclusive, for floats and integers alike."""
