@@ -1,6 +1,7 @@
 """What every model family file shares: argument checks, timm's default-config helpers, the plain
-multi-head self-attention (`MHSA`) the families use after their locality layers, and the blocks'
-`Mlp` and norms (`PreNorm`, `add_and_norm`, `add_residual`)."""
+multi-head self-attention (`MHSA`) the families use after their locality layers, and the blocks:
+`PreNormBlock` around a family's attention, its `Mlp` and norms (`PreNorm`, `add_and_norm`,
+`add_residual`)."""
 import math
 from numbers import Integral, Real
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
@@ -9,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from timm.layers import DropPath
 from timm.layers import LayerNorm as _TimmLayerNorm
 from timm.layers import Mlp as _TimmMlp
 from timm.layers import trunc_normal_
@@ -23,7 +25,7 @@ __all__ = [
     'IMAGENET_DEFAULT_MEAN', 'IMAGENET_DEFAULT_STD', 'FASHION_MNIST_MEAN', 'FASHION_MNIST_STD', 'GridSize',
     '_pair', '_check_int', '_check_real', '_check_bool', '_check_vit_args', '_init_vit_weights', '_cfg',
     '_fashion_mnist_cfg', '_build_without_weights',
-    '_gated_param_groups', '_patch_tokens', 'MHSA', 'Mlp', 'PreNorm', 'USE_NORM_KERNEL', 'add_and_norm',
+    '_gated_param_groups', '_patch_tokens', 'MHSA', 'Mlp', 'PreNorm', 'PreNormBlock', 'USE_NORM_KERNEL', 'add_and_norm',
     'add_residual', 'has_hooks', 'scaled_dot_product_attention',
 ]
 
@@ -262,6 +264,27 @@ class Mlp(_TimmMlp):
         return (type(self.act) is nn.GELU and self.act.approximate == 'none' and type(fc1) is Linear
                 and not records_autograd(x, fc1.weight, fc1.bias)
                 and not has_hooks(fc1))
+
+
+class PreNormBlock(nn.Module):
+    """A pre-norm transformer block around a family's attention: x + attn(norm1(x)), then
+    x + mlp(norm2(x)), each residual add fused with the norm after it where it can be
+    (`add_and_norm`, `add_residual`). Submodules and parameter names as timm's ViT and ConViT
+    blocks (norm1, attn, drop_path, norm2, mlp), so their state dicts load. Each family's `Block`
+    builds its attention and hands it here."""
+
+    def __init__(self, dim: int, attn: nn.Module, *, mlp_ratio: float = 4., proj_drop: float = 0.,
+                 drop_path: float = 0.):
+        super().__init__()
+        self.norm1 = PreNorm(dim)
+        self.attn = attn
+        self.drop_path = DropPath(drop_path) if drop_path > 0. else nn.Identity()
+        self.norm2 = PreNorm(dim)
+        self.mlp = Mlp(in_features=dim, hidden_features=int(dim * mlp_ratio), drop=proj_drop)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x, h = add_and_norm(x, self.drop_path(self.attn(self.norm1(x))), self.norm2)  # x + attn, norm2 of it
+        return add_residual(x, self.drop_path(self.mlp(h)), self.norm2)  # x + mlp, in place where it can be
 
 
 def has_hooks(module: nn.Module) -> bool:

@@ -72,7 +72,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from timm.layers import DropPath, LayerNorm, PatchEmbed, calculate_drop_path_rates, trunc_normal_
+from timm.layers import LayerNorm, PatchEmbed, calculate_drop_path_rates, trunc_normal_
 from timm.models import generate_default_cfgs, register_model
 from timm.models._features_fx import register_notrace_module
 
@@ -80,8 +80,8 @@ from trainers.models import _attention_kernel, _gpsa_triton
 from trainers.models._attention_core import (CPU_CORE_DTYPES, FULL_PRECISION, attention_inference, compiled_away,
                                              gated_attention)
 from trainers.models._common import (
-    MHSA, GridSize, Mlp, _build_without_weights, _cfg, _check_int, _check_real, _check_vit_args, _fashion_mnist_cfg,
-    _gated_param_groups, _init_vit_weights, _patch_tokens, PreNorm, add_and_norm, add_residual,
+    MHSA, GridSize, PreNormBlock, _build_without_weights, _cfg, _check_int, _check_real, _check_vit_args,
+    _fashion_mnist_cfg, _gated_param_groups, _init_vit_weights, _patch_tokens,
 )
 from trainers.models._kept import parameters_key
 from trainers.models._linear import Linear, linear
@@ -381,7 +381,8 @@ class GPSA(nn.Module):
         self.gating_param.fill_(self.gate_init)
 
 
-class Block(nn.Module):
+class Block(PreNormBlock):
+    """A ConViT block: GPSA (`use_gpsa`) or plain multi-head self-attention."""
 
     def __init__(
             self,
@@ -396,21 +397,13 @@ class Block(nn.Module):
             gate_init: float = 1.,
             grid_size: Optional[GridSize] = None,
     ):
-        super().__init__()
-        self.norm1 = PreNorm(dim)
-        self.use_gpsa = use_gpsa
         if use_gpsa:
-            self.attn = GPSA(dim, num_heads=num_heads, qkv_bias=qkv_bias, proj_drop=proj_drop,
-                             locality_strength=locality_strength, gate_init=gate_init, grid_size=grid_size)
+            attn = GPSA(dim, num_heads=num_heads, qkv_bias=qkv_bias, proj_drop=proj_drop,
+                        locality_strength=locality_strength, gate_init=gate_init, grid_size=grid_size)
         else:
-            self.attn = MHSA(dim, num_heads=num_heads, qkv_bias=qkv_bias, proj_drop=proj_drop)
-        self.drop_path = DropPath(drop_path) if drop_path > 0. else nn.Identity()
-        self.norm2 = PreNorm(dim)
-        self.mlp = Mlp(in_features=dim, hidden_features=int(dim * mlp_ratio), drop=proj_drop)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x, h = add_and_norm(x, self.drop_path(self.attn(self.norm1(x))), self.norm2)  # x + attn, norm2 of it
-        return add_residual(x, self.drop_path(self.mlp(h)), self.norm2)  # x + mlp, in place where it can be
+            attn = MHSA(dim, num_heads=num_heads, qkv_bias=qkv_bias, proj_drop=proj_drop)
+        super().__init__(dim, attn, mlp_ratio=mlp_ratio, proj_drop=proj_drop, drop_path=drop_path)
+        self.use_gpsa = use_gpsa
 
 
 class LocalityConViT(nn.Module):

@@ -60,14 +60,14 @@ from typing import Any, Dict, List, Optional, Set, Tuple, Union
 import torch
 import torch.nn as nn
 
-from timm.layers import DropPath, LayerNorm, PatchEmbed, calculate_drop_path_rates, trunc_normal_
+from timm.layers import LayerNorm, PatchEmbed, calculate_drop_path_rates, trunc_normal_
 from timm.models import generate_default_cfgs, register_model
 from timm.models._features_fx import register_notrace_module
 
 from trainers.models._attention_core import masked_attention, masked_core_usable
 from trainers.models._common import (
-    GridSize, Mlp, _build_without_weights, _cfg, _check_bool, _check_int, _check_real, _check_vit_args,
-    _fashion_mnist_cfg, _init_vit_weights, _patch_tokens, PreNorm, add_and_norm, add_residual,
+    GridSize, PreNormBlock, _build_without_weights, _cfg, _check_bool, _check_int, _check_real, _check_vit_args,
+    _fashion_mnist_cfg, _init_vit_weights, _patch_tokens,
 )
 from trainers.models._linear import Linear
 
@@ -229,7 +229,8 @@ class GMMAttention(nn.Module):
         return self.proj_drop(self.proj(out.transpose(1, 2).reshape(B, N, C)))
 
 
-class Block(nn.Module):
+class Block(PreNormBlock):
+    """A GMM block: Gaussian-mixture-masked attention."""
 
     def __init__(
             self,
@@ -246,19 +247,11 @@ class Block(nn.Module):
             sigma_init_std: float = 10.,
             grid_size: Optional[GridSize] = None,
     ):
-        super().__init__()
-        self.norm1 = PreNorm(dim)
-        self.attn = GMMAttention(
+        attn = GMMAttention(
             dim, num_heads=num_heads, qkv_bias=qkv_bias, proj_drop=proj_drop, num_kernels=num_kernels,
             alpha_init_mean=alpha_init_mean, alpha_init_std=alpha_init_std,
             sigma_init_mean=sigma_init_mean, sigma_init_std=sigma_init_std, grid_size=grid_size)
-        self.drop_path = DropPath(drop_path) if drop_path > 0. else nn.Identity()
-        self.norm2 = PreNorm(dim)
-        self.mlp = Mlp(in_features=dim, hidden_features=int(dim * mlp_ratio), drop=proj_drop)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x, h = add_and_norm(x, self.drop_path(self.attn(self.norm1(x))), self.norm2)  # x + attn, norm2 of it
-        return add_residual(x, self.drop_path(self.mlp(h)), self.norm2)  # x + mlp, in place where it can be
+        super().__init__(dim, attn, mlp_ratio=mlp_ratio, proj_drop=proj_drop, drop_path=drop_path)
 
 
 class LocalityGMMViT(nn.Module):

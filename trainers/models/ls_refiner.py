@@ -81,13 +81,13 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from timm.layers import DropPath, LayerNorm, PatchEmbed, calculate_drop_path_rates, trunc_normal_
+from timm.layers import LayerNorm, PatchEmbed, calculate_drop_path_rates, trunc_normal_
 from timm.models import generate_default_cfgs, register_model
 
 from trainers.models import _attention_kernel
 from trainers.models._common import (
-    MHSA, GridSize, Mlp, _build_without_weights, _cfg, _check_int, _check_real, _check_vit_args, _fashion_mnist_cfg,
-    _init_vit_weights, PreNorm, add_and_norm, add_residual,
+    MHSA, GridSize, PreNormBlock, _build_without_weights, _cfg, _check_int, _check_real, _check_vit_args,
+    _fashion_mnist_cfg, _init_vit_weights,
 )
 from trainers.models._linear import Linear, linear
 
@@ -352,7 +352,8 @@ class RefinedAttention(nn.Module):
         return self.proj_drop(self.proj(x))
 
 
-class Block(nn.Module):
+class Block(PreNormBlock):
+    """A Refiner block: refined attention (`use_refiner`) or plain multi-head self-attention."""
 
     def __init__(
             self,
@@ -367,21 +368,13 @@ class Block(nn.Module):
             refiner_ratio: int = 3,
             refiner_kernel: int = 3,
     ):
-        super().__init__()
-        self.norm1 = PreNorm(dim)
-        self.use_refiner = use_refiner
         if use_refiner:
-            self.attn = RefinedAttention(dim, num_heads, grid_size, qkv_bias=qkv_bias, proj_drop=proj_drop,
-                                         ratio=refiner_ratio, kernel_size=refiner_kernel)
+            attn = RefinedAttention(dim, num_heads, grid_size, qkv_bias=qkv_bias, proj_drop=proj_drop,
+                                    ratio=refiner_ratio, kernel_size=refiner_kernel)
         else:
-            self.attn = MHSA(dim, num_heads, qkv_bias=qkv_bias, proj_drop=proj_drop)
-        self.drop_path = DropPath(drop_path) if drop_path > 0. else nn.Identity()
-        self.norm2 = PreNorm(dim)
-        self.mlp = Mlp(in_features=dim, hidden_features=int(dim * mlp_ratio), drop=proj_drop)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x, h = add_and_norm(x, self.drop_path(self.attn(self.norm1(x))), self.norm2)  # x + attn, norm2 of it
-        return add_residual(x, self.drop_path(self.mlp(h)), self.norm2)  # x + mlp, in place where it can be
+            attn = MHSA(dim, num_heads, qkv_bias=qkv_bias, proj_drop=proj_drop)
+        super().__init__(dim, attn, mlp_ratio=mlp_ratio, proj_drop=proj_drop, drop_path=drop_path)
+        self.use_refiner = use_refiner
 
 
 class LocalityRefinerViT(nn.Module):
