@@ -4,7 +4,7 @@ multi-head self-attention (`MHSA`) the families use after their locality layers,
 `add_residual`)."""
 import math
 from numbers import Integral, Real
-from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -25,7 +25,7 @@ __all__ = [
     'IMAGENET_DEFAULT_MEAN', 'IMAGENET_DEFAULT_STD', 'FASHION_MNIST_MEAN', 'FASHION_MNIST_STD', 'GridSize',
     '_pair', '_check_int', '_check_real', '_check_bool', '_check_vit_args', '_init_vit_weights', '_cfg',
     '_fashion_mnist_cfg', '_build_without_weights',
-    '_gated_param_groups', '_patch_tokens', 'MHSA', 'Mlp', 'PreNorm', 'PreNormBlock', 'USE_NORM_KERNEL', 'add_and_norm',
+    '_gated_param_groups', '_param_groups', '_patch_tokens', 'MHSA', 'Mlp', 'PreNorm', 'PreNormBlock', 'USE_NORM_KERNEL', 'add_and_norm',
     'add_residual', 'has_hooks', 'scaled_dot_product_attention',
 ]
 
@@ -150,31 +150,40 @@ def _build_without_weights(model_cls: type, variant: str, pretrained: bool, weig
     return build_model_with_cfg(model_cls, variant, pretrained, **kwargs)
 
 
-def _gated_param_groups(model: nn.Module, weight_decay: float, *, gate_lr_mult: float,
-                        no_decay_names: Set[str]) -> List[Dict[str, Any]]:
-    """AdamW groups {'params', 'weight_decay', 'lr_scale'} for models with GPSA gates.
-
-    Gates (names ending in 'gating_param'): lr_scale = gate_lr_mult, no weight decay. Biases,
-    norms and `no_decay_names`: no weight decay. Everything else: `weight_decay`. Frozen
-    parameters are left out; empty groups are dropped.
+def _param_groups(model: nn.Module, weight_decay: float, *, no_decay: Callable[[str, nn.Parameter], bool],
+                  special: Callable[[str, nn.Parameter], bool] = lambda name, p: False,
+                  special_weight_decay: float = 0., special_lr_scale: float = 1.) -> List[Dict[str, Any]]:
+    """AdamW groups {'params', 'weight_decay', 'lr_scale'} (lr = base lr * lr_scale), the rule
+    every family's `param_groups` applies with its own parameters picked out:
+    `special(name, p)` (a family's gates or masks): `special_weight_decay`, `special_lr_scale`;
+    biases, norms and `no_decay(name, p)`: no weight decay; everything else: `weight_decay`.
+    lr_scale 1.0 but for the special group. Frozen parameters are left out; empty groups dropped.
     """
     _check_real('weight_decay', weight_decay, 0.)
-    decay, no_decay, gates = [], [], []
+    decay, no_decay_params, special_params = [], [], []
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
-        if name.endswith('gating_param'):
-            gates.append(p)
-        elif p.ndim <= 1 or name in no_decay_names:
-            no_decay.append(p)
+        if special(name, p):
+            special_params.append(p)
+        elif p.ndim <= 1 or no_decay(name, p):
+            no_decay_params.append(p)
         else:
             decay.append(p)
     groups = [
         dict(params=decay, weight_decay=float(weight_decay), lr_scale=1.0),
-        dict(params=no_decay, weight_decay=0.0, lr_scale=1.0),
-        dict(params=gates, weight_decay=0.0, lr_scale=float(gate_lr_mult)),
+        dict(params=no_decay_params, weight_decay=0.0, lr_scale=1.0),
+        dict(params=special_params, weight_decay=float(special_weight_decay), lr_scale=float(special_lr_scale)),
     ]
     return [g for g in groups if g['params']]
+
+
+def _gated_param_groups(model: nn.Module, weight_decay: float, *, gate_lr_mult: float,
+                        no_decay_names: Set[str]) -> List[Dict[str, Any]]:
+    """`_param_groups` for models with GPSA gates (names ending in 'gating_param'): lr_scale =
+    gate_lr_mult, no weight decay; `no_decay_names` without weight decay either."""
+    return _param_groups(model, weight_decay, no_decay=lambda name, p: name in no_decay_names,
+                         special=lambda name, p: name.endswith('gating_param'), special_lr_scale=gate_lr_mult)
 
 
 _LOW_PRECISION = (torch.bfloat16, torch.float16)

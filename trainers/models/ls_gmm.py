@@ -67,7 +67,7 @@ from timm.models._features_fx import register_notrace_module
 from trainers.models._attention_core import masked_attention, masked_core_usable
 from trainers.models._common import (
     GridSize, PreNormBlock, _build_without_weights, _cfg, _check_bool, _check_int, _check_real, _check_vit_args,
-    _fashion_mnist_cfg, _init_vit_weights, _patch_tokens,
+    _fashion_mnist_cfg, _init_vit_weights, _param_groups, _patch_tokens,
 )
 from trainers.models._linear import Linear
 
@@ -355,24 +355,10 @@ class LocalityGMMViT(nn.Module):
         pos_embed: no weight decay. Everything else: `weight_decay`. All lr_scale 1.0. Frozen
         parameters are left out; empty groups are dropped.
         """
-        _check_real('weight_decay', weight_decay, 0.)
         mask_ids = {id(p) for p in self.mask_parameters()}
-        decay, no_decay, mask = [], [], []
-        for name, p in self.named_parameters():
-            if not p.requires_grad:
-                continue
-            if id(p) in mask_ids:
-                mask.append(p)
-            elif p.ndim <= 1 or name == 'pos_embed':
-                no_decay.append(p)
-            else:
-                decay.append(p)
-        groups = [
-            dict(params=decay, weight_decay=float(weight_decay), lr_scale=1.0),
-            dict(params=no_decay, weight_decay=0.0, lr_scale=1.0),
-            dict(params=mask, weight_decay=float(weight_decay) if self.mask_weight_decay else 0.0, lr_scale=1.0),
-        ]
-        return [g for g in groups if g['params']]
+        return _param_groups(self, weight_decay, no_decay=lambda name, p: name == 'pos_embed',
+                             special=lambda name, p: id(p) in mask_ids,
+                             special_weight_decay=weight_decay if self.mask_weight_decay else 0.)
 
     @torch.jit.ignore
     def group_matcher(self, coarse: bool = False) -> Dict[str, Any]:

@@ -86,8 +86,8 @@ from timm.models import generate_default_cfgs, register_model
 
 from trainers.models import _attention_kernel
 from trainers.models._common import (
-    MHSA, GridSize, PreNormBlock, _build_without_weights, _cfg, _check_int, _check_real, _check_vit_args,
-    _fashion_mnist_cfg, _init_vit_weights,
+    MHSA, GridSize, PreNormBlock, _build_without_weights, _cfg, _check_int, _check_vit_args, _fashion_mnist_cfg,
+    _init_vit_weights, _param_groups,
 )
 from trainers.models._linear import Linear, linear
 
@@ -479,21 +479,8 @@ class LocalityRefinerViT(nn.Module):
         identity; decay would shrink the attention maps). Everything else: `weight_decay`. lr_scale 1.0.
         Frozen parameters are left out; empty groups are dropped.
         """
-        _check_real('weight_decay', weight_decay, 0.)
         skip = self.no_weight_decay()
-        decay, no_decay = [], []
-        for name, p in self.named_parameters():
-            if not p.requires_grad:
-                continue
-            if p.ndim <= 1 or name in skip or '.refiner.' in name:
-                no_decay.append(p)
-            else:
-                decay.append(p)
-        groups = [
-            dict(params=decay, weight_decay=float(weight_decay), lr_scale=1.0),
-            dict(params=no_decay, weight_decay=0.0, lr_scale=1.0),
-        ]
-        return [g for g in groups if g['params']]
+        return _param_groups(self, weight_decay, no_decay=lambda name, p: name in skip or '.refiner.' in name)
 
     @torch.jit.ignore
     def group_matcher(self, coarse: bool = False) -> Dict[str, Any]:
