@@ -25,8 +25,8 @@ __all__ = [
     'IMAGENET_DEFAULT_MEAN', 'IMAGENET_DEFAULT_STD', 'FASHION_MNIST_MEAN', 'FASHION_MNIST_STD', 'GridSize',
     '_pair', '_check_int', '_check_real', '_check_bool', '_check_vit_args', '_init_vit_weights', '_cfg',
     '_fashion_mnist_cfg', '_build_without_weights',
-    '_gated_param_groups', '_param_groups', '_patch_tokens', 'MHSA', 'Mlp', 'PreNorm', 'PreNormBlock', 'USE_NORM_KERNEL', 'add_and_norm',
-    'add_residual', 'has_hooks', 'scaled_dot_product_attention',
+    '_gated_param_groups', '_param_groups', '_patch_tokens', 'MHSA', 'Mlp', 'PreNorm', 'PreNormBlock',
+    'USE_NORM_KERNEL', 'add_and_norm', 'add_residual', 'has_hooks', 'scaled_dot_product_attention',
 ]
 
 # False: PreNorm and add_and_norm run on torch ops only (the benchmarks' side-by-side rows)
@@ -278,9 +278,9 @@ class Mlp(_TimmMlp):
 class PreNormBlock(nn.Module):
     """A pre-norm transformer block around a family's attention: x + attn(norm1(x)), then
     x + mlp(norm2(x)), each residual add fused with the norm after it where it can be
-    (`add_and_norm`, `add_residual`). Submodules and parameter names as timm's ViT and ConViT
-    blocks (norm1, attn, drop_path, norm2, mlp), so their state dicts load. Each family's `Block`
-    builds its attention and hands it here."""
+    (`add_and_norm`, `add_residual`). Submodules named as in timm's ViT and ConViT blocks (norm1,
+    attn, drop_path, norm2, mlp: timm's ConViT checkpoints load into ls_convit). Each family's
+    `Block` builds its attention and hands it here."""
 
     def __init__(self, dim: int, attn: nn.Module, *, mlp_ratio: float = 4., proj_drop: float = 0.,
                  drop_path: float = 0.):
