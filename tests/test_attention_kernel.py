@@ -363,8 +363,9 @@ def test_the_float32_core_keeps_small_maps_and_recomputes_large_ones_to_the_same
 @pytest.mark.parametrize("train", [True, False])
 def test_convit_runs_the_kernel_of_its_gemms_dtype(precision, train, monkeypatch):
     """GPSA and plain attention blocks under bf16 autocast with bf16 GEMMs: the bf16 kernel, forward
-    and backward; in float32 the float32 one. Each block once per direction (the nano model: one
-    GPSA block, one plain)."""
+    and backward; in float32 the float32 one, where GPSA runs as the fused layer (its projections
+    with the core: `_gpsa_layer`). Each block once per direction (the nano model: one GPSA block,
+    one plain)."""
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     _skip_unless_built(dtype)
     monkeypatch.setattr(_attention_core, "cpu_has_native_bf16", lambda: True)
@@ -378,9 +379,13 @@ def test_convit_runs_the_kernel_of_its_gemms_dtype(precision, train, monkeypatch
             loss.backward()
     namespace = _attention_kernel._KERNELS[dtype].namespace
     blocks = len(model.blocks)
-    attention_calls = {op: n for op, n in recorder.calls.items() if ".attention_" in op}  # (not the norms: test_norm)
-    assert attention_calls == ({f"{namespace}.attention_forward": blocks, f"{namespace}.attention_backward": blocks}
-                               if train else {f"{namespace}.attention_forward": blocks})
+    gpsa = model.local_up_to_layer if precision == "fp32" else 0  # blocks on the fused layer
+    attention_calls = {op: n for op, n in recorder.calls.items()
+                       if ".attention_" in op or ".gpsa_layer_" in op}  # (not the norms: test_norm)
+    expected = {f"{namespace}.attention_forward": blocks - gpsa, f"{namespace}.gpsa_layer_forward": gpsa}
+    if train:
+        expected.update({f"{namespace}.attention_backward": blocks - gpsa, f"{namespace}.gpsa_layer_backward": gpsa})
+    assert attention_calls == {op: n for op, n in expected.items() if n}
 
 
 def test_torch_fused_cpu_attention_counts_its_products_forward_and_backward():

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 import trainers.models  # noqa: F401  (registers the ls_* families)
-from trainers.models import _linear
+from trainers.models import _gpsa_layer, _linear
 from trainers.models.ls_refiner import Refiner
 from trainers.throughput import count_flops
 from tests._layers import OpCalls, float32_avx2_kernel_or_skip, float32_kernel_or_skip, run_layer
@@ -554,8 +554,10 @@ def test_a_packed_weight_is_dropped_with_its_weight(onednn_here):
 def test_models_keep_every_large_weight_packed_for_inference(onednn_here, monkeypatch, precision):
     """In ls_convit_micro inference every linear's weight is packed on the first call, GPSA's fused
     qkv weight too (kept by `_frozen` as a normal tensor, so tracked), none on the second; the
-    logits equal the plain weights' bit for bit, and after an optimizer step they follow it."""
+    logits equal the plain weights' bit for bit, and after an optimizer step they follow it. (GPSA
+    apart: in float32 it runs its projections inside its fused layer, `_gpsa_layer`, where it can.)"""
     bf16 = _packing_precision_or_skip(precision)
+    monkeypatch.setattr(_gpsa_layer, "USE_FUSED_LAYER", False)
     torch.manual_seed(0)
     model = timm.create_model("ls_convit_micro", num_classes=10)
     x = torch.randn(8, 1, 28, 28)

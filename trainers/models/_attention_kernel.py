@@ -48,7 +48,7 @@ from trainers._atomic import atomic_write
 
 __all__ = [
     "DTYPES", "FP32_AVX2_FLAGS", "KEPT_MAPS_BYTES", "MAX_TOKENS", "USE_FUSED_KERNEL", "available", "build_error",
-    "d_out_for_kernel", "keeps_maps", "kernels", "usable",
+    "d_out_for_kernel", "kept_maps_fit", "keeps_maps", "kernels", "usable",
 ]
 
 MAX_TOKENS = 1024  # the kernel's row buffer (kMaxTokens)
@@ -178,7 +178,7 @@ def _register_flop_formulas(ops: Any) -> None:
     """What `torch.utils.flop_counter` counts for the kernels' forwards (a multiply-add is 2), as for
     the torch ops they replace: the trials' `flops` column must not depend on whether a kernel was
     built. The attention core: its two products (GPSA's mix and a mask are elementwise, uncounted
-    on torch ops too). The Refiner: its expand, k x k taps per patch key and reduce per row. A
+    on torch ops too). GPSA's fused layer: those and its two linears (q, k, v and the output). The Refiner: its expand, k x k taps per patch key and reduce per row. A
     linear's weight gradient (a training step counted in full): the mm it replaces."""
     @register_flop_formula(ops.attention_forward)
     def _attention(qkv_shape, *args, **kwargs) -> int:
@@ -189,6 +189,12 @@ def _register_flop_formulas(ops: Any) -> None:
         @register_flop_formula(ops.linear_weight_grad)
         def _weight_grad(grad_shape, input_shape, **kwargs) -> int:
             return 2 * grad_shape[0] * grad_shape[1] * input_shape[1]
+
+    if hasattr(ops, "gpsa_layer_forward"):  # GPSA's whole layer: its two linears and the core's products
+        @register_flop_formula(ops.gpsa_layer_forward)
+        def _gpsa_layer(x_shape, *args, **kwargs) -> int:
+            batch, tokens, width = x_shape
+            return 2 * batch * tokens * width * 4 * width + 2 * 2 * batch * tokens * tokens * width
 
     if hasattr(ops, "refine_forward"):
         @register_flop_formula(ops.refine_forward)
@@ -234,7 +240,13 @@ def keeps_maps(qkv: torch.Tensor) -> bool:
     float32 (the bf16 kernel always recomputes them), the maps within KEPT_MAPS_BYTES (an upper
     bound: rows padded to 16 floats)."""
     _, batch, heads, tokens, _ = qkv.shape
-    return qkv.dtype == torch.float32 and batch * heads * tokens * -(-tokens // 16) * 16 * 4 <= KEPT_MAPS_BYTES
+    return qkv.dtype == torch.float32 and kept_maps_fit(batch, heads, tokens)
+
+
+def kept_maps_fit(batch: int, heads: int, tokens: int) -> bool:
+    """Whether a float32 forward's softmax maps for `batch` x `heads` maps of `tokens` fit
+    KEPT_MAPS_BYTES (an upper bound: rows padded to 16 floats)."""
+    return batch * heads * tokens * -(-tokens // 16) * 16 * 4 <= KEPT_MAPS_BYTES
 
 
 def d_out_for_kernel(d_out: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -76,7 +76,7 @@ from timm.layers import LayerNorm, PatchEmbed, calculate_drop_path_rates, trunc_
 from timm.models import generate_default_cfgs, register_model
 from timm.models._features_fx import register_notrace_module
 
-from trainers.models import _attention_kernel, _gpsa_triton
+from trainers.models import _attention_kernel, _gpsa_layer, _gpsa_triton
 from trainers.models._attention_core import (CPU_CORE_DTYPES, FULL_PRECISION, attention_inference, compiled_away,
                                              gated_attention)
 from trainers.models._common import (
@@ -267,10 +267,14 @@ class GPSA(nn.Module):
         return (1. - gate) * content + gate * self.positional_attention(self._grid_for(N))
 
     # --- forward -----------------------------------------------------------------------------
+    def _qkv_weight(self) -> torch.Tensor:
+        """q, k and v's weight (3C, C): rows [q | k | v] as timm's qk then v."""
+        weights = (self.qk.weight, self.v.weight)
+        return self._frozen('qkv_weight', weights, (), lambda: torch.cat(weights))
+
     def _qkv(self, x: torch.Tensor) -> torch.Tensor:
         """q, k and v in one matmul: (B, N, 3 * C), columns [q | k | v] as timm's qk then v."""
-        weights = (self.qk.weight, self.v.weight)
-        weight = self._frozen('qkv_weight', weights, (), lambda: torch.cat(weights))
+        weight = self._qkv_weight()
         bias = None
         if self.qk.bias is not None:
             biases = (self.qk.bias, self.v.bias)
@@ -314,6 +318,9 @@ class GPSA(nn.Module):
         if self._use_gated_attention(x):
             gate = torch.sigmoid(self.gating_param)  # (H,)
             pos_attn = self.positional_attention(self._grid_for(N))  # P (H, N, N)
+            if _gpsa_layer.usable(self, x):  # float32: the projections and the core as one op
+                return _gpsa_layer.gpsa_layer(x, self._qkv_weight(), gate, pos_attn, self.proj.weight, self.proj.bias,
+                                              self.scale)
             if (not torch.is_grad_enabled() and x.dtype in FULL_PRECISION and not torch.is_autocast_enabled('cpu')
                     and not _attention_kernel.available(x.dtype, N)):
                 # inference on torch ops: q, k, v come out of their matmul already laid out for

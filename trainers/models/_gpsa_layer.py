@@ -1,0 +1,86 @@
+"""GPSA's whole layer in float32 on the CPU, one kernel op per direction (`csrc/gpsa_layer_fp32.h`, in
+the float32 kernel's library): the q, k, v projection, the attention core and the output projection
+over a few images at a time, so that each chunk's intermediates are still in cache when the next
+product reads them. Apart, each product streams the whole batch's q, k, v (14.5 MB at B 256, N 49,
+C 96) or its gradient through memory before the next one starts.
+
+Same values as the layer's ops apart (the projections, `_attention_core.gated_attention`), up to
+the order of float32 sums: the kernel's broadcast-FMA tiles run the projections instead of MKL or
+oneDNN, and the weight gradients are summed over parts of the batch fixed by its size, so the
+result does not depend on the thread count. Side by side on the 2-core Xeon (Sapphire Rapids),
+B 256, N 49, C 96, 4 heads, forward + backward: 20.7-22.5 ms against 26.8 ms apart (timm's
+layer: 68.6 ms), the forward alone 5.0 against 7.6 ms (benchmarks/README.md; `gpsa_layer` times
+both, `ratio_fused_layer_gain`). Measured there only; the reasons (cache traffic, fewer passes) are
+not that CPU's.
+
+`GPSA` takes it where `usable` says so; `USE_FUSED_LAYER = False` turns it off.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from trainers.models import _attention_kernel
+from trainers.models._common import has_hooks
+
+__all__ = ["USE_FUSED_LAYER", "gpsa_layer", "usable"]
+
+# False: GPSA runs its projections and its core apart (the benchmarks time both side by side)
+USE_FUSED_LAYER = True
+_WIDTH_MULTIPLE = 16  # the kernel's products run whole vectors along C (16 lanes with AVX-512, 8 with AVX2)
+
+
+def usable(layer: nn.Module, x: torch.Tensor) -> bool:
+    """Whether GPSA `layer`'s forward on x (B, N, C) can run as the fused layer: float32 on the CPU
+    outside autocast and torch.compile (`_attention_kernel.available`: the float32 kernel built), C a
+    multiple of 16, no q/k/v bias (timm's default), an output bias, no active output dropout, and
+    no forward hooks on the projections (the fused op would bypass them)."""
+    return (USE_FUSED_LAYER and x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() == 3
+            and x.shape[-1] % _WIDTH_MULTIPLE == 0 and not torch.is_autocast_enabled("cpu")
+            and layer.qk.bias is None and layer.v.bias is None and layer.proj.bias is not None
+            and not (layer.training and layer.proj_drop.p > 0)
+            and not any(has_hooks(m) for m in (layer.qk, layer.v, layer.proj, layer.proj_drop))
+            and _attention_kernel.available(torch.float32, x.shape[1]))
+
+
+class _Layer(torch.autograd.Function):
+    """The fused layer with its backward: gradients for x, the q/k/v weight (3C, C), the gate s (H,),
+    P (H, N, N) and the output projection's weight and bias."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, w_qkv: torch.Tensor, gate: torch.Tensor, pos: torch.Tensor,
+                w_proj: torch.Tensor, b_proj: torch.Tensor, scale: float) -> torch.Tensor:
+        B, N, _ = x.shape
+        keep_maps = _attention_kernel.kept_maps_fit(B, gate.numel(), N)
+        y, qkv, out, row_max, row_inv, maps = _attention_kernel.kernels(torch.float32).gpsa_layer_forward(
+            x, w_qkv, gate, pos, scale, w_proj, b_proj, True, keep_maps)
+        ctx.save_for_backward(x, w_qkv, gate, pos, w_proj, qkv, out, row_max, row_inv, maps)
+        ctx.scale = scale
+        return y
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor):
+        x, w_qkv, gate, pos, w_proj, qkv, out, row_max, row_inv, maps = ctx.saved_tensors
+        H = gate.numel()
+        coef = ctx.scale * (1. - gate)  # dS's factor per head
+        dx, d_w_qkv, d_w_proj, d_b_proj, d_attn_sum, soft_dot = _attention_kernel.kernels(
+            torch.float32).gpsa_layer_backward(dy.contiguous(), x, qkv, out, w_qkv, w_proj, gate, pos, row_max, row_inv,
+                                               maps, coef, ctx.scale)
+        d_pos = d_attn_sum * gate.view(H, 1, 1)  # dA/dP = s (as _attention_core._Attention)
+        d_gate = (d_attn_sum * pos).sum((1, 2)) - soft_dot  # dA/ds = P - softmax(S)
+        return dx, d_w_qkv, d_gate, d_pos, d_w_proj, d_b_proj, None
+
+
+def gpsa_layer(x: torch.Tensor, w_qkv: torch.Tensor, gate: torch.Tensor, pos: torch.Tensor, w_proj: torch.Tensor,
+               b_proj: torch.Tensor, scale: float) -> torch.Tensor:
+    """proj(((1 - s) softmax(Q K^T * scale) + s P) @ V) with q, k, v = x W_qkv^T split in thirds and
+    heads: GPSA's forward where `usable` says so, differentiable in every input.
+
+    x: (B, N, C) float32; w_qkv: (3C, C), rows [q | k | v]; gate: s (H,); pos: P (H, N, N); w_proj
+    (C, C) and b_proj (C,). Returns (B, N, C)."""
+    x, w_qkv, gate, pos = x.contiguous(), w_qkv.contiguous(), gate.contiguous(), pos.contiguous()
+    w_proj, b_proj = w_proj.contiguous(), b_proj.contiguous()
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (x, w_qkv, gate, pos, w_proj, b_proj)):
+        return _Layer.apply(x, w_qkv, gate, pos, w_proj, b_proj, scale)
+    return _attention_kernel.kernels(torch.float32).gpsa_layer_forward(x, w_qkv, gate, pos, scale, w_proj, b_proj,
+                                                                       False, False)[0]
