@@ -6,12 +6,12 @@ C 96) or its gradient through memory before the next one starts.
 
 Same values as the layer's ops apart (the projections, `_attention_core.gated_attention`), up to
 the order of float32 sums: the kernel's broadcast-FMA tiles run the projections instead of MKL or
-oneDNN, and the weight gradients are summed over parts of the batch fixed by its size, so the
-result does not depend on the thread count. Side by side on the 2-core Xeon (Sapphire Rapids),
-B 256, N 49, C 96, 4 heads, forward + backward: 20.7-22.5 ms against 26.8 ms apart (timm's
-layer: 68.6 ms), the forward alone 5.0 against 7.6 ms (benchmarks/README.md; `gpsa_layer` times
-both, `ratio_fused_layer_gain`). Measured there only; the reasons (cache traffic, fewer passes) are
-not that CPU's.
+oneDNN, and the weight gradients are summed over parts of the batch, one per thread, so the
+result does not depend on scheduling (it does on the thread count). Side by
+side on the 2-core Xeon (Sapphire Rapids), B 256, N 49, C 96, 4 heads, forward + backward: 21.0
+against 24.4 ms apart (timm's layer: 58.9 ms); at ConViT-Ti's shape (B 8, N 196, C 192) 1.07x;
+with torch, MKL and the kernel on AVX2 code there (standing in for an AVX2-only CPU) 1.12x
+(benchmarks/README.md; `gpsa_layer` times both, `ratio_fused_layer_gain`).
 
 `GPSA` takes it where `usable` says so; `USE_FUSED_LAYER = False` turns it off.
 """

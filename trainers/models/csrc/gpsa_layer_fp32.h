@@ -19,8 +19,8 @@
 // attention_backward's sums). A part per image instead (fixed by B alone) cost ConViT-Ti's shape
 // (B 8, N 196, C 192) 10 MB of sums to zero and add, more than the layer gained.
 // Side by side on the Xeon (Sapphire Rapids, 2 cores; B 256, N 49, C 96, 4 heads), forward +
-// backward: 20.7-22.5 ms against 26.8 for the projections and the core apart (the chunk size and
-// part count varied: 4-16 images, 2-8 parts), the forward alone 5.0 against 7.6 ms.
+// backward: 21.0 ms against 24.4 for the projections and the core apart (the forward 6.6 vs 8.0,
+// the backward 12.5 vs 14.9); at ConViT-Ti's shape (B 8, N 196, C 192) 1.07x (benchmarks/README.md).
 #pragma once
 
 namespace {
