@@ -91,8 +91,9 @@ _APART = (_gpsa_layer, "USE_FUSED_LAYER", False)  # the projections and the core
 _apart_step = _step_with(_APART)
 _torch_ops_step = _step_with((_attention_kernel, "USE_FUSED_KERNEL", False))  # the core on torch ops (so apart)
 _recomputing_step = _step_with((_attention_kernel, "KEPT_MAPS_BYTES", 0))  # the float32 kernel keeping no maps
-_mkl_linear_step = _step_with(_APART, (_linear, "USE_ONEDNN_FP32", False))  # float32 projections on MKL (torch's default)
-_library_weight_grad_step = _step_with(_APART, (_linear, "USE_WEIGHT_GRAD_KERNEL", False))  # their weight grads on oneDNN/MKL
+# apart, the float32 projections on MKL (torch's default), and their weight grads on oneDNN/MKL
+_mkl_linear_step = _step_with(_APART, (_linear, "USE_ONEDNN_FP32", False))
+_library_weight_grad_step = _step_with(_APART, (_linear, "USE_WEIGHT_GRAD_KERNEL", False))
 
 
 def _projections_step(layer: GPSA, x: torch.Tensor, z: torch.Tensor, precision: str = "fp32") -> None:

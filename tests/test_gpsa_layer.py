@@ -31,7 +31,8 @@ class _LayerOps(TorchDispatchMode):
             name = f"{func.namespace}.{func.overloadpacket.__name__}"
             self.calls[name] = self.calls.get(name, 0) + 1
             if func.overloadpacket.__name__ == "gpsa_layer_backward":
-                self.backward_maps.append(args[10].numel())  # (dy, x, qkv, out, w_qkv, w_proj, gate, pos, max, inv, maps, ...)
+                # (dy, x, qkv, out, w_qkv, w_proj, gate, pos, row_max, row_inv, maps, ...)
+                self.backward_maps.append(args[10].numel())
         return func(*args, **(kwargs or {}))
 
 
@@ -44,7 +45,8 @@ def float32_ops(request, monkeypatch):
     float32_kernel_or_skip()
     ops = float32_avx2_kernel_or_skip()
     real = _attention_kernel.kernels
-    monkeypatch.setattr(_attention_kernel, "kernels", lambda dtype=torch.bfloat16: ops if dtype == torch.float32 else real(dtype))
+    monkeypatch.setattr(_attention_kernel, "kernels",
+                        lambda dtype=torch.bfloat16: ops if dtype == torch.float32 else real(dtype))
     return ops
 
 

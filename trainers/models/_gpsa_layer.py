@@ -31,11 +31,12 @@ _WIDTH_MULTIPLE = 16  # the kernel's products run whole vectors along C (16 lane
 
 
 def usable(layer: nn.Module, x: torch.Tensor) -> bool:
-    """Whether GPSA `layer`'s forward on x (B, N, C) can run as the fused layer: float32 on the CPU
-    outside autocast and torch.compile (`_attention_kernel.available`: the float32 kernel built), C a
-    multiple of 16, no q/k/v bias (timm's default), an output bias, no active output dropout, and
-    no forward hooks on the projections (the fused op would bypass them)."""
+    """Whether GPSA `layer`'s forward on x (B, N, C) can run as the fused layer: float32 (x and the
+    weights) on the CPU outside autocast and torch.compile (`_attention_kernel.available`: the
+    float32 kernel built), C a multiple of 16, no q/k/v bias (timm's default), an output bias, no
+    active output dropout, and no forward hooks on the projections (the fused op would bypass them)."""
     return (USE_FUSED_LAYER and x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() == 3
+            and all(p.dtype == torch.float32 for p in (layer.qk.weight, layer.v.weight, layer.proj.weight))
             and x.shape[-1] % _WIDTH_MULTIPLE == 0 and not torch.is_autocast_enabled("cpu")
             and layer.qk.bias is None and layer.v.bias is None and layer.proj.bias is not None
             and not (layer.training and layer.proj_drop.p > 0)
@@ -59,6 +60,7 @@ class _Layer(torch.autograd.Function):
         return y
 
     @staticmethod
+    @torch.autograd.function.once_differentiable  # the ops have no derivatives of their own
     def backward(ctx, dy: torch.Tensor):
         x, w_qkv, gate, pos, w_proj, qkv, out, row_max, row_inv, maps = ctx.saved_tensors
         H = gate.numel()

@@ -167,9 +167,9 @@ std::vector<at::Tensor> gpsa_layer_backward(const at::Tensor& dy, const at::Tens
         for (int64_t b = 0; b < images; ++b)
           for (int64_t h = 0; h < H; ++h) {
             const int64_t m = (b0 + b) * H + h;
+            const int64_t next_rows = h + 1 < H ? b * N * C + (h + 1) * d : (b + 1) * N * C;  // the next map's dO
             const bool last_map = h + 1 == H && b + 1 == images;
-            const Rows d_out_next = last_map ? Rows{nullptr, 0}
-                                             : Rows{d_out.data() + (h + 1 < H ? b * N * C + (h + 1) * d : (b + 1) * N * C), C};
+            const Rows d_out_next = last_map ? Rows{nullptr, 0} : Rows{d_out.data() + next_rows, C};
             if (kept && m + 1 < B * H) {  // the next map's kept soft into cache, as attention_backward
               const char* next = reinterpret_cast<const char*>(soft + (m + 1) * N * ld);
               for (int64_t byte = 0; byte < N * ld * 4; byte += 64) _mm_prefetch(next + byte, _MM_HINT_T1);
