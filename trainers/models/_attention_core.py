@@ -32,7 +32,8 @@ from trainers.models import _attention_kernel
 
 __all__ = [
     'CPU_CORE_DTYPES', 'FULL_PRECISION', 'PLAIN_ATTENTION_ON_EXPLICIT_CORE', 'attention', 'attention_inference',
-    'compiled_away', 'gated_attention', 'masked_attention', 'masked_core_usable', 'use_explicit_core',
+    'compiled_away', 'gate_and_pos_grads', 'gated_attention', 'masked_attention', 'masked_core_usable',
+    'use_explicit_core',
 ]
 
 FULL_PRECISION = (torch.float32, torch.float64)
@@ -158,6 +159,16 @@ def _kernel_forward(qkv: torch.Tensor, gate: Optional[torch.Tensor], pos: Option
     return out, row_max, row_inv, maps
 
 
+def gate_and_pos_grads(d_attn_sum: torch.Tensor, soft_dot: torch.Tensor, gate: torch.Tensor,
+                       pos: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """GPSA's gate and P gradients from the kernels' sums: sum_b dA (H, N, N) and sum <dA, softmax(S)>
+    per head (H), for A = (1 - s) softmax(S) + s P."""
+    H = gate.shape[0]
+    d_pos = d_attn_sum * gate.view(H, 1, 1)  # dA/dP = s
+    d_gate = (d_attn_sum * pos).sum((1, 2)) - soft_dot  # dA/ds = P - softmax(S)
+    return d_gate, d_pos
+
+
 class _Attention(torch.autograd.Function):
     """The core with a hand-written backward (see `attention` and `gated_attention`).
 
@@ -210,10 +221,8 @@ class _Attention(torch.autograd.Function):
         d_gate = d_pos = d_mask = None   # gate's grads; or the mask's gradient (H, N, N)
         if ctx.needs_input_grad[3]:
             d_mask = d_attn_sum
-        if ctx.needs_input_grad[2]:
-            d_pos = d_attn_sum * gate.view(H, 1, 1)  # dA/dP = s
-        if ctx.needs_input_grad[1]:  # dA/ds = P - softmax(S)
-            d_gate = (d_attn_sum * pos).sum((1, 2)) - soft_dot
+        if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
+            d_gate, d_pos = gate_and_pos_grads(d_attn_sum, soft_dot, gate, pos)
         return d_qkv, d_gate, d_pos, d_mask, None
 
     @staticmethod

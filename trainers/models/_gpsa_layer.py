@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from trainers.models import _attention_kernel
+from trainers.models._attention_core import gate_and_pos_grads
 from trainers.models._common import has_hooks
 
 __all__ = ["USE_FUSED_LAYER", "gpsa_layer", "usable"]
@@ -63,13 +64,11 @@ class _Layer(torch.autograd.Function):
     @torch.autograd.function.once_differentiable  # the ops have no derivatives of their own
     def backward(ctx, dy: torch.Tensor):
         x, w_qkv, gate, pos, w_proj, qkv, out, row_max, row_inv, maps = ctx.saved_tensors
-        H = gate.numel()
         coef = ctx.scale * (1. - gate)  # dS's factor per head
         dx, d_w_qkv, d_w_proj, d_b_proj, d_attn_sum, soft_dot = _attention_kernel.kernels(
             torch.float32).gpsa_layer_backward(dy.contiguous(), x, qkv, out, w_qkv, w_proj, gate, pos, row_max, row_inv,
                                                maps, coef, ctx.scale)
-        d_pos = d_attn_sum * gate.view(H, 1, 1)  # dA/dP = s (as _attention_core._Attention)
-        d_gate = (d_attn_sum * pos).sum((1, 2)) - soft_dot  # dA/ds = P - softmax(S)
+        d_gate, d_pos = gate_and_pos_grads(d_attn_sum, soft_dot, gate, pos)
         return dx, d_w_qkv, d_gate, d_pos, d_w_proj, d_b_proj, None
 
 
