@@ -11,7 +11,8 @@ result does not depend on scheduling (it does on the thread count). Side by
 side on the 2-core Xeon (Sapphire Rapids), B 256, N 49, C 96, 4 heads, forward + backward: 21.0
 against 24.4 ms apart (timm's layer: 58.9 ms); at ConViT-Ti's shape (B 8, N 196, C 192) 1.07x;
 with torch, MKL and the kernel on AVX2 code there (standing in for an AVX2-only CPU) 1.12x
-(benchmarks/README.md; `gpsa_layer` times both, `ratio_fused_layer_gain`).
+(benchmarks/README.md; `gpsa_layer` times both, `ratio_fused_layer_gain`). Wider layers lose:
+each chunk passes over the whole weights (see `_MAX_QKV_WEIGHT_BYTES`), so they run apart.
 
 `GPSA` takes it where `usable` says so; `USE_FUSED_LAYER = False` turns it off.
 """
@@ -29,16 +30,23 @@ __all__ = ["USE_FUSED_LAYER", "gpsa_layer", "usable"]
 # False: GPSA runs its projections and its core apart (the benchmarks time both side by side)
 USE_FUSED_LAYER = True
 _WIDTH_MULTIPLE = 16  # the kernel's products run whole vectors along C (16 lanes with AVX-512, 8 with AVX2)
+# Every chunk's products pass over the whole q/k/v and output weights, and the backward adds into
+# their gradients: they must stay in cache. Side by side on the Xeon (gpsa_layer, fp32), the fused
+# layer against the layer apart: C 96 1.13-1.16x, C 192 1.05-1.07x (N 49 and N 196, B 8-256),
+# C 288 0.95x, C 384 0.89-0.90x, C 768 0.62x. So up to C 192: a q/k/v weight of 432 KiB.
+_MAX_QKV_WEIGHT_BYTES = 3 * 192 * 192 * 4
 
 
 def usable(layer: nn.Module, x: torch.Tensor) -> bool:
     """Whether GPSA `layer`'s forward on x (B, N, C) can run as the fused layer: float32 (x and the
     weights) on the CPU outside autocast and torch.compile (`_attention_kernel.available`: the
-    float32 kernel built), C a multiple of 16, no q/k/v bias (timm's default), an output bias, no
-    active output dropout, and no forward hooks on the projections (the fused op would bypass them)."""
+    float32 kernel built), C a multiple of 16 and at most 192 (the weights in cache), no q/k/v bias
+    (timm's default), an output bias, no active output dropout, and no forward hooks on the
+    projections (the fused op would bypass them)."""
     return (USE_FUSED_LAYER and x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() == 3
             and all(p.dtype == torch.float32 for p in (layer.qk.weight, layer.v.weight, layer.proj.weight))
-            and x.shape[-1] % _WIDTH_MULTIPLE == 0 and not torch.is_autocast_enabled("cpu")
+            and x.shape[-1] % _WIDTH_MULTIPLE == 0 and 3 * x.shape[-1] ** 2 * 4 <= _MAX_QKV_WEIGHT_BYTES
+            and not torch.is_autocast_enabled("cpu")
             and layer.qk.bias is None and layer.v.bias is None and layer.proj.bias is not None
             and not (layer.training and layer.proj_drop.p > 0)
             and not any(has_hooks(m) for m in (layer.qk, layer.v, layer.proj, layer.proj_drop))
