@@ -178,8 +178,9 @@ def _register_flop_formulas(ops: Any) -> None:
     """What `torch.utils.flop_counter` counts for the kernels' forwards (a multiply-add is 2), as for
     the torch ops they replace: the trials' `flops` column must not depend on whether a kernel was
     built. The attention core: its two products (GPSA's mix and a mask are elementwise, uncounted
-    on torch ops too). GPSA's fused layer: those and its two linears (q, k, v and the output). The Refiner: its expand, k x k taps per patch key and reduce per row. A
-    linear's weight gradient (a training step counted in full): the mm it replaces."""
+    on torch ops too). GPSA's fused layer: those and its two linears (q, k, v and the output). The
+    Refiner: its expand, k x k taps per patch key and reduce per row. A linear's weight gradient
+    (a training step counted in full): the mm it replaces."""
     @register_flop_formula(ops.attention_forward)
     def _attention(qkv_shape, *args, **kwargs) -> int:
         _, batch, heads, tokens, dim = qkv_shape

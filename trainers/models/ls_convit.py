@@ -41,8 +41,8 @@ moves between `LocalityConViT` and timm's `ConVit` unchanged (same keys, same sh
     and the GEMMs batched. Without autograd the same core runs in place on one buffer, and (fp32/64,
     no autocast) q, k and v come out of one batched matmul already head-major, so the layout copy
     between the projection and the core is gone;
-  - in float32 on the CPU where the float32 kernel is built (no autocast), the whole layer, the
-    projections with the core, as one op per direction over a few images at a time
+  - in float32 on the CPU where the float32 kernel is built (no autocast; up to C 192), the whole
+    layer, the projections with the core, as one op per direction over a few images at a time
     (`_gpsa_layer`: their data stays in cache between the products);
   - under CPU autocast (bf16/fp16; the trainer's `precision: bf16`) the q/k/v and output
     projections run in bf16 as autocast decides; in the core the softmax, the mixing with P and
