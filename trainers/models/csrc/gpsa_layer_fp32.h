@@ -21,6 +21,8 @@
 // Side by side on the Xeon (Sapphire Rapids, 2 cores; B 256, N 49, C 96, 4 heads), forward +
 // backward: 21.0 ms against 24.4 for the projections and the core apart (the forward 6.6 vs 8.0,
 // the backward 12.5 vs 14.9); at ConViT-Ti's shape (B 8, N 196, C 192) 1.07x (benchmarks/README.md).
+// For narrow layers only: every chunk's products pass over the whole weights and the backward adds
+// into their whole gradients, so from C 288 on the layer apart is quicker (_gpsa_layer.py's limit).
 #pragma once
 
 namespace {
