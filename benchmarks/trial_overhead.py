@@ -33,6 +33,7 @@ before its clock starts, so a trial's compiling counts as its overhead.
         --compile --result-name trial_overhead_compile     # train.compile: true
     python -m benchmarks.trial_overhead --device cuda --skip-ray --train-fraction 1.0 --batch-size 256 \
         --compile reduce-overhead --result-name trial_overhead_cudagraphs
+    python -m benchmarks.trial_overhead ... --num-workers 8   # FFCV's loader threads (default: auto)
 
 Writes benchmarks/results/trial_overhead-<device>.json.
 """
@@ -53,8 +54,9 @@ from trainers.config import COMPILE_MODES, ThroughputSettings, TrainSettings, Tr
 
 
 def _config(data, *, epochs: int, cache_dir: str, model: str = "ls_convit_micro", device: str = "cpu",
-            batch_size: int | None = None, compile: bool | str = False):
-    train = TrainSettings(compile=compile, **({} if batch_size is None else {"batch_size": batch_size}))
+            batch_size: int | None = None, num_workers: int | None = None, compile: bool | str = False):
+    chosen = {"batch_size": batch_size, "num_workers": num_workers}
+    train = TrainSettings(compile=compile, **{k: v for k, v in chosen.items() if v is not None})
     return TrialConfig(model=model, model_args={}, data=data, epochs=epochs, train=train,
                        throughput=ThroughputSettings(), seed=0, device=device, throughput_cache_dir=cache_dir)
 
@@ -205,7 +207,7 @@ def _batches(cfg) -> dict:
 
     data, settings = cfg.data, cfg.train
     device = pick_device(cfg.device)
-    common = dict(mean=data.mean, std=data.std, device=device, num_workers=settings.num_workers,
+    common = dict(mean=data.mean, std=data.std, device=device, num_workers=settings.loader_threads,
                   channels_last=runs_channels_last(build_model(cfg), device))  # as train_trial's batches
     train = make_loader(data.train_path, batch_size=settings.batch_size, train=True, seed=cfg.seed, flip=data.flip,
                         pad_crop=settings.pad_crop, **common)
@@ -214,7 +216,8 @@ def _batches(cfg) -> dict:
 
 
 def trainer_overhead(*, epochs: int, model: str = "ls_convit_micro", device: str = "cpu", train_fraction: float = 0.1,
-                     batch_size: int | None = None, compile: bool | str = False) -> dict:
+                     batch_size: int | None = None, num_workers: int | None = None,
+                     compile: bool | str = False) -> dict:
     from search._runner import default_cache_dir
     from trainers.data import DatasetRequest, prepare_dataset
 
@@ -222,7 +225,7 @@ def trainer_overhead(*, epochs: int, model: str = "ls_convit_micro", device: str
                            cache_dir=default_cache_dir())
     with tempfile.TemporaryDirectory(prefix="ls-bench-tput-") as cache:
         cfg = _config(data, epochs=epochs, cache_dir=cache, model=model, device=device, batch_size=batch_size,
-                      compile=compile)
+                      num_workers=num_workers, compile=compile)
         # The trials go first in this process, so the first one really is cold (FFCV compiles).
         compute = []
         first = _trial(cfg)
@@ -238,7 +241,7 @@ def trainer_overhead(*, epochs: int, model: str = "ls_convit_micro", device: str
     return {
         "config": {"model": cfg.model, "dataset": data.name, "train_images": data.counts["train"],
                    "val_images": data.counts["val"], "epochs": epochs, "batch_size": cfg.train.batch_size,
-                   "num_workers": cfg.train.num_workers, "throughput_batch": cfg.throughput.batch_size,
+                   "num_workers": cfg.train.num_workers, "loader_threads": cfg.train.loader_threads, "throughput_batch": cfg.throughput.batch_size,
                    "device": device, "precision": cfg.train.precision, "compile": cfg.train.compile,
                    "compile_mode": cfg.train.compile_mode},
         "compute_s": compute,
@@ -295,6 +298,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", default="ls_convit_micro")
     parser.add_argument("--train-fraction", type=float, default=0.1, help="of Fashion-MNIST's 60,000 training images")
     parser.add_argument("--batch-size", type=int, help="train.batch_size (default: the trainer's, 128)")
+    parser.add_argument("--num-workers", type=int,
+                        help="train.num_workers, FFCV's loader threads (default: the trainer's, auto)")
     parser.add_argument("--ray-trials", type=int, default=12)
     parser.add_argument("--ray-repeats", type=int, default=2)
     parser.add_argument("--skip-ray", action="store_true")
@@ -311,11 +316,13 @@ def main(argv: list[str] | None = None) -> None:
     result: dict = {}
     if not args.only_ray:
         t = trainer_overhead(epochs=args.epochs, model=args.model, device=args.device,
-                             train_fraction=args.train_fraction, batch_size=args.batch_size, compile=args.compile)
+                             train_fraction=args.train_fraction, batch_size=args.batch_size,
+                             num_workers=args.num_workers, compile=args.compile)
         result["trainer"] = t
         first, later = t["trials"]["first"], t["trials"]["later"]
         print(f"trainer: {t['config']['model']}, {t['config']['train_images']} train / {t['config']['val_images']} val "
-              f"images, {args.epochs} epochs, batch {t['config']['batch_size']}"
+              f"images, {args.epochs} epochs, batch {t['config']['batch_size']}, "
+              f"{t['config']['loader_threads']} loader threads"
               f"{'' if args.compile is False else ', torch.compile ' + t['config']['compile_mode']}")
         print(f"  pure compute (fwd/bwd/AdamW + val forward, from memory): {t['compute_median_s']:.2f} s "
               f"(runs: {', '.join(f'{c:.2f}' for c in t['compute_s'])})")

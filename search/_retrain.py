@@ -193,7 +193,7 @@ def retrain(
     channels_last = place_model(model, device)  # as train_trial ran it
     test_loader = make_loader(
         data.test_path, batch_size=max(256, cfg.train.batch_size), train=False, mean=data.mean, std=data.std,
-        device=device, num_workers=cfg.train.num_workers, channels_last=channels_last,
+        device=device, num_workers=cfg.train.loader_threads, channels_last=channels_last,
     )
     test_loss, test_acc = evaluate(model, test_loader, autocast=autocast)
     ended = dt.datetime.now(dt.timezone.utc)

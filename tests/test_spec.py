@@ -99,6 +99,8 @@ MALFORMED = [
     ({"train": {"compile": "yes"}}, "train.compile"),
     ({"space.compile": {"type": "choice", "values": [True, "yes"]}},
      "space.compile: 'yes' is not a valid train.compile: must be true, false or a torch.compile mode "),
+    ({"train": {"num_workers": "many"}}, "train.num_workers: expected a whole number or one of 'auto', got 'many'"),
+    ({"train": {"num_workers": 0}}, "train.num_workers: must be a whole number of threads, at least 1, or auto; got 0"),
     ({"space.batch_size": {"type": "int", "low": 0, "high": 64}},
      "space.batch_size: 0 is not a valid train.batch_size: must be at least 1, got 0; remove it from the range"),
     ({"models": [{"name": "ls_gmm_nano"}]}, "model: give either 'model:' (one model) or 'models:'"),

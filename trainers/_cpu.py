@@ -1,5 +1,6 @@
-"""What the CPU can do that changes how a trial computes: bf16 in hardware or not; and its
-/proc/cpuinfo facts (vendor, family), which pick the float32 GEMM library (`models/_linear.py`)."""
+"""What the CPU can do that changes how a trial computes: bf16 in hardware or not; its
+/proc/cpuinfo facts (vendor, family), which pick the float32 GEMM library (`models/_linear.py`);
+and how many CPUs this process was given."""
 from __future__ import annotations
 
 import functools
@@ -7,7 +8,7 @@ import os
 
 import torch
 
-__all__ = ["cpu_family", "cpu_has_native_bf16", "cpuinfo_field"]
+__all__ = ["cpu_family", "cpu_has_native_bf16", "cpuinfo_field", "cpus_given"]
 
 
 def cpuinfo_field(name: str) -> str | None:
@@ -21,6 +22,20 @@ def cpuinfo_field(name: str) -> str | None:
     except OSError:
         pass
     return None
+
+
+def cpus_given() -> int:
+    """The CPUs this process may use: those it may run on (its affinity), fewer where
+    OMP_NUM_THREADS says so. Ray sets OMP_NUM_THREADS to a task's or trial's CPU request, so in
+    a search this is the trial's `resources.cpus`."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cpus = os.cpu_count() or 1
+    omp = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()  # "8" or a nested "8,2"
+    if omp.isdigit() and int(omp) > 0:
+        cpus = min(cpus, int(omp))
+    return max(1, cpus)
 
 
 def cpu_family() -> int | None:

@@ -24,6 +24,9 @@ class SettingError(ValueError):
 
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
 PRECISIONS: tuple[str, ...] = typing.get_args(Precision)
+# num_workers: auto's bounds. 2 was the fixed default before auto (sized for a 2-core CPU); 8 is the
+# most threads timed (benchmarks/README.md, "A trial on the H100")
+_MIN_AUTO_LOADER_THREADS, _MAX_AUTO_LOADER_THREADS = 2, 8
 CompileMode = Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
 COMPILE_MODES: tuple[str, ...] = typing.get_args(CompileMode)  # torch.compile's modes
 
@@ -39,7 +42,11 @@ class TrainSettings:
     min_lr: float = 1e-5  # the cosine decay ends here
     label_smoothing: float = 0.1
     grad_clip: float | None = None  # max global grad norm; None: no clipping
-    num_workers: int = 2  # FFCV loader threads
+    # FFCV's loader threads. auto: the CPUs the trial was given (in a search Ray's resources.cpus,
+    # else the CPUs the process may run on), at least 2 and at most 8, the most measured: on an
+    # H100's 16-core host a CUDA-graphed ls_convit_micro trial trained at 60-65k img/s with 8 threads
+    # against 44k with 2 (benchmarks/README.md). See `loader_threads`
+    num_workers: int | Literal["auto"] = "auto"
     pad_crop: int = 2  # random pad-and-crop augmentation, pixels
     flip: bool | None = None  # horizontal flips; None: what the dataset catalog says
     # autocast dtype of training and validation. auto: AMP on CUDA (bf16 where the GPU has it,
@@ -69,8 +76,9 @@ class TrainSettings:
             raise SettingError("warmup_epochs", f"must be >= 0, got {self.warmup_epochs}")
         if self.grad_clip is not None and self.grad_clip <= 0:
             raise SettingError("grad_clip", f"must be positive (or leave it out), got {self.grad_clip}")
-        if self.num_workers < 1:
-            raise SettingError("num_workers", f"must be at least 1, got {self.num_workers}")
+        if self.num_workers != "auto" and (isinstance(self.num_workers, bool) or not isinstance(self.num_workers, int)
+                                           or self.num_workers < 1):
+            raise SettingError("num_workers", f"must be a whole number of threads, at least 1, or auto; got {self.num_workers!r}")
         if self.pad_crop < 0:
             raise SettingError("pad_crop", f"must be >= 0, got {self.pad_crop}")
         if not isinstance(self.compile, bool) and not (isinstance(self.compile, str) and self.compile in COMPILE_MODES):
@@ -78,6 +86,15 @@ class TrainSettings:
                                           f"got {self.compile!r}")
         if self.precision not in PRECISIONS:
             raise SettingError("precision", f"must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+
+    @property
+    def loader_threads(self) -> int:
+        """num_workers as a number of threads: auto resolved for this process (see the field)."""
+        if self.num_workers != "auto":
+            return self.num_workers
+        from trainers._cpu import cpus_given
+
+        return min(max(cpus_given(), _MIN_AUTO_LOADER_THREADS), _MAX_AUTO_LOADER_THREADS)
 
     @property
     def compile_mode(self) -> str | None:

@@ -317,7 +317,7 @@ def train_trial(
 
     # -- data ---------------------------------------------------------------------------
     flip = data.flip if settings.flip is None else settings.flip
-    common = dict(mean=data.mean, std=data.std, device=device, num_workers=settings.num_workers, channels_last=channels_last)
+    common = dict(mean=data.mean, std=data.std, device=device, num_workers=settings.loader_threads, channels_last=channels_last)
     train_loader = make_loader(
         data.train_path, batch_size=settings.batch_size, train=True, seed=cfg.seed,
         flip=flip, pad_crop=settings.pad_crop, **common,
