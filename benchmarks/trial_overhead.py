@@ -241,7 +241,8 @@ def trainer_overhead(*, epochs: int, model: str = "ls_convit_micro", device: str
     return {
         "config": {"model": cfg.model, "dataset": data.name, "train_images": data.counts["train"],
                    "val_images": data.counts["val"], "epochs": epochs, "batch_size": cfg.train.batch_size,
-                   "num_workers": cfg.train.num_workers, "loader_threads": cfg.train.loader_threads, "throughput_batch": cfg.throughput.batch_size,
+                   "num_workers": cfg.train.num_workers, "loader_threads": cfg.train.loader_threads,
+                   "throughput_batch": cfg.throughput.batch_size,
                    "device": device, "precision": cfg.train.precision, "compile": cfg.train.compile,
                    "compile_mode": cfg.train.compile_mode},
         "compute_s": compute,
