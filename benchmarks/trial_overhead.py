@@ -131,7 +131,9 @@ def _trial(cfg) -> dict:
     out = {"wall_s": wall, "epochs_s": epochs_s, "outside_epochs_s": wall - epochs_s,
            "train_s": [r["train_time_s"] for r in reports], "epoch_s": [r["epoch_time_s"] for r in reports],
            "best_val_acc": outcome.best_val_acc, "throughput_cached": reports[0].get("throughput_cached"),
-           "train_images_per_s": [r["train_images_per_s"] for r in reports]}
+           "train_images_per_s": [r["train_images_per_s"] for r in reports],
+           # of train_s: the host waiting for the loader's next batch (an input-bound trial waits long)
+           "loader_wait_s": [r["train_loader_wait_s"] for r in reports]}
     if sampler is not None:
         epochs_start = reports[0]["reported_at"] - reports[0]["epoch_time_s"]
         out["gpu_utilisation_pct"] = {
@@ -331,7 +333,9 @@ def main(argv: list[str] | None = None) -> None:
               f"its epochs) -> overhead {t['overhead_first_trial']:.1%}")
         for i, tr in enumerate(later, 2):
             print(f"  trial {i}: {tr['wall_s']:.2f} s wall ({tr['outside_epochs_s']:.2f} s outside its epochs, "
-                  f"throughput cached: {tr['throughput_cached']})")
+                  f"throughput cached: {tr['throughput_cached']}); of its epochs, training {sum(tr['train_s']):.2f} s "
+                  f"(waiting for the loader {sum(tr['loader_wait_s']):.2f} s), validating "
+                  f"{sum(tr['epoch_s']) - sum(tr['train_s']):.2f} s")
         print(f"  later trials: overhead {t['overhead_later_trial']:.1%} (target <= 15%: "
               f"{'met' if t['overhead_later_trial'] <= 0.15 else 'NOT met'}); within the epochs alone "
               f"{t['overhead_within_epochs_later']:.1%}")

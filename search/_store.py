@@ -101,6 +101,8 @@ EPOCH_COLUMNS: dict[str, tuple[pa.DataType, str]] = {
     "lr": (pa.float64(), "learning rate at the epoch's last step"),
     "epoch_time_s": (pa.float64(), "wall time of the epoch (train + validate)"),
     "train_images_per_s": (pa.float64(), "training images/s of the epoch"),
+    "train_loader_wait_s": (pa.float64(), "of the epoch's training, the seconds spent waiting for the loader's batches "
+                                          "(a large share: the trial is input-bound; more train.num_workers or resources.cpus)"),
     "converted": (pa.bool_(), "T-CNN: the epoch trained the converted model (the first true row is the conversion epoch)"),
     "node_id": (pa.string(), "Ray node that trained the epoch (null: taken from a restored checkpoint's history)"),
     "reported_at": (pa.timestamp("us", tz="UTC"), "when the epoch was reported (null: as node_id)"),

@@ -67,6 +67,8 @@ def test_three_parquet_files_with_expected_columns_and_states(study):
     assert len(trials) == 4
     assert set(TRIAL_COLUMNS) | {"locality_strength", "local_up_to_layer", "lr"} == set(trials[0])
     assert set(EPOCH_COLUMNS) == set(epochs[0])
+    # the trainer's own timings reach the store through Tune (the wait is part of the epoch)
+    assert all(0 <= e["train_loader_wait_s"] < e["epoch_time_s"] for e in epochs), epochs
 
     by_state = {}
     for row in trials:

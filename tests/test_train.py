@@ -6,6 +6,7 @@ import copy
 import dataclasses
 import io
 import math
+import time
 
 import pytest
 import timm
@@ -265,6 +266,39 @@ def test_cuda_graphed_trial_trains_like_the_eager_one(synthetic):
     for e, g in zip(eager.history, graphed.history):
         assert g["train_loss"] == pytest.approx(e["train_loss"], rel=2e-2)
         assert g["val_acc"] == pytest.approx(e["val_acc"], abs=0.05)
+
+
+def test_epoch_reports_the_time_spent_waiting_for_batches(synthetic, monkeypatch):
+    """train_loader_wait_s: the host's wait for the training loader's batches, part of the epoch's
+    training time; a loader that takes 20 ms a batch makes the epoch wait at least that per step."""
+    import trainers.train as train_module
+
+    make_loader = train_module.make_loader
+    delay_s, steps = 0.02, []
+
+    class SlowLoader:
+        def __init__(self, loader):
+            self.loader = loader
+
+        def __len__(self):
+            return len(self.loader)
+
+        def __iter__(self):
+            for batch in self.loader:
+                time.sleep(delay_s)
+                steps.append(1)
+                yield batch
+
+    def slow_train_loader(path, **kwargs):
+        loader = make_loader(path, **kwargs)
+        return SlowLoader(loader) if kwargs.get("train") else loader
+
+    fast = train_trial(_config(synthetic, epochs=1)).history[0]
+    assert 0 <= fast["train_loader_wait_s"] <= fast["train_time_s"]
+    monkeypatch.setattr(train_module, "make_loader", slow_train_loader)
+    slow = train_trial(_config(synthetic, epochs=1)).history[0]
+    assert len(steps) > 0 and delay_s * len(steps) <= slow["train_loader_wait_s"] <= slow["train_time_s"]
+    assert slow["train_loss"] == pytest.approx(fast["train_loss"])  # the same batches, only later
 
 
 def test_training_dtype_per_precision(monkeypatch):

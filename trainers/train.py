@@ -22,7 +22,7 @@ import dataclasses
 import math
 import time
 import warnings
-from typing import Any, Callable, ContextManager
+from typing import Any, Callable, ContextManager, Iterable, Iterator
 
 import timm
 import torch
@@ -209,6 +209,19 @@ def runner_for_batches(model: nn.Module, settings: TrainSettings, device: torch.
     return torch.compile(model, mode=settings.compile_mode)
 
 
+def _waited_for(batches: Iterable[Any], waited: list[float]) -> Iterator[Any]:
+    """The items of `batches`, adding the seconds each took to arrive to waited[0]."""
+    iterator = iter(batches)
+    while True:
+        start = time.perf_counter()
+        try:
+            item = next(iterator)
+        except StopIteration:
+            return
+        waited[0] += time.perf_counter() - start
+        yield item
+
+
 @torch.inference_mode()
 def evaluate(model: nn.Module, loader, *, autocast) -> tuple[float, float]:
     """(mean cross-entropy, accuracy) over every image of ``loader``."""
@@ -317,7 +330,8 @@ def train_trial(
 
     # -- data ---------------------------------------------------------------------------
     flip = data.flip if settings.flip is None else settings.flip
-    common = dict(mean=data.mean, std=data.std, device=device, num_workers=settings.loader_threads, channels_last=channels_last)
+    common = dict(mean=data.mean, std=data.std, device=device, num_workers=settings.loader_threads,
+                  channels_last=channels_last)
     train_loader = make_loader(
         data.train_path, batch_size=settings.batch_size, train=True, seed=cfg.seed,
         flip=flip, pad_crop=settings.pad_crop, **common,
@@ -384,7 +398,8 @@ def train_trial(
             loss_sum = torch.zeros((), device=device)
             nonfinite = torch.zeros((), dtype=torch.bool, device=device)
             lr = settings.lr
-            for step, (images, labels) in enumerate(train_loader):  # (B, C, H, W), (B,)
+            loader_wait = [0.0]  # host seconds spent waiting for batches: is the trial input-bound?
+            for step, (images, labels) in enumerate(_waited_for(train_loader, loader_wait)):  # (B, C, H, W), (B,)
                 global_step = epoch * steps_per_epoch + step
                 lr = lr_at(global_step - start_step, total_steps=total_steps - start_step, warmup_steps=warmup_steps,
                            peak_lr=settings.lr, min_lr=settings.min_lr)
@@ -433,6 +448,7 @@ def train_trial(
             "epoch_time_s": epoch_time,
             "train_time_s": train_time,
             "train_images_per_s": steps_per_epoch * settings.batch_size / train_time,
+            "train_loader_wait_s": loader_wait[0],
             "train_precision": train_precision,
             **measurement,
         }
