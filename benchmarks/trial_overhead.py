@@ -34,6 +34,8 @@ before its clock starts, so a trial's compiling counts as its overhead.
     python -m benchmarks.trial_overhead --device cuda --skip-ray --train-fraction 1.0 --batch-size 256 \
         --compile reduce-overhead --result-name trial_overhead_cudagraphs
     python -m benchmarks.trial_overhead ... --num-workers 8   # FFCV's loader threads (default: auto)
+    python -m benchmarks.trial_overhead --device cuda --skip-ray --train-fraction 1.0 --batch-size 256 \
+        --cuda-graph [--compile] --result-name trial_overhead_step_graph   # train.cuda_graph: true
 
 Writes benchmarks/results/trial_overhead-<device>.json.
 """
@@ -54,9 +56,10 @@ from trainers.config import COMPILE_MODES, ThroughputSettings, TrainSettings, Tr
 
 
 def _config(data, *, epochs: int, cache_dir: str, model: str = "ls_convit_micro", device: str = "cpu",
-            batch_size: int | None = None, num_workers: int | None = None, compile: bool | str = False):
+            batch_size: int | None = None, num_workers: int | None = None, compile: bool | str = False,
+            cuda_graph: bool = False):
     chosen = {"batch_size": batch_size, "num_workers": num_workers}
-    train = TrainSettings(compile=compile, **{k: v for k, v in chosen.items() if v is not None})
+    train = TrainSettings(compile=compile, cuda_graph=cuda_graph, **{k: v for k, v in chosen.items() if v is not None})
     return TrialConfig(model=model, model_args={}, data=data, epochs=epochs, train=train,
                        throughput=ThroughputSettings(), seed=0, device=device, throughput_cache_dir=cache_dir)
 
@@ -151,8 +154,8 @@ def _compute(cfg, batches: dict) -> float:
     from torch import nn
 
     from trainers._memory_format import place_model
-    from trainers.train import (adamw, autocast_for, build_model, default_param_groups, lr_at, pick_device,
-                                runner_for_batches, training_dtype)
+    from trainers.train import (adamw, autocast_for, build_model, capture_step, default_param_groups, graphs_steps,
+                                lr_at, pick_device, runner_for_batches, set_lr, training_dtype)
 
     torch.manual_seed(cfg.seed)
     device = pick_device(cfg.device)
@@ -162,17 +165,25 @@ def _compute(cfg, batches: dict) -> float:
     scaler = torch.amp.GradScaler(device.type, enabled=training_dtype(cfg.train.precision, device) == torch.float16)
     groups = model.param_groups(weight_decay=cfg.train.weight_decay) if hasattr(model, "param_groups") \
         else default_param_groups(model, cfg.train.weight_decay)
-    optimizer = adamw(groups, lr=cfg.train.lr)
+    graphed_steps = graphs_steps(cfg.train, device)
+    optimizer = adamw(groups, lr=cfg.train.lr, capturable=graphed_steps)
     runner = runner_for_batches(model, cfg.train, device)  # as train_trial's
     criterion = nn.CrossEntropyLoss(label_smoothing=cfg.train.label_smoothing)
     steps = len(batches["train"][0])
     total = steps * cfg.epochs
     warmup = round(cfg.train.warmup_epochs * steps)
-    if cfg.train.compile_mode is not None:  # compiled before the clock starts: a trial's compiling is overhead, not compute
+    graphed = None
+    if graphed_steps:  # captured before the clock starts, as the compiling below
         model.train()
-        with autocast():
-            criterion(runner(batches["train"][0][0][0]), batches["train"][0][0][1]).backward()
-        optimizer.zero_grad(set_to_none=True)
+        images, labels = batches["train"][0][0]
+        graphed = capture_step(model=model, runner=runner, criterion=criterion, optimizer=optimizer,
+                               images=images, labels=labels, settings=cfg.train)
+    if cfg.train.compile_mode is not None:  # compiled before the clock starts: a trial's compiling is overhead, not compute
+        if graphed is None:  # (a capture compiled the training step in its warm-up)
+            model.train()
+            with autocast():
+                criterion(runner(batches["train"][0][0][0]), batches["train"][0][0][1]).backward()
+            optimizer.zero_grad(set_to_none=True)
         model.eval()
         with torch.inference_mode(), autocast():
             runner(batches["val"][0][0])
@@ -184,8 +195,10 @@ def _compute(cfg, batches: dict) -> float:
         for step, (images, labels) in enumerate(batches["train"][epoch]):
             lr = lr_at(epoch * steps + step, total_steps=total, warmup_steps=warmup, peak_lr=cfg.train.lr,
                        min_lr=cfg.train.min_lr)
-            for group in optimizer.param_groups:
-                group["lr"] = lr * group.get("lr_scale", 1.0)
+            set_lr(optimizer, lr)
+            if graphed is not None:
+                graphed(images, labels)
+                continue
             with autocast():
                 loss = criterion(runner(images), labels)
             optimizer.zero_grad(set_to_none=True)
@@ -219,7 +232,7 @@ def _batches(cfg) -> dict:
 
 def trainer_overhead(*, epochs: int, model: str = "ls_convit_micro", device: str = "cpu", train_fraction: float = 0.1,
                      batch_size: int | None = None, num_workers: int | None = None,
-                     compile: bool | str = False) -> dict:
+                     compile: bool | str = False, cuda_graph: bool = False) -> dict:
     from search._runner import default_cache_dir
     from trainers.data import DatasetRequest, prepare_dataset
 
@@ -227,7 +240,7 @@ def trainer_overhead(*, epochs: int, model: str = "ls_convit_micro", device: str
                            cache_dir=default_cache_dir())
     with tempfile.TemporaryDirectory(prefix="ls-bench-tput-") as cache:
         cfg = _config(data, epochs=epochs, cache_dir=cache, model=model, device=device, batch_size=batch_size,
-                      num_workers=num_workers, compile=compile)
+                      num_workers=num_workers, compile=compile, cuda_graph=cuda_graph)
         # The trials go first in this process, so the first one really is cold (FFCV compiles).
         compute = []
         first = _trial(cfg)
@@ -246,7 +259,7 @@ def trainer_overhead(*, epochs: int, model: str = "ls_convit_micro", device: str
                    "num_workers": cfg.train.num_workers, "loader_threads": cfg.train.loader_threads,
                    "throughput_batch": cfg.throughput.batch_size,
                    "device": device, "precision": cfg.train.precision, "compile": cfg.train.compile,
-                   "compile_mode": cfg.train.compile_mode},
+                   "compile_mode": cfg.train.compile_mode, "cuda_graph": cfg.train.cuda_graph},
         "compute_s": compute,
         "compute_median_s": compute_s,
         "trials": trials,
@@ -310,6 +323,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--compile", nargs="?", const=True, default=False, choices=COMPILE_MODES, metavar="MODE",
                         help="train.compile: true, or MODE (e.g. reduce-overhead): the trials' and the compute "
                              "replica's batches through torch.compile")
+    parser.add_argument("--cuda-graph", action="store_true",
+                        help="train.cuda_graph: true (each trial captures its whole training step as one CUDA graph)")
     parser.add_argument("--result-name", default="trial_overhead",
                         help="the JSON's name: benchmarks/results/<name>-<device>.json (default: trial_overhead)")
     # the process set up as train_trial's, so the compute replica runs under the same allocator settings
@@ -320,13 +335,14 @@ def main(argv: list[str] | None = None) -> None:
     if not args.only_ray:
         t = trainer_overhead(epochs=args.epochs, model=args.model, device=args.device,
                              train_fraction=args.train_fraction, batch_size=args.batch_size,
-                             num_workers=args.num_workers, compile=args.compile)
+                             num_workers=args.num_workers, compile=args.compile, cuda_graph=args.cuda_graph)
         result["trainer"] = t
         first, later = t["trials"]["first"], t["trials"]["later"]
         print(f"trainer: {t['config']['model']}, {t['config']['train_images']} train / {t['config']['val_images']} val "
               f"images, {args.epochs} epochs, batch {t['config']['batch_size']}, "
               f"{t['config']['loader_threads']} loader threads"
-              f"{'' if args.compile is False else ', torch.compile ' + t['config']['compile_mode']}")
+              f"{'' if args.compile is False else ', torch.compile ' + t['config']['compile_mode']}"
+              f"{', whole step as a CUDA graph' if args.cuda_graph else ''}")
         print(f"  pure compute (fwd/bwd/AdamW + val forward, from memory): {t['compute_median_s']:.2f} s "
               f"(runs: {', '.join(f'{c:.2f}' for c in t['compute_s'])})")
         print(f"  first trial in the process: {first['wall_s']:.2f} s wall ({first['outside_epochs_s']:.2f} s outside "

@@ -425,6 +425,26 @@ def test_cuda_loader_epoch_started_under_inference_mode(synthetic):
 
 
 @pytest.mark.ffcv
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_batches_stay_right_when_the_gpu_runs_behind(synthetic):
+    """A GPU-bound consumer (a CUDA-graphed training step) lets the host run many batches ahead
+    of the GPU; FFCV's pinned host buffers must not be decoded over before their copies ran."""
+    kw = dict(batch_size=16, train=True, mean=synthetic.mean, std=synthetic.std, device="cuda", num_workers=2)
+    loader = make_loader(synthetic.train_path, seed=3, **kw)
+    expected = [(x.cpu(), y.cpu()) for x, y in loader]  # each batch read back: the GPU keeps up
+    assert len(expected) >= 10  # more batches than FFCV's 5 slots
+    loader = make_loader(synthetic.train_path, seed=3, **kw)  # the same epoch again
+    behind = []
+    for images, labels in loader:
+        torch.cuda._sleep(5_000_000)  # a few ms of GPU work per batch, the host never waits for it
+        behind.append((images, labels))
+    torch.cuda.synchronize()
+    for (x, y), (ex, ey) in zip(behind, expected, strict=True):
+        assert torch.equal(y.cpu(), ey)
+        torch.testing.assert_close(x.cpu(), ex, rtol=0, atol=0)
+
+
+@pytest.mark.ffcv
 def test_train_loader_order_and_augmentation_are_seeded(synthetic):
     kw = dict(batch_size=256, train=True, mean=synthetic.mean, std=synthetic.std, flip=True, pad_crop=2)
     loader = make_loader(synthetic.train_path, seed=5, **kw)

@@ -227,7 +227,8 @@ def test_export_writes_a_standalone_config(study, tmp_path, capsys):
     assert config["train"]["lr"] == 0.004 and config["train"]["batch_size"] == 32  # searched
     assert config["train"]["num_workers"] == 1 and config["train"]["weight_decay"] == 0.05  # fixed, default
     assert set(config["train"]) == {"batch_size", "lr", "weight_decay", "warmup_epochs", "min_lr", "label_smoothing",
-                                    "grad_clip", "num_workers", "pad_crop", "flip", "precision", "compile"}
+                                    "grad_clip", "num_workers", "pad_crop", "flip", "precision", "compile",
+                                    "cuda_graph"}
     assert config["throughput"] == {"batch_size": 16, "warmup": 1, "repeats": 2, "precision": "auto",
                                     "cuda_graph": True}
     source = config["source"]

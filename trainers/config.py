@@ -29,6 +29,7 @@ PRECISIONS: tuple[str, ...] = typing.get_args(Precision)
 _MIN_AUTO_LOADER_THREADS, _MAX_AUTO_LOADER_THREADS = 2, 8
 CompileMode = Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
 COMPILE_MODES: tuple[str, ...] = typing.get_args(CompileMode)  # torch.compile's modes
+_COMPILE_MODES_WITH_CUDA_GRAPHS = ("reduce-overhead", "max-autotune")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +61,12 @@ class TrainSettings:
     # with reduce-overhead (CUDA graphs; benchmarks/README.md), ConViT-Ti's step 1.80x with true.
     # On a CPU no faster: the compiled step runs torch's attention, not this project's kernels
     compile: bool | CompileMode = False
+    # GPU: capture the whole training step (forward, backward, clipping, AdamW) as one CUDA graph
+    # and replay it per batch, so the host launches one graph instead of a few hundred kernels and
+    # autograd's and the optimizer's Python (trainers/_cuda_graph.py). With compile: true the
+    # captured step runs the compiled kernels. A step that cannot be captured (a host sync), or
+    # fp16's loss scaling, trains eagerly with a warning. Ignored on the CPU
+    cuda_graph: bool = False
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -84,6 +91,12 @@ class TrainSettings:
         if not isinstance(self.compile, bool) and not (isinstance(self.compile, str) and self.compile in COMPILE_MODES):
             raise SettingError("compile", f"must be true, false or a torch.compile mode ({', '.join(COMPILE_MODES)}), "
                                           f"got {self.compile!r}")
+        if not isinstance(self.cuda_graph, bool):
+            raise SettingError("cuda_graph", f"must be true or false, got {self.cuda_graph!r}")
+        if self.cuda_graph and self.compile in _COMPILE_MODES_WITH_CUDA_GRAPHS:
+            raise SettingError("cuda_graph", f"captures the whole step, which cannot hold compile: {self.compile}'s own "
+                                             "CUDA graphs; use compile: true (or max-autotune-no-cudagraphs), or "
+                                             "cuda_graph: false")
         if self.precision not in PRECISIONS:
             raise SettingError("precision", f"must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
 

@@ -8,6 +8,8 @@ passes ``on_epoch`` (which calls ``tune.report`` with a checkpoint) and, on rest
     loaders = FFCV train (random pad-crop, flip) / val (plain)
     optim   = AdamW (fused) over the model's parameter groups, lr_at(step): linear warm-up, cosine decay
     epochs  = train -> validate -> on_epoch(metrics, state) -> stop on max_epochs or patience
+    step    = forward, loss, backward, [clip], AdamW: eager, or on a GPU with train.cuda_graph
+              one CUDA graph captured at the first batch and replayed for every batch after
 
 A model that changes architecture mid-training (T-CNN: ``reparam_epoch_for(epochs)`` and
 ``reparametrise()``) is converted before that epoch, re-measured, and given a fresh AdamW with
@@ -30,6 +32,7 @@ from torch import nn
 
 import trainers.models  # noqa: F401  (registers this project's model families with timm)
 from trainers._cpu import cpu_has_native_bf16
+from trainers._cuda_graph import CaptureError, GraphedTrainStep, capture_train_step
 from trainers._device_share import device_share
 from trainers._malloc import retain_freed_memory
 from trainers._memory_format import place_model
@@ -38,7 +41,8 @@ from trainers.data import make_loader
 from trainers.throughput import measure_model
 
 __all__ = ["train_trial", "TrialOutcome", "NonFiniteLossError", "lr_at", "build_model", "evaluate", "pick_device",
-           "training_precision", "training_dtype", "autocast_for", "runner_for_batches"]
+           "training_precision", "training_dtype", "autocast_for", "runner_for_batches", "set_lr",
+           "graphs_steps", "capture_step"]
 
 EpochCallback = Callable[[dict[str, Any], Callable[[], dict[str, Any]]], None]
 
@@ -128,13 +132,14 @@ def default_param_groups(model: nn.Module, weight_decay: float) -> list[dict[str
 _AUTOCAST_DTYPES: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def adamw(groups: list[dict[str, Any]], *, lr: float) -> torch.optim.AdamW:
+def adamw(groups: list[dict[str, Any]], *, lr: float, capturable: bool = False) -> torch.optim.AdamW:
     """The trial's optimizer: AdamW with torch's fused kernel (one pass over each tensor, on the CPU
     as on CUDA). The default for CPU tensors is a loop of ~10 small ops per parameter tensor:
     ls_convit_micro's 116 tensors took 10-11 ms an optimizer step that way and 2 ms fused, on the
     2-core AVX2 EPYC: 3% of its 260 ms batch-64 training step (whole steps timed side by side, in
-    alternating order, differ by less than that VM's noise). Same update up to float rounding."""
-    optimizer = torch.optim.AdamW(groups, lr=lr, fused=True)
+    alternating order, differ by less than that VM's noise). Same update up to float rounding.
+    ``capturable``: the step can be captured in a CUDA graph (`capture_step`)."""
+    optimizer = torch.optim.AdamW(groups, lr=lr, fused=True, capturable=capturable)
     # torch's fused AdamW (CPU, torch 2.15) walks a parameter, its gradient and its moments as one
     # flat array each: a channels_last weight with an NCHW gradient or moment is updated element
     # against wrong element, silently. Autograd gives gradients their parameter's strides; moments
@@ -142,6 +147,42 @@ def adamw(groups: list[dict[str, Any]], *, lr: float) -> torch.optim.AdamW:
     optimizer.register_step_pre_hook(_align_gradients_to_params)  # 0.07 ms a step for 116 tensors
     optimizer.register_load_state_dict_post_hook(_align_moments_to_params)  # once, where it can happen
     return optimizer
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    """Each param group's lr: ``lr`` times the group's ``lr_scale``. A captured step's groups hold
+    their lr as a CUDA tensor, which the graph reads: filled in place, no host sync."""
+    for group in optimizer.param_groups:
+        value = lr * group.get("lr_scale", 1.0)
+        if torch.is_tensor(group["lr"]):
+            group["lr"].fill_(value)
+        else:
+            group["lr"] = value
+
+
+def graphs_steps(settings: TrainSettings, device: torch.device) -> bool:
+    """Whether a trial captures its training step as a CUDA graph: train.cuda_graph on a GPU,
+    unless it trains in fp16, whose loss scaling reads the gradients' finiteness on the host."""
+    if not settings.cuda_graph or device.type != "cuda":
+        return False
+    if training_dtype(settings.precision, device) == torch.float16:
+        warnings.warn("train.cuda_graph: fp16's loss scaling syncs with the host every step, so this trial trains "
+                      "eagerly; use precision bf16 or fp32 to graph its steps", stacklevel=2)
+        return False
+    return True
+
+
+def capture_step(*, model: nn.Module, runner: nn.Module, criterion: nn.Module, optimizer: torch.optim.Optimizer,
+                 images: torch.Tensor, labels: torch.Tensor, settings: TrainSettings) -> GraphedTrainStep | None:
+    """The training step captured for batches like ``images``/``labels`` (`capture_train_step`),
+    or None, with a warning, where it cannot be: the trial then trains eagerly."""
+    try:
+        return capture_train_step(model=model, runner=runner, criterion=criterion, optimizer=optimizer,
+                                  images=images, labels=labels, grad_clip=settings.grad_clip,
+                                  autocast_dtype=training_dtype(settings.precision, images.device))
+    except CaptureError as exc:
+        warnings.warn(f"train.cuda_graph: {exc}; this trial trains eagerly", stacklevel=2)
+        return None
 
 
 def _layout_differs(tensor: torch.Tensor, param: torch.Tensor) -> bool:
@@ -207,6 +248,15 @@ def runner_for_batches(model: nn.Module, settings: TrainSettings, device: torch.
                       "project's CPU kernels (a bf16 step 0.56x eager on a Xeon); it is meant for GPUs",
                       stacklevel=2)
     return torch.compile(model, mode=settings.compile_mode)
+
+
+def _portable(optimizer_state: dict[str, Any]) -> dict[str, Any]:
+    """An optimizer's state_dict with a captured step's CUDA lr tensors as numbers, so that its
+    checkpoint resumes on any device, graphed or not (state_dict's groups are copies)."""
+    for group in optimizer_state["param_groups"]:
+        if torch.is_tensor(group.get("lr")):
+            group["lr"] = float(group["lr"])
+    return optimizer_state
 
 
 def _waited_for(batches: Iterable[Any], waited: list[float]) -> Iterator[Any]:
@@ -342,12 +392,14 @@ def train_trial(
     warmup_steps = round(settings.warmup_epochs * steps_per_epoch)
 
     # -- optimisation -------------------------------------------------------------------
+    graphed_steps = graphs_steps(settings, device)
+
     def make_optimizer() -> torch.optim.Optimizer:
         if hasattr(model, "param_groups"):  # e.g. ConViT: its own LR multiplier for the gates
             groups = model.param_groups(weight_decay=settings.weight_decay)
         else:
             groups = default_param_groups(model, settings.weight_decay)
-        return adamw(groups, lr=settings.lr)
+        return adamw(groups, lr=settings.lr, capturable=graphed_steps)
 
     def schedule_start() -> int:
         """Step the lr schedule counts from: a fresh optimizer after a conversion starts over."""
@@ -356,6 +408,7 @@ def train_trial(
 
     optimizer = make_optimizer()
     run = batches_runner()
+    graphed: GraphedTrainStep | None = None  # train.cuda_graph: captured at the first batch
     scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)
     criterion = nn.CrossEntropyLoss(label_smoothing=settings.label_smoothing)
 
@@ -386,6 +439,7 @@ def train_trial(
         if converts and epoch == convert_at and not model.is_reparametrised:
             measurement = convert(epoch)
             run = batches_runner()
+            graphed = None  # another model and optimizer: captured again
             previous, optimizer = optimizer, make_optimizer()
             if model.reparam_optimizer == "keep":  # the filters keep their Adam moments (same Parameters)
                 for param in previous.state:
@@ -403,10 +457,16 @@ def train_trial(
                 global_step = epoch * steps_per_epoch + step
                 lr = lr_at(global_step - start_step, total_steps=total_steps - start_step, warmup_steps=warmup_steps,
                            peak_lr=settings.lr, min_lr=settings.min_lr)
-                for group in optimizer.param_groups:
-                    group["lr"] = lr * group.get("lr_scale", 1.0)
-                with autocast():
-                    loss = criterion(run(images), labels)
+                set_lr(optimizer, lr)
+                if graphed_steps and graphed is None:
+                    graphed = capture_step(model=model, runner=run, criterion=criterion, optimizer=optimizer,
+                                           images=images, labels=labels, settings=settings)
+                    graphed_steps = graphed is not None
+                if graphed is not None:
+                    loss = graphed(images, labels)  # forward, backward, [clip], AdamW: one replay
+                else:
+                    with autocast():
+                        loss = criterion(run(images), labels)
                 nonfinite |= ~torch.isfinite(loss.detach())
                 # Checking every step would sync the GPU each step; every 50 is soon enough.
                 if (step % 50 == 49 or step == steps_per_epoch - 1) and bool(nonfinite):
@@ -414,13 +474,14 @@ def train_trial(
                         f"training loss became {loss.item()} at epoch {epoch + 1}, step {step + 1}; "
                         f"lower the learning rate (lr={settings.lr:g}) or set train.grad_clip"
                     )
-                optimizer.zero_grad(set_to_none=True)
-                scaler.scale(loss).backward()
-                if settings.grad_clip is not None:
-                    scaler.unscale_(optimizer)
-                    nn.utils.clip_grad_norm_(model.parameters(), settings.grad_clip)
-                scaler.step(optimizer)
-                scaler.update()
+                if graphed is None:
+                    optimizer.zero_grad(set_to_none=True)
+                    scaler.scale(loss).backward()
+                    if settings.grad_clip is not None:
+                        scaler.unscale_(optimizer)
+                        nn.utils.clip_grad_norm_(model.parameters(), settings.grad_clip)
+                    scaler.step(optimizer)
+                    scaler.update()
                 loss_sum += loss.detach().float()
                 share.step()
             train_time = time.perf_counter() - epoch_start
@@ -461,7 +522,7 @@ def train_trial(
         def get_state(epoch_done: int = epoch + 1) -> dict[str, Any]:
             return {
                 "model": model.state_dict(),
-                "optimizer": optimizer.state_dict(),
+                "optimizer": _portable(optimizer.state_dict()),
                 "scaler": scaler.state_dict(),
                 "rng": torch.get_rng_state(),
                 "epoch": epoch_done,

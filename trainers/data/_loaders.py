@@ -150,6 +150,16 @@ class _SeededEpochIterator(EpochIterator):
                 except Full:
                     pass
 
+    def run_pipeline(self, b_ix, batch_indices, batch_slot, cuda_event):
+        # FFCV 1.0.2 decodes a batch into its slot's pinned host buffer, then copies it to the GPU
+        # on the slot's stream without blocking, but never waits for the slot's previous copy
+        # before decoding over that copy's source. When the GPU runs behind the host (a GPU-bound
+        # step: a CUDA-graphed one left the host 10+ batches ahead) that copy would carry a newer
+        # batch. Wait for it: this blocks only FFCV's thread, and only while it is that far ahead.
+        if IS_CUDA:
+            self.cuda_streams[batch_slot].synchronize()
+        return super().run_pipeline(b_ix, batch_indices, batch_slot, cuda_event)
+
     def _next_batch(self):
         """FFCV 1.0.2's ``EpochIterator.__next__``, plus the error hand-over."""
         item = self.output_queue.get()
