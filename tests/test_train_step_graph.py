@@ -16,6 +16,7 @@ from torch import nn
 
 import trainers.models  # noqa: F401  (registers the ls_* families)
 import trainers.train as train_module
+from tests.test_cuda_graph import _SyncsWithTheHost
 from trainers._cuda_graph import capture_train_step
 from trainers.config import SettingError, ThroughputSettings, TrainSettings, TrialConfig
 from trainers.data import DatasetRequest, prepare_dataset
@@ -145,18 +146,6 @@ def test_replays_update_the_weights_as_eager_steps_do(name, grad_clip, monkeypat
         step(batches[0][0][:8], batches[0][1][:8])
 
 
-class _SyncsWithTheHost(nn.Module):
-    """A forward that reads a value back to the host, as no CUDA graph can capture."""
-
-    def __init__(self):
-        super().__init__()
-        self.linear = nn.Linear(28, 10)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.linear(x.flatten(2).mean(1)[:, :28])
-        return y * float(y.abs().max())
-
-
 @needs_cuda
 def test_a_step_that_cannot_be_captured_trains_eagerly_and_says_so():
     model = _SyncsWithTheHost().cuda()
@@ -209,3 +198,21 @@ def test_a_graphed_trial_runs_the_compiled_model(synthetic):
     torch._dynamo.reset()
     assert graphed.history[0]["train_loss"] == pytest.approx(eager.history[0]["train_loss"], rel=2e-2)
     assert graphed.history[0]["val_acc"] == pytest.approx(eager.history[0]["val_acc"], abs=0.05)
+
+
+@needs_cuda
+@pytest.mark.parametrize("reparam_optimizer", ["fresh", "keep"])
+def test_a_graphed_t_cnn_is_captured_again_after_its_conversion(synthetic, reparam_optimizer):
+    """The T-CNN recast as GPSA at epoch 1: another model and optimizer, so another captured step;
+    it trains as the eager trial does, with AdamW's moments kept or fresh."""
+    def config(cuda_graph: bool) -> TrialConfig:
+        cfg = _config(synthetic, device="cuda", cuda_graph=cuda_graph, lr=2e-3)
+        return dataclasses.replace(cfg, model="ls_tcnn_nano",
+                                   model_args={"reparam_epoch": 1, "reparam_optimizer": reparam_optimizer})
+
+    eager = train_trial(config(False)).history
+    graphed = train_trial(config(True)).history
+    assert [m["converted"] for m in graphed] == [False, True]
+    for e, g in zip(eager, graphed, strict=True):
+        assert g["train_loss"] == pytest.approx(e["train_loss"], rel=1e-2)
+        assert g["val_acc"] == pytest.approx(e["val_acc"], abs=0.03)
