@@ -26,7 +26,9 @@ utilisation (the share of time a kernel was running) every 50 ms through each tr
 result reports its mean over the trial's epochs and over its whole wall time. --compile [MODE]
 sets `train.compile: true` (or MODE): each trial compiles its own model, as in a search (a
 process's later trials reuse the first one's compiled code), and the compute replica is compiled
-before its clock starts, so a trial's compiling counts as its overhead.
+before its clock starts, so a trial's compiling counts as its overhead. --cuda-graph sets
+`train.cuda_graph: true` (the whole step as one CUDA graph); the compute replica captures the
+same step before its clock starts and replays it.
 
     python -m benchmarks.trial_overhead --device cuda --skip-ray --train-fraction 1.0 --batch-size 256
     python -m benchmarks.trial_overhead --device cuda --skip-ray --train-fraction 1.0 --batch-size 256 \
