@@ -14,7 +14,7 @@ import torch
 
 from trainers.config import SettingError, ThroughputSettings, TrainSettings, TrialConfig
 from trainers.data import DatasetRequest, prepare_dataset
-from trainers.train import NonFiniteLossError, adamw, lr_at, train_trial, training_dtype
+from trainers.train import NonFiniteLossError, adamw, evaluate, lr_at, train_trial, training_dtype
 
 FAST_THROUGHPUT = ThroughputSettings(batch_size=16, warmup=1, repeats=2)
 
@@ -42,6 +42,26 @@ def test_lr_schedule():
     after = [lr_at(s, **kw) for s in range(10, 101)]
     assert all(a >= b for a, b in zip(after, after[1:]))
     assert lr_at(0, total_steps=10, warmup_steps=0, peak_lr=1.0, min_lr=0.0) == pytest.approx(1.0)
+
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU"))])
+def test_evaluate_matches_a_per_image_reference(device):
+    # Summed where the batches are (one sync at the end on a GPU): the same mean loss and
+    # accuracy as scoring each image on its own, over uneven batches, and nothing for no batches.
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(12, 5)).to(device)
+    batches = [(torch.randn(n, 3, 2, 2, device=device), torch.randint(0, 5, (n,), device=device)) for n in (7, 7, 3)]
+    no_autocast = lambda: torch.autocast(device, enabled=False)  # noqa: E731
+    loss, acc = evaluate(model, batches, autocast=no_autocast)
+    assert model.training  # left in training mode
+    with torch.no_grad():
+        per_image = [(torch.nn.functional.cross_entropy(model(x[i:i + 1]), y[i:i + 1]).item(),
+                      int(model(x[i:i + 1]).argmax()) == int(y[i])) for x, y in batches for i in range(len(y))]
+    assert loss == pytest.approx(sum(l for l, _ in per_image) / 17, rel=1e-5)
+    assert acc == sum(c for _, c in per_image) / 17 and isinstance(acc, float) and isinstance(loss, float)
+    assert evaluate(model, [], autocast=no_autocast) == (0.0, 0.0)
 
 
 def test_reports_once_per_epoch(synthetic):
