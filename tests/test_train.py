@@ -25,11 +25,13 @@ def synthetic(tmp_path_factory):
 
 
 def _config(data, **train) -> TrialConfig:
+    # On the CPU, also on a machine with a GPU: these tests check the CPU's paths (its
+    # precision, its reference model, its warnings); the CUDA tests ask for "cuda" themselves.
     epochs = train.pop("epochs", 2)
     patience = train.pop("patience", None)
     settings = TrainSettings(**{"batch_size": 64, "num_workers": 1, "warmup_epochs": 0.5, **train})
     return TrialConfig(model="ls_convit_nano", model_args={}, data=data, epochs=epochs, train=settings,
-                       throughput=FAST_THROUGHPUT, patience=patience, seed=0)
+                       throughput=FAST_THROUGHPUT, patience=patience, seed=0, device="cpu")
 
 
 def test_lr_schedule():

@@ -134,7 +134,16 @@ class _SeededEpochIterator(EpochIterator):
         self.augment = loader.augment
         self.aug_seed = aug_seed
         self.generator: torch.Generator | None = None
-        super().__init__(loader, order)  # starts the thread
+        # FFCV allocates this epoch's GPU buffers from the current stream's pool, where a block
+        # freed a moment ago can still be in use by kernels the GPU has not run yet (a graphed
+        # step leaves it many steps behind); its side streams then copied the first batches into
+        # them at once, and those kernels wrote over them (labels out of range, in a test). The
+        # first use of each slot waits for everything queued before the epoch started.
+        self.started: torch.cuda.Event | None = None
+        if IS_CUDA:
+            self.started = torch.cuda.Event()
+            self.started.record(torch.cuda.current_stream())
+        super().__init__(loader, order)  # allocates the buffers, starts the thread
 
     def run(self) -> None:
         # FFCV's thread dies silently on an error and the consumer then waits forever on the
@@ -158,6 +167,8 @@ class _SeededEpochIterator(EpochIterator):
         # batch. Wait for it: this blocks only FFCV's thread, and only while it is that far ahead.
         if IS_CUDA:
             self.cuda_streams[batch_slot].synchronize()
+            if cuda_event is None:  # the slot's first use this epoch (FFCV waits for nothing)
+                cuda_event = self.started
         return super().run_pipeline(b_ix, batch_indices, batch_slot, cuda_event)
 
     def _next_batch(self):
