@@ -50,8 +50,8 @@ def test_lr_schedule():
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs a CUDA GPU"))])
 def test_evaluate_matches_a_per_image_reference(device):
-    # Summed where the batches are (one sync at the end on a GPU): the same mean loss and
-    # accuracy as scoring each image on its own, over uneven batches, and nothing for no batches.
+    # The same mean loss and accuracy as scoring each image on its own, over uneven batches;
+    # nothing for no batches.
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(12, 5)).to(device)
     batches = [(torch.randn(n, 3, 2, 2, device=device), torch.randint(0, 5, (n,), device=device)) for n in (7, 7, 3)]

@@ -276,20 +276,17 @@ def _waited_for(batches: Iterable[Any], waited: list[float]) -> Iterator[Any]:
 def evaluate(model: nn.Module, loader, *, autocast) -> tuple[float, float]:
     """(mean cross-entropy, accuracy) over every image of ``loader``."""
     model.eval()
-    loss_sum = correct = None  # summed where the batches are: on a GPU, one sync at the end
+    loss_sum = torch.zeros((), dtype=torch.float64)
+    correct = 0
     count = 0
     for images, labels in loader:  # images (B, C, H, W) float, labels (B,) int64
         with autocast():
             logits = model(images)  # (B, num_classes)
-        batch_loss = nn.functional.cross_entropy(logits.float(), labels, reduction="sum").double()
-        batch_correct = (logits.argmax(dim=1) == labels).sum()  # int64
-        loss_sum = batch_loss if loss_sum is None else loss_sum + batch_loss
-        correct = batch_correct if correct is None else correct + batch_correct
+        loss_sum += nn.functional.cross_entropy(logits.float(), labels, reduction="sum").double().cpu()
+        correct += int((logits.argmax(dim=1) == labels).sum())
         count += labels.numel()
     model.train()
-    if count == 0:
-        return 0.0, 0.0
-    return float(loss_sum) / count, int(correct) / count
+    return float(loss_sum) / max(count, 1), correct / max(count, 1)
 
 
 def train_trial(

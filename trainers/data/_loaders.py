@@ -134,11 +134,12 @@ class _SeededEpochIterator(EpochIterator):
         self.augment = loader.augment
         self.aug_seed = aug_seed
         self.generator: torch.Generator | None = None
-        # FFCV allocates this epoch's GPU buffers from the current stream's pool, where a block
-        # freed a moment ago can still be in use by kernels the GPU has not run yet (a graphed
-        # step leaves it many steps behind); its side streams then copied the first batches into
-        # them at once, and those kernels wrote over them (labels out of range, in a test). The
-        # first use of each slot waits for everything queued before the epoch started.
+        # FFCV allocates this epoch's GPU buffers from the current stream's pool, where a freed
+        # block is handed out again at once, safe for that stream's later work only; FFCV's side
+        # streams copy the first batches into them without waiting for anything. So the first use
+        # of each slot waits for the work queued before the epoch. (A defence: an H200 scratch run
+        # with junk writes queued behind a 1 s kernel on reused blocks did not corrupt batches
+        # without it, by some ordering not pinned down; benchmarks/README.md, On a GPU.)
         self.started: torch.cuda.Event | None = None
         if IS_CUDA:
             self.started = torch.cuda.Event()
