@@ -46,7 +46,6 @@ def test_lr_schedule():
     assert lr_at(0, total_steps=10, warmup_steps=0, peak_lr=1.0, min_lr=0.0) == pytest.approx(1.0)
 
 
-
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs a CUDA GPU"))])
 def test_evaluate_matches_a_per_image_reference(device):
