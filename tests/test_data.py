@@ -444,6 +444,49 @@ def test_cuda_batches_stay_right_when_the_gpu_runs_behind(synthetic):
         torch.testing.assert_close(x.cpu(), ex, rtol=0, atol=0)
 
 
+def _gpu_buffers(epoch, *, slot: int | None = None) -> list[torch.Tensor]:
+    """The GPU buffers FFCV allocated for an epoch (one per slot for each ToDevice), or one slot's."""
+    per_op = [v for v in epoch.memory_allocations["operation"].values() if isinstance(v, list)]
+    return [t for per_slot in per_op for i, t in enumerate(per_slot) if t.is_cuda and slot in (None, i)]
+
+
+def _spans(tensors) -> set[tuple[int, int]]:
+    return {(t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()) for t in tensors}
+
+
+@pytest.mark.ffcv
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_epoch_waits_for_work_queued_on_the_memory_it_reuses(synthetic):
+    """An epoch's GPU buffers come from the current stream's pool, which hands out at once a block
+    the host freed while kernels queued on it have yet to run (validation starting behind the last
+    training step's backward). The first batch's copy must wait for them: FFCV's own events cover
+    every later one."""
+    kw = dict(batch_size=16, train=False, mean=synthetic.mean, std=synthetic.std, device="cuda", num_workers=2)
+    loader = make_loader(synthetic.val_path, **kw)
+    expected = [(x.cpu(), y.cpu()) for x, y in loader]
+    # Twice: the first time, a host allocation (pinned memory) in starting the epoch waits for the
+    # GPU's queue to drain; the second time, with torch's caches warm, nothing does.
+    for _ in range(2):
+        pool = torch.cuda.MemPool()  # a pool of only these blocks, so that the epoch gets them back
+        with torch.cuda.use_mem_pool(pool):
+            freed = [torch.empty_like(buffer) for buffer in _gpu_buffers(loader._last)]
+        torch.cuda.synchronize()
+        torch.cuda._sleep(1_000_000_000)  # about half a second of GPU work
+        for block in freed:
+            block.view(torch.uint8).fill_(255)  # queued behind it: labels of -1 once it runs
+        junk = _spans(freed)
+        del freed
+        with torch.cuda.use_mem_pool(pool):
+            epoch = iter(loader)
+        assert _spans(_gpu_buffers(epoch, slot=0)) <= junk  # the first batch's blocks, their fills queued
+        batches = list(epoch)
+        torch.cuda.synchronize()
+        for (x, y), (ex, ey) in zip(batches, expected, strict=True):
+            assert torch.equal(y.cpu(), ey)
+            torch.testing.assert_close(x.cpu(), ex, rtol=0, atol=0)
+        del epoch, batches
+
+
 @pytest.mark.ffcv
 def test_train_loader_order_and_augmentation_are_seeded(synthetic):
     kw = dict(batch_size=256, train=True, mean=synthetic.mean, std=synthetic.std, flip=True, pad_crop=2)

@@ -134,12 +134,11 @@ class _SeededEpochIterator(EpochIterator):
         self.augment = loader.augment
         self.aug_seed = aug_seed
         self.generator: torch.Generator | None = None
-        # FFCV allocates this epoch's GPU buffers from the current stream's pool, where a freed
-        # block is handed out again at once, safe for that stream's later work only; FFCV's side
-        # streams copy the first batches into them without waiting for anything. So the first use
-        # of each slot waits for the work queued before the epoch. (A defence: an H200 scratch run
-        # with junk writes queued behind a 1 s kernel on reused blocks did not corrupt batches
-        # without it, by some ordering not pinned down; benchmarks/README.md, On a GPU.)
+        # FFCV allocates this epoch's GPU buffers from the current stream's pool, which hands out at
+        # once a block the host freed while kernels queued on it have yet to run (validation starts
+        # behind the last training step's backward). FFCV's own events make every later copy wait
+        # for the consumer's stream, but not the first batch's: without this wait, that batch was
+        # overwritten by the queued kernels on an H100 (labels of -1: CUDA's label-range assert).
         self.started: torch.cuda.Event | None = None
         if IS_CUDA:
             self.started = torch.cuda.Event()
@@ -168,7 +167,7 @@ class _SeededEpochIterator(EpochIterator):
         # batch. Wait for it: this blocks only FFCV's thread, and only while it is that far ahead.
         if IS_CUDA:
             self.cuda_streams[batch_slot].synchronize()
-            if cuda_event is None:  # the slot's first use this epoch (FFCV waits for nothing)
+            if cuda_event is None:  # the epoch's first batch (FFCV waits for nothing)
                 cuda_event = self.started
         return super().run_pipeline(b_ix, batch_indices, batch_slot, cuda_event)
 
