@@ -464,8 +464,8 @@ def test_cuda_epoch_waits_for_work_queued_on_the_memory_it_reuses(synthetic):
     kw = dict(batch_size=16, train=False, mean=synthetic.mean, std=synthetic.std, device="cuda", num_workers=2)
     loader = make_loader(synthetic.val_path, **kw)
     expected = [(x.cpu(), y.cpu()) for x, y in loader]
-    # Twice: the first time, a host allocation (pinned memory) in starting the epoch waits for the
-    # GPU's queue to drain; the second time, with torch's caches warm, nothing does.
+    # Twice: on an H100 the first such start waited for the GPU's queue to drain (iter() took the
+    # half second; a first-time allocation, it seems) and hid the hazard; the second did not.
     for _ in range(2):
         pool = torch.cuda.MemPool()  # a pool of only these blocks, so that the epoch gets them back
         with torch.cuda.use_mem_pool(pool):
