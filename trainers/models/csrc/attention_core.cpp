@@ -80,18 +80,25 @@ template <int MR, int NV>
 inline void gemm_tile(const uint32_t* a, int64_t am, int64_t ap, const uint32_t* b, int64_t ldb, int64_t pairs,
                       float* c, int64_t ldc, float alpha) {
   __m512 acc[MR][NV];
+  UNROLLED
   for (int r = 0; r < MR; ++r)
+    UNROLLED
     for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_setzero_ps();
   for (int64_t p = 0; p < pairs; ++p) {
     __m512bh bv[NV];
+    UNROLLED
     for (int v = 0; v < NV; ++v) bv[v] = (__m512bh)_mm512_loadu_si512(b + p * ldb + v * kLanes);
+    UNROLLED
     for (int r = 0; r < MR; ++r) {
       const __m512bh av = (__m512bh)_mm512_set1_epi32(static_cast<int>(a[r * am + p * ap]));
+      UNROLLED
       for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], av, bv[v]);
     }
   }
   const __m512 va = _mm512_set1_ps(alpha);
+  UNROLLED
   for (int r = 0; r < MR; ++r)
+    UNROLLED
     for (int v = 0; v < NV; ++v) _mm512_storeu_ps(c + r * ldc + v * kLanes, _mm512_mul_ps(acc[r][v], va));
 }
 

@@ -165,19 +165,26 @@ template <int MR, int NV>
 inline void gemm_tile(const float* a, int64_t am, int64_t ap, const float* b, int64_t ldb, int64_t depth, float* c,
                       int64_t ldc, float alpha, int last, bool add) {
   vec acc[MR][NV];
+  UNROLLED
   for (int r = 0; r < MR; ++r)
+    UNROLLED
     for (int v = 0; v < NV; ++v) acc[r][v] = vec{};
   for (int64_t p = 0; p < depth; ++p) {
     vec bv[NV];
+    UNROLLED
     for (int v = 0; v < NV; ++v) bv[v] = load(b + p * ldb + v * kLanes);
+    UNROLLED
     for (int r = 0; r < MR; ++r) {
       const vec av = splat(a[r * am + p * ap]);
+      UNROLLED
       for (int v = 0; v < NV; ++v) acc[r][v] += av * bv[v];
     }
   }
 #if defined(__AVX512F__)
   if (last < kLanes) {
+    UNROLLED
     for (int r = 0; r < MR; ++r) {
+      UNROLLED
       for (int v = 0; v < NV - 1; ++v) store(c + r * ldc + v * kLanes, acc[r][v] * alpha);
       store_part(c + r * ldc + (NV - 1) * kLanes, acc[r][NV - 1] * alpha, last);
     }
@@ -185,11 +192,15 @@ inline void gemm_tile(const float* a, int64_t am, int64_t ap, const float* b, in
   }
 #endif
   if (add) {
+    UNROLLED
     for (int r = 0; r < MR; ++r)
+      UNROLLED
       for (int v = 0; v < NV; ++v) store(c + r * ldc + v * kLanes, load(c + r * ldc + v * kLanes) + acc[r][v] * alpha);
     return;
   }
+  UNROLLED
   for (int r = 0; r < MR; ++r)
+    UNROLLED
     for (int v = 0; v < NV; ++v) store(c + r * ldc + v * kLanes, acc[r][v] * alpha);
 }
 

@@ -8,6 +8,13 @@
 
 #include <cstdint>
 
+// Before a loop over a GEMM tile's rows or vectors: unrolled whole, so its accumulators, indexed by
+// constants only, stay in registers. Where one of those loops stayed a loop, GCC kept the whole
+// accumulator array on the stack, zeroing it before the product and storing it after (seen in both
+// kernels' disassembly). Unrolled, the GPSA layer's step ran 1.045x faster in float32 and 1.01-1.04x
+// in bf16 (Zen 4, B 256, N 49, C 96, the two builds alternating in one process), bit for bit the same.
+#define UNROLLED _Pragma("GCC unroll 64")
+
 namespace {
 
 // A strided matrix: row i at base + i * stride
