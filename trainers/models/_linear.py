@@ -23,8 +23,12 @@ rule above on the 2-core Zen 5 EPYC: 12,544 rows 96 -> 288 1.62 vs 2.43 ms, 96 -
 at larger widths 1.14-1.21x (ViT-B's 768 -> 3072 at 12,608 rows: 216 vs 245 ms), the one shape not
 ahead 12,544 rows 768 -> 192 (11.0 vs 10.9 ms). `USE_WEIGHT_GRAD_KERNEL = False` turns it off.
 
-Where MKL's AVX-512 code runs (Intel), where neither library has AVX-512, and on Zen 4 (whose
-512-bit FMAs run as two 256-bit halves, so AVX2 code reaches the same peak) torch's path is kept:
+On Zen 4, whose 512-bit FMAs run as two 256-bit halves (so AVX2 code could reach the same peak),
+oneDNN still wins: on a 2-core Zen 4 EPYC (2026-11-27, whole models, the two paths alternating in one
+process, 10-30 repeats) float32 inference / training ls_convit_micro (batch 256) 1.13x / 1.13x,
+ls_gmm_micro 1.25x / 1.15x, ls_refiner_micro 1.20x / 1.11x, ls_convit_tiny (224 px, batch 8)
+1.07-1.08x / 1.03x, the outputs the same up to float32 rounding (8e-7).
+Where MKL's AVX-512 code runs (Intel) and where neither library has AVX-512, torch's path is kept:
 those were not measured to gain; except float32 inference on Intel's AVX-512 CPUs, where the packed
 weights and the fused GELU below gain a little (`onednn_inference_beats_mkl_here`). Under CPU autocast `F.linear` runs in bf16 on oneDNN already, so
 this rule is for float32 only. `USE_ONEDNN_FP32 = False` turns it off (the benchmarks' side-by-side
@@ -104,13 +108,11 @@ def _cpu_vendor_and_family() -> tuple[str, int | None]:
 
 @functools.lru_cache(maxsize=None)
 def onednn_beats_mkl_here() -> bool:
-    """Whether this CPU is one where MKL runs AVX2 code and oneDNN full-width AVX-512: AVX-512 (as
-    torch's dispatch sees it) on a vendor other than Intel, but not AMD's family 25 (Zen 4 runs a
-    512-bit FMA as two 256-bit halves, so AVX2 code reaches the same peak there: not measured to
-    gain), with oneDNN present and not capped below AVX-512."""
-    vendor, family = _cpu_vendor_and_family()
-    return (_onednn_runs_avx512_here() and vendor not in ("", "GenuineIntel")
-            and not (vendor == "AuthenticAMD" and family == 25))
+    """Whether this CPU is one where MKL runs AVX2 code and oneDNN AVX-512: AVX-512 (as torch's
+    dispatch sees it) on a vendor other than Intel (AMD's Zen 4 and Zen 5), with oneDNN present and
+    not capped below AVX-512."""
+    vendor, _ = _cpu_vendor_and_family()
+    return _onednn_runs_avx512_here() and vendor not in ("", "GenuineIntel")
 
 
 @functools.lru_cache(maxsize=None)
