@@ -33,7 +33,7 @@ with the kernel's forward keeping no softmax maps for the backward (`KEPT_MAPS_B
 backward recomputes them as it does over that budget: `ratio_kept_maps_gain` = recomputing / ours.
 
 Ours with MKL's float32 projections (same rotation, fp32, on a CPU where `trainers/models/_linear.py`
-puts them on oneDNN: full-width AVX-512 where MKL runs AVX2 code, AMD's Zen 5): the same layer apart with torch's
+puts them on oneDNN: AVX-512 where MKL runs AVX2 code, AMD's Zen 4 and 5): the same layer apart with torch's
 `F.linear` for its projections, `ratio_onednn_linear_gain` = MKL / oneDNN (both apart), and
 `ratio_timm_over_ours_mkl_linear` (timm / ours on the GEMM library timm uses). There too, where the
 float32 kernel is built, ours with the weight gradients of its projections on oneDNN or MKL instead of

@@ -69,7 +69,7 @@ and micro groups add "torch-inference-ops ls_convit_*": the same model with thos
 plain weights (not the kept packed ones, `_linear.PACK_WEIGHTS`), and `inference_ops_gain` (with
 over without; only the inference columns take those paths, training reads about 1).
 On a CPU where our float32 linears run on oneDNN (`trainers/models/_linear.py`: full-width
-AVX-512 where MKL runs AVX2 code, AMD's Zen 5) and fp32 is timed, the convit and tiny groups add "MKL-linear
+AVX-512 where MKL runs AVX2 code, AMD's Zen 4 and 5) and fp32 is timed, the convit and tiny groups add "MKL-linear
 ls_convit_tiny" (the same model on torch's `F.linear`, MKL: `onednn_linear_gain`, with over
 without) and "oneDNN-linear <the DeiT>" (timm's DeiT with its nn.Linear layers swapped for ours,
 same weights: the architecture against the same GEMMs, `over_onednn_linear_deit`), since timm's
