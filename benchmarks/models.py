@@ -74,6 +74,10 @@ ls_convit_tiny" (the same model on torch's `F.linear`, MKL: `onednn_linear_gain`
 without) and "oneDNN-linear <the DeiT>" (timm's DeiT with its nn.Linear layers swapped for ours,
 same weights: the architecture against the same GEMMs, `over_onednn_linear_deit`), since timm's
 own models keep MKL there.
+Where bf16 inference's linears run on the bf16 kernel instead of oneDNN (`_linear`: Zen 4) and bf16
+is timed, the convit and micro groups add "oneDNN-bf16-linear ls_convit_*": the same model with
+them on oneDNN (`_linear.USE_BF16_KERNEL_LINEAR` off), and `kernel_linear_gain` (with over without;
+only the bf16 inference column takes the path, the others read about 1).
 """
 
 from __future__ import annotations
@@ -100,6 +104,7 @@ TORCH_OPS_CORE = "torch-ops-core "  # label prefix: a CPU ls_convit/ls_gmm witho
 NCHW = "NCHW "  # label prefix: a CPU T-CNN in NCHW instead of the channels_last a trial runs it in
 MKL_LINEAR = "MKL-linear "  # label prefix: a CPU ls_* model with its float32 linears on F.linear (MKL)
 ONEDNN_LINEAR = "oneDNN-linear "  # label prefix: a timm model with its nn.Linear layers as ours (oneDNN)
+ONEDNN_BF16_LINEAR = "oneDNN-bf16-linear "  # label prefix: a CPU ls_* model with bf16 inference's linears on oneDNN, not the kernel
 TORCH_INFERENCE_OPS = "torch-inference-ops "  # label prefix: a CPU ls_* model with its inference norms and linears' fusions on torch's ops
 
 
@@ -175,6 +180,10 @@ def _with_torch_inference_ops(model: torch.nn.Module) -> torch.nn.Module:
                         (_common, "USE_NORM_KERNEL"))
 
 
+def _with_onednn_bf16_linears(model: torch.nn.Module) -> torch.nn.Module:
+    return _WithPathOff(model, (_linear, "USE_BF16_KERNEL_LINEAR"))
+
+
 def _with_onednn_linears(model: torch.nn.Module) -> torch.nn.Module:
     """`model` with each `nn.Linear` recast as our `Linear` (same parameters; as `Mlp` does)."""
     for module in model.modules():
@@ -190,6 +199,13 @@ def _inference_ops_timed(cuda: bool, precisions: tuple[str, ...]) -> bool:
     bf16 = ("bf16" in precisions and _linear.onednn_runs_bf16_here()
             and _attention_kernel.kernels(torch.bfloat16) is not None)
     return not cuda and (bf16 or "fp32" in precisions and _attention_kernel.kernels(torch.float32) is not None)
+
+
+def _kernel_linears_timed(cuda: bool, precisions: tuple[str, ...]) -> bool:
+    """Whether bf16 inference's linears run on the bf16 kernel here, bf16 timed (`_linear`)."""
+    return (not cuda and "bf16" in precisions and _linear.USE_BF16_KERNEL_LINEAR
+            and _linear.onednn_runs_bf16_here() and _linear.kernel_bf16_linear_beats_onednn_here()
+            and _attention_kernel.kernels(torch.bfloat16) is not None)
 
 
 def _onednn_linears_timed(cuda: bool, precisions: tuple[str, ...]) -> bool:
@@ -230,6 +246,8 @@ def _group(name: str, *, cuda: bool = False, precisions: tuple[str, ...] = ("fp3
                 builders[TORCH_OPS_CORE + "ls_convit_tiny"] = lambda: _with_torch_ops_core(pair()[1])
         if _inference_ops_timed(cuda, precisions):
             builders[TORCH_INFERENCE_OPS + "ls_convit_tiny"] = lambda: _with_torch_inference_ops(pair()[1])
+        if _kernel_linears_timed(cuda, precisions):
+            builders[ONEDNN_BF16_LINEAR + "ls_convit_tiny"] = lambda: _with_onednn_bf16_linears(pair()[1])
         if _onednn_linears_timed(cuda, precisions):
             builders[MKL_LINEAR + "ls_convit_tiny"] = lambda: _with_mkl_linears(pair()[1])
             builders[ONEDNN_LINEAR + "deit_tiny_patch16_224"] = lambda: _with_onednn_linears(
@@ -280,6 +298,8 @@ def _group(name: str, *, cuda: bool = False, precisions: tuple[str, ...] = ("fp3
             builders[FUSED_MHSA + "ls_convit_micro"] = lambda: _with_fused_mhsa(convit_micro())
             if _inference_ops_timed(cuda, precisions):
                 builders[TORCH_INFERENCE_OPS + "ls_convit_micro"] = lambda: _with_torch_inference_ops(convit_micro())
+            if _kernel_linears_timed(cuda, precisions):
+                builders[ONEDNN_BF16_LINEAR + "ls_convit_micro"] = lambda: _with_onednn_bf16_linears(convit_micro())
             if _any_cpu_kernel(precisions):
                 builders[TORCH_OPS_CORE + "ls_convit_micro"] = lambda: _with_torch_ops_core(convit_micro())
                 # GMM attention: on the kernel of its GEMMs' dtype where it is built, else its torch ops either way
@@ -437,7 +457,7 @@ def run_group(name: str, *, batch: int, repeats: int, warmup: int, device: str, 
     for label in models:
         for prefix, key in ((FUSED_MHSA, "explicit_core_gain"), (TORCH_OPS_CORE, "cpu_kernel_gain"),
                             (NCHW, "channels_last_gain"), (MKL_LINEAR, "onednn_linear_gain"),
-                            (TORCH_INFERENCE_OPS, "inference_ops_gain")):
+                            (TORCH_INFERENCE_OPS, "inference_ops_gain"), (ONEDNN_BF16_LINEAR, "kernel_linear_gain")):
             if label.startswith(prefix):
                 out.setdefault(key, {})[label[len(prefix):]] = pair_ratios(out, label[len(prefix):], label)
         if label.startswith(ONEDNN_LINEAR + "deit"):  # our families against the DeiT on the same GEMMs
@@ -489,6 +509,9 @@ def _print_group(group: str, batch: int, r: dict) -> None:
         print(f"  {label}, channels_last / NCHW: " + ", ".join(f"{key} {v:.2f}x" for key, v in ratios.items()))
     for label, ratios in r.get("inference_ops_gain", {}).items():
         print(f"  {label}, inference norms and linears' fusions on / on torch's ops: "
+              + ", ".join(f"{key} {v:.2f}x" for key, v in ratios.items()))
+    for label, ratios in r.get("kernel_linear_gain", {}).items():
+        print(f"  {label}, bf16 inference linears on the bf16 kernel / on oneDNN: "
               + ", ".join(f"{key} {v:.2f}x" for key, v in ratios.items()))
     for label, ratios in r.get("onednn_linear_gain", {}).items():
         print(f"  {label}, float32 linears on oneDNN / on MKL: " + ", ".join(f"{key} {v:.2f}x" for key, v in ratios.items()))

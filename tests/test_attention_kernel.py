@@ -309,6 +309,11 @@ class _CustomOps(TorchDispatchMode):
     def seen(self) -> set[str]:
         return set(self.calls)
 
+    @property
+    def core_calls(self) -> dict[str, int]:
+        """The attention core's ops only (bf16 inference may also run its linears on the kernel)."""
+        return {name: n for name, n in self.calls.items() if ".attention_" in name}
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func.namespace.startswith("locality_search"):
             self.calls[f"{func.namespace}.{func.overloadpacket.__name__}"] += 1
@@ -489,8 +494,8 @@ def test_gmm_attention_under_bf16_autocast_runs_the_bf16_kernel_as_close_to_floa
     with _CustomOps() as recorder:
         fused = run(layer, torch.float32, True)
     namespace = _attention_kernel._KERNELS[torch.bfloat16].namespace
-    assert recorder.calls == ({f"{namespace}.attention_forward": 1, f"{namespace}.attention_backward": 1}
-                              if train else {f"{namespace}.attention_forward": 1})
+    assert recorder.core_calls == ({f"{namespace}.attention_forward": 1, f"{namespace}.attention_backward": 1}
+                                   if train else {f"{namespace}.attention_forward": 1})
     monkeypatch.setattr(_attention_kernel, "USE_FUSED_KERNEL", False)
     separate = run(layer, torch.float32, True)
     names = ["out", "x"] + [name for name, _ in layer.named_parameters()] if train else ["out"]

@@ -1,7 +1,10 @@
-"""`trainers.models._linear`: float32 linear layers on oneDNN where MKL runs AVX2 code.
+"""`trainers.models._linear`: float32 linear layers on oneDNN where MKL runs AVX2 code, and bf16
+inference on oneDNN or on the bf16 kernel's linear.
 
-The path is forced on here (`onednn_beats_mkl_here` patched True), so it is checked on every CPU,
-not only the AMD AVX-512 ones where models take it by default: oneDNN runs on any x86 CPU."""
+The oneDNN float32 path is forced on here (`onednn_beats_mkl_here` patched True), so it is checked
+on every CPU, not only the AMD AVX-512 ones where models take it by default: oneDNN runs on any x86
+CPU. bf16 inference is tested on oneDNN everywhere (`USE_BF16_KERNEL_LINEAR` off but in the bf16
+kernel's own section, which forces that path on wherever the kernel is built)."""
 from __future__ import annotations
 
 import copy
@@ -29,6 +32,12 @@ pytestmark = pytest.mark.skipif(not (torch.backends.mkldnn.is_available()
 @pytest.fixture
 def onednn_here(monkeypatch):
     monkeypatch.setattr(_linear, "onednn_beats_mkl_here", lambda: True)
+
+
+@pytest.fixture(autouse=True)
+def bf16_inference_on_onednn(monkeypatch):
+    """bf16 inference on oneDNN, whatever the CPU (the bf16 kernel's section turns its path back on)."""
+    monkeypatch.setattr(_linear, "USE_BF16_KERNEL_LINEAR", False)
 
 
 def _float64_reference(x, weight, bias, upstream):
@@ -587,3 +596,165 @@ def test_models_keep_every_large_weight_packed_for_inference(onednn_here, monkey
     stepped, reorders = infer()
     assert reorders == products
     assert torch.equal(stepped, infer(pack=False)[0]) and not torch.equal(stepped, first)
+
+
+# --- bf16 inference on the bf16 kernel's linear (csrc/linear_bf16.h) -----------------------------
+
+KERNEL_LINEAR = "locality_search.linear_bf16"
+
+
+@pytest.fixture
+def kernel_linear(monkeypatch, onednn_bf16):
+    """The bf16 kernel's linear forced on (where the bf16 kernel is built: AVX512-BF16)."""
+    from trainers.models import _attention_kernel
+
+    if _attention_kernel.kernels(torch.bfloat16) is None:
+        pytest.skip(f"the bf16 CPU kernel is not built here: {_attention_kernel.build_error(torch.bfloat16)}")
+    monkeypatch.setattr(_linear, "USE_BF16_KERNEL_LINEAR", True)
+    monkeypatch.setattr(_linear, "kernel_bf16_linear_beats_onednn_here", lambda: True)
+
+
+def _rounded_once(x, weight, bias, gelu: bool) -> torch.Tensor:
+    """The float64 product of the bf16-rounded operands (the bias rounded too, as autocast casts it),
+    the exact GELU after it if asked, rounded to bf16 once."""
+    out = F.linear(*(None if t is None else t.bfloat16().double() for t in (x, weight, bias)))
+    return (F.gelu(out) if gelu else out).bfloat16()
+
+
+@pytest.mark.parametrize("case", ["autocast", "bf16 tensors"])
+@pytest.mark.parametrize("gelu", [False, True])
+@pytest.mark.parametrize("shape, out_features, with_bias", [
+    ((8, 197, 192), 576, True),   # ConViT-Ti's qkv: 9 groups of 64 columns; 1,576 rows, a 4-row tail tile
+    ((300, 96), 160, False),      # 2 groups of 64 + one of 32 columns; 300 rows = 3 blocks of 96 + 12
+    ((2, 3, 40, 64), 48, True),   # 3 vectors of columns (8-row tiles)
+    ((5, 66), 16, True),          # one vector (12-row tiles), a single 5-row tile
+])
+def test_kernel_linear_is_the_float64_product_rounded_once(kernel_linear, case, gelu, shape, out_features, with_bias):
+    """One kernel op (no oneDNN, addmm, mm or GELU op) whose output is the float64 product of the bf16
+    operands (plus the bias, then the exact GELU) rounded to bf16 once: the float32 sums differ in
+    the last bits, so a rare output is one bf16 step off."""
+    torch.manual_seed(0)
+    x, weight = torch.randn(*shape), torch.randn(out_features, shape[-1]) / shape[-1] ** 0.5
+    x, weight, bias = _bf16_operands(case, x, weight, torch.randn(out_features) if with_bias else None)
+    expected = _rounded_once(x, weight, bias, gelu)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=case == "autocast"), torch.inference_mode():
+        with OpCalls() as ops:
+            out = _linear.linear(x, weight, bias, gelu=gelu)
+    assert ops.calls.get(KERNEL_LINEAR) == 1 and ONEDNN not in ops.calls
+    assert not {"aten.gelu", "aten.gelu_", "aten.addmm", "aten.mm"} & set(ops.calls)
+    assert out.dtype == torch.bfloat16 and out.shape == (*shape[:-1], out_features)
+    assert (out == expected).double().mean() > 0.99
+    torch.testing.assert_close(out.float(), expected.float(), atol=1e-6, rtol=2 ** -7)
+
+
+def test_kernel_linear_reads_rows_at_any_offset(kernel_linear):
+    """bf16 rows starting at an odd element (not 32-bit aligned, as the kernel reads pairs) are
+    copied first, not misread."""
+    torch.manual_seed(0)
+    flat = torch.randn(300 * 96 + 1).bfloat16()
+    x, weight = flat[1:].view(300, 96), torch.randn(64, 96).bfloat16()
+    assert x.data_ptr() % 4 == 2
+    with torch.inference_mode():
+        with OpCalls() as ops:
+            out = _linear.linear(x, weight)
+    assert ops.calls.get(KERNEL_LINEAR) == 1
+    torch.testing.assert_close(out.float(), _rounded_once(x, weight, None, False).float(), atol=1e-6, rtol=2 ** -7)
+
+
+@pytest.mark.parametrize("case", ["columns not in vectors", "odd in_features", "inference tensor", "view",
+                                  "switched off", "not measured here"])
+def test_where_bf16_inference_keeps_onednn(kernel_linear, monkeypatch, case):
+    """The kernel takes whole vectors of output columns (a multiple of 16: not a 1000-class head),
+    bf16 pairs along in_features (even), and weights it can keep in its layout (tracked: not
+    inference tensors, not views); else, switched off, or on CPUs where it was not measured to win,
+    oneDNN runs the product, with the same result up to the last bits."""
+    torch.manual_seed(0)
+    out_features, in_features = {"columns not in vectors": (1000, 96), "odd in_features": (64, 95)}.get(case, (64, 96))
+    x = torch.randn(300, in_features)
+    weight = torch.randn(in_features, out_features).t() if case == "view" else torch.randn(out_features, in_features)
+    if case == "switched off":
+        monkeypatch.setattr(_linear, "USE_BF16_KERNEL_LINEAR", False)
+    if case == "not measured here":
+        monkeypatch.setattr(_linear, "kernel_bf16_linear_beats_onednn_here", lambda: False)
+    with torch.autocast("cpu", dtype=torch.bfloat16), torch.inference_mode():
+        if case == "inference tensor":
+            weight = torch.randn(out_features, in_features)
+        with OpCalls() as ops:
+            out = _linear.linear(x, weight)
+    assert ops.calls.get(ONEDNN) == 1 and KERNEL_LINEAR not in ops.calls
+    torch.testing.assert_close(out.float(), _rounded_once(x, weight, None, False).float(), atol=1e-6, rtol=2 ** -7)
+
+
+def test_kernel_linear_keeps_its_weight_and_follows_its_changes(kernel_linear):
+    """The weight is laid out for the kernel once and reused; an in-place change (an optimizer step,
+    load_state_dict) makes a new layout, and the output follows it. Float32 and oneDNN's bf16
+    layouts, kept beside it, are not mixed up with it."""
+    torch.manual_seed(0)
+    layer, x = _linear.Linear(96, 384), torch.randn(2, 700, 96)
+
+    def infer() -> tuple[torch.Tensor, torch.Tensor]:
+        with torch.autocast("cpu", dtype=torch.bfloat16), torch.inference_mode():
+            out = layer(x)
+        return out, _linear._packed_weights[layer.weight][_linear._KERNEL_BF16][1]
+
+    first, kept = infer()
+    again, kept_again = infer()
+    assert kept_again is kept and torch.equal(again, first)
+    assert kept.shape == (48, 384) and kept.dtype == torch.int32
+    optimizer = torch.optim.AdamW(layer.parameters(), lr=0.5, fused=True)  # as the trials step
+    layer(x).square().sum().backward()
+    optimizer.step()
+    stepped, kept_stepped = infer()
+    assert kept_stepped is not kept and not torch.equal(stepped, first)
+    torch.testing.assert_close(stepped.float(), _rounded_once(x, layer.weight, layer.bias, False).float(),
+                               atol=1e-6, rtol=2 ** -7)
+    with torch.no_grad():
+        layer.weight.mul_(2.0)
+    doubled, kept_doubled = infer()
+    assert kept_doubled is not kept_stepped
+    torch.testing.assert_close(doubled.float(), _rounded_once(x, layer.weight, layer.bias, False).float(),
+                               atol=1e-6, rtol=2 ** -7)
+
+
+def test_kernel_linear_op_refuses_what_it_cannot_take(kernel_linear):
+    from trainers.models import _attention_kernel
+
+    op = _attention_kernel.kernels(torch.bfloat16).linear_bf16
+    x, packed = torch.randn(10, 96).bfloat16(), torch.zeros(48, 64, dtype=torch.int32)
+    with pytest.raises(RuntimeError, match="packed contiguous int32"):
+        op(x, torch.zeros(47, 64, dtype=torch.int32), None, False)  # K / 2 rows
+    with pytest.raises(RuntimeError, match="multiple of 16"):
+        op(x, torch.zeros(48, 40, dtype=torch.int32), None, False)
+    with pytest.raises(RuntimeError, match="x contiguous bf16"):
+        op(x.float(), packed, None, False)
+    with pytest.raises(RuntimeError, match="bias contiguous bf16"):
+        op(x, packed, torch.zeros(64), False)
+
+
+def test_flop_counter_counts_the_kernel_linear_as_f_linear(kernel_linear):
+    x, weight, bias = torch.randn(300, 96), torch.randn(160, 96), torch.randn(160)
+    with torch.autocast("cpu", dtype=torch.bfloat16), torch.inference_mode():
+        with OpCalls() as ops:
+            _linear.linear(x, weight, bias)
+        assert ops.calls.get(KERNEL_LINEAR) == 1
+        with FlopCounterMode(display=False) as counted:
+            _linear.linear(x, weight, bias)
+    assert counted.get_total_flops() == 2 * 300 * 96 * 160
+
+
+def test_models_on_the_kernel_linear_are_as_close_to_float32_as_on_onednn(kernel_linear, monkeypatch):
+    """ls_convit_micro's bf16 inference with its linears on the kernel: near oneDNN's logits, and no
+    further from float32's than they are (give or take bf16 noise)."""
+    torch.manual_seed(0)
+    model = timm.create_model("ls_convit_micro", num_classes=10).eval()
+    x = torch.randn(16, 1, 28, 28)
+    with torch.inference_mode():
+        full = model(x)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            with OpCalls() as ops:
+                kernel = model(x)
+            assert ops.calls.get(KERNEL_LINEAR, 0) >= 4 * len(model.blocks) - 1  # GPSA's fused qkv too
+            monkeypatch.setattr(_linear, "USE_BF16_KERNEL_LINEAR", False)
+            onednn = model(x)
+    torch.testing.assert_close(kernel.float(), onednn.float(), atol=0.05, rtol=0.05)
+    assert (kernel.float() - full).abs().max() <= 1.5 * (onednn.float() - full).abs().max()

@@ -180,7 +180,7 @@ def _register_flop_formulas(ops: Any) -> None:
     built. The attention core: its two products (GPSA's mix and a mask are elementwise, uncounted
     on torch ops too). GPSA's fused layer: those and its two linears (q, k, v and the output). The
     Refiner: its expand, k x k taps per patch key and reduce per row. A linear's weight gradient
-    (a training step counted in full): the mm it replaces."""
+    (a training step counted in full), and bf16 inference's linear: the mm they replace."""
     @register_flop_formula(ops.attention_forward)
     def _attention(qkv_shape, *args, **kwargs) -> int:
         _, batch, heads, tokens, dim = qkv_shape
@@ -190,6 +190,12 @@ def _register_flop_formulas(ops: Any) -> None:
         @register_flop_formula(ops.linear_weight_grad)
         def _weight_grad(grad_shape, input_shape, **kwargs) -> int:
             return 2 * grad_shape[0] * grad_shape[1] * input_shape[1]
+
+    if hasattr(ops, "linear_bf16"):  # bf16 inference's linear: the F.linear it replaces
+        @register_flop_formula(ops.linear_bf16)
+        def _linear_bf16(x_shape, packed_shape, *args, **kwargs) -> int:
+            rows, in_features = x_shape
+            return 2 * rows * in_features * packed_shape[1]
 
     if hasattr(ops, "gpsa_layer_forward"):  # GPSA's whole layer: its two linears and the core's products
         @register_flop_formula(ops.gpsa_layer_forward)

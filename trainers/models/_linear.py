@@ -44,6 +44,16 @@ ls_convit_tiny's fc1 (1,576 x 192 -> 768): F.linear + in-place GELU 642 us, fuse
 35.3 -> 34.5 ms (bias) -> 34.0 ms (and GELU), 15 alternating repeats. `USE_ONEDNN_BF16 = False`
 turns it off. With autograd recording (training), `F.linear` runs as before.
 
+On Zen 4 (AMD family 25 with AVX512-BF16 and no AMX), bf16 inference runs on the bf16 attention
+kernel's linear instead (`csrc/linear_bf16.h`: its dot-product tiles, the bias and the exact GELU
+applied to the float32 sums in registers before the one rounding to bf16), with the weight kept as
+the tiles read it (`_kernel_weight`). Same operands, same single rounding, another summation order
+than oneDNN's (so not bit for bit: within one bf16 step of the float64 product, tested). On the
+2-core Zen 4 EPYC, side by side: at ls_convit_tiny's shapes (1,568 rows) 192 -> 576 762 vs 807 us,
+192 -> 192 253 vs 282, 768 -> 192 1,006 vs 1,060, fc1 with its GELU 1,194 vs 1,293 us (oneDNN's
+fused GELU costs 240 us, the kernel's 185). Not measured elsewhere, so other CPUs keep oneDNN (on
+AMX it runs tiles these dot products cannot match). `USE_BF16_KERNEL_LINEAR = False` turns it off.
+
 float32 inference on oneDNN (the rule above) fuses fc1's GELU into the product too: oneDNN's
 float32 GELU is the one torch's own F.gelu runs on a contiguous float32 tensor, so the output is
 bit for bit the same (tested). On the 2-core Zen 5 EPYC at ls_convit_micro's fc1 (12,800 x 96 ->
@@ -79,8 +89,9 @@ from trainers._cpu import cpu_family, cpuinfo_field
 from trainers.models import _attention_kernel
 from trainers.models._kept import parameters_key
 
-__all__ = ["FUSE_GELU", "Linear", "PACK_WEIGHTS", "USE_ONEDNN_BF16", "USE_ONEDNN_FP32", "USE_WEIGHT_GRAD_KERNEL", "linear",
-           "cpu_autocast_to_bf16", "onednn_beats_mkl_here", "onednn_inference_beats_mkl_here", "onednn_runs_bf16_here", "records_autograd"]
+__all__ = ["FUSE_GELU", "Linear", "PACK_WEIGHTS", "USE_BF16_KERNEL_LINEAR", "USE_ONEDNN_BF16", "USE_ONEDNN_FP32",
+           "USE_WEIGHT_GRAD_KERNEL", "linear", "cpu_autocast_to_bf16", "kernel_bf16_linear_beats_onednn_here",
+           "onednn_beats_mkl_here", "onednn_inference_beats_mkl_here", "onednn_runs_bf16_here", "records_autograd"]
 
 USE_ONEDNN_FP32 = True
 USE_ONEDNN_BF16 = True
@@ -89,6 +100,8 @@ FUSE_GELU = True
 # False: the inference paths hand oneDNN the plain weight on every call (see _packed_weight)
 PACK_WEIGHTS = True
 USE_WEIGHT_GRAD_KERNEL = True
+# False: bf16 inference runs on oneDNN where the bf16 kernel's linear would (see the module doc)
+USE_BF16_KERNEL_LINEAR = True
 # the float32 kernel's lanes where this module's path runs (AVX-512: onednn_beats_mkl_here asks for it)
 _KERNEL_LANES = 16
 MIN_MULTIPLY_ADDS = 1 << 21  # below: MKL (oneDNN's ~10 us per call loses at M 100, 96 -> 96: 0.68x)
@@ -113,6 +126,15 @@ def onednn_beats_mkl_here() -> bool:
     not capped below AVX-512."""
     vendor, _ = _cpu_vendor_and_family()
     return _onednn_runs_avx512_here() and vendor not in ("", "GenuineIntel")
+
+
+@functools.lru_cache(maxsize=None)
+def kernel_bf16_linear_beats_onednn_here() -> bool:
+    """Whether bf16 inference's linears run on the bf16 kernel here rather than on oneDNN: AMD
+    family 25 (Zen 4; Zen 3 has no bf16 kernel) without AMX tiles, where it was measured to win."""
+    vendor, family = _cpu_vendor_and_family()
+    has_amx = bool(getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)())
+    return vendor == "AuthenticAMD" and family == 25 and not has_amx
 
 
 @functools.lru_cache(maxsize=None)
@@ -142,25 +164,43 @@ def _onednn(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
 _packed_weights = WeakIdKeyDictionary()
 
 
-def _packed_weight(weight: torch.Tensor, dtype: torch.dtype, rows: int) -> torch.Tensor:
-    """`weight` (N, K) cast to `dtype` for oneDNN's linear op: in oneDNN's blocked layout, kept and
-    reused until the weight may have changed (`_kept.parameters_key`: its storage, version counter,
-    or an optimizer step), where that can be tracked; else the plain cast. Inference only (the
-    callers'): kept while the weight lives, one per dtype (a model timed in float32 and bf16 in
-    turn does not pack again at every switch).
-
-    Not kept: inference tensors (no version counter, so an in-place change would go unseen) and
-    views (a new object on every call, e.g. `w.t()`). `rows` is oneDNN's hint for the layout."""
-    if not PACK_WEIGHTS or weight.is_inference() or weight._is_view():
-        return weight.to(dtype)
+def _kept_derived(weight: torch.Tensor, kind: object, derive) -> Optional[torch.Tensor]:
+    """`derive(weight)` kept per `kind` and reused until the weight may have changed
+    (`_kept.parameters_key`: its storage, version counter, or an optimizer step); None where that
+    cannot be tracked: inference tensors (no version counter, so an in-place change would go unseen)
+    and views (a new object on every call, e.g. `w.t()`). Kept while the weight lives, one per kind
+    (a model timed in float32 and bf16 in turn does not derive again at every switch)."""
+    if weight.is_inference() or weight._is_view():
+        return None
     key = parameters_key(weight)
-    by_dtype = _packed_weights.setdefault(weight, {})
-    kept = by_dtype.get(dtype)
+    by_kind = _packed_weights.setdefault(weight, {})
+    kept = by_kind.get(kind)
     if kept is not None and kept[0] == key:
         return kept[1]
-    packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().to(dtype).contiguous(), rows)
-    by_dtype[dtype] = (key, packed)
-    return packed
+    derived = derive(weight.detach())
+    by_kind[kind] = (key, derived)
+    return derived
+
+
+def _packed_weight(weight: torch.Tensor, dtype: torch.dtype, rows: int) -> torch.Tensor:
+    """`weight` (N, K) cast to `dtype` for oneDNN's linear op: in oneDNN's blocked layout, kept
+    (`_kept_derived`) where it can be tracked; else the plain cast. Inference only (the callers').
+    `rows` is oneDNN's hint for the layout."""
+    packed = None
+    if PACK_WEIGHTS:
+        packed = _kept_derived(weight, dtype, lambda w: torch.ops.mkldnn._reorder_linear_weight(
+            w.to(dtype).contiguous(), rows))
+    return weight.to(dtype) if packed is None else packed
+
+
+_KERNEL_BF16 = "bf16 kernel"  # _packed_weights' kind for the weights the bf16 kernel's linear reads
+
+
+def _kernel_weight(weight: torch.Tensor) -> Optional[torch.Tensor]:
+    """`weight` (N, K) as the bf16 kernel's linear reads it, (K / 2, N) int32: each row's bf16 pairs
+    as words, transposed (`csrc/linear_bf16.h`); kept (`_kept_derived`), else None (oneDNN then)."""
+    return _kept_derived(weight, _KERNEL_BF16,
+                         lambda w: w.to(torch.bfloat16).contiguous().view(torch.int32).t().contiguous())
 
 
 class _OneDNNLinear(torch.autograd.Function):
@@ -230,14 +270,24 @@ def _takes_onednn_bf16(x: torch.Tensor, weight: torch.Tensor, bias: Optional[tor
             and x.numel() * weight.shape[0] >= BF16_MIN_MULTIPLY_ADDS)
 
 
-def _onednn_bf16(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], *, gelu: bool) -> torch.Tensor:
+def _bf16_inference(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], *, gelu: bool) -> torch.Tensor:
     """x (..., K) @ weight (N, K)^T + bias, then the exact GELU if asked, all cast to bf16 (as
-    autocast casts them), on oneDNN with the bias and GELU applied to the float32 sums: (..., N) bf16."""
+    autocast casts them), with the bias and GELU applied to the float32 sums: (..., N) bf16. On the
+    bf16 kernel's linear where it beats oneDNN here and takes the shapes, else on oneDNN."""
     bf16 = torch.bfloat16
     rows = x.reshape(-1, x.shape[-1]).to(bf16)  # (M, K)
-    weight_bf16 = _packed_weight(weight, bf16, rows.shape[0])
-    out = _onednn(rows, weight_bf16, None if bias is None else bias.to(bf16), gelu=gelu)
-    return out.view(*x.shape[:-1], weight.shape[0])
+    bias_bf16 = None if bias is None else bias.to(bf16)
+    out_features, in_features = weight.shape
+    if (USE_BF16_KERNEL_LINEAR and out_features % _KERNEL_LANES == 0 and in_features % 2 == 0
+            and kernel_bf16_linear_beats_onednn_here()):
+        kernel = _attention_kernel.kernels(bf16)
+        packed = None if kernel is None else _kernel_weight(weight)
+        if packed is not None:
+            if not (rows.is_contiguous() and rows.data_ptr() % 4 == 0):  # the kernel reads bf16 pairs as words
+                rows = rows.clone(memory_format=torch.contiguous_format)
+            return kernel.linear_bf16(rows, packed, bias_bf16, gelu).view(*x.shape[:-1], out_features)
+    out = _onednn(rows, _packed_weight(weight, bf16, rows.shape[0]), bias_bf16, gelu=gelu)
+    return out.view(*x.shape[:-1], out_features)
 
 
 def _takes_onednn(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> bool:
@@ -258,7 +308,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
     FUSE_GELU is off), else in place on the product."""
     fused_gelu = gelu and FUSE_GELU
     if _takes_onednn_bf16(x, weight, bias):
-        out = _onednn_bf16(x, weight, bias, gelu=fused_gelu)
+        out = _bf16_inference(x, weight, bias, gelu=fused_gelu)
     elif not _takes_onednn(x, weight, bias):
         out = F.linear(x, weight, bias)
         fused_gelu = False

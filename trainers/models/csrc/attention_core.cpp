@@ -53,6 +53,11 @@ inline void store_bf16(bf16* p, __m512 v, __mmask16 m) {  // round to nearest ev
   _mm256_mask_storeu_epi16(p, m, reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v)));
 }
 
+inline __m512 load_bf16_as_float(const bf16* p, __mmask16 m) {
+  const __m256i half = _mm256_maskz_loadu_epi16(m, p);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
+}
+
 // exp(x) for x <= 0 (scores minus their row's max), within 2 ulp of expf: Cephes' polynomial on
 // x - n ln 2, then scaled by 2^n
 inline __m512 exp_nonpositive(__m512 x) {
@@ -74,11 +79,13 @@ inline __m512 exp_nonpositive(__m512 x) {
 // ---- GEMMs on bf16 pairs --------------------------------------------------------------------
 // Operands are 32-bit words holding two bf16 along the reduction: C[r][col] = sum_p <A(r, p), B[p][col]>
 // with A(r, p) = a[r * am + p * ap] (any strides: a row-major matrix, or a transposed one) and B's
-// rows `ldb` words apart, columns in vector lanes (`vnni` layout). Columns are padded to 16.
+// rows `ldb` words apart, columns in vector lanes (`vnni` layout). Columns are padded to 16. Each
+// tile hands its float32 sums to `store(row, column, sums)` (16 columns from `column`), which writes
+// them: scaled into a float32 matrix (gemm), or with a bias and a GELU into bf16 (linear_bf16.h).
 
-template <int MR, int NV>
+template <int MR, int NV, typename Store>
 inline void gemm_tile(const uint32_t* a, int64_t am, int64_t ap, const uint32_t* b, int64_t ldb, int64_t pairs,
-                      float* c, int64_t ldc, float alpha) {
+                      int64_t row, int64_t column, Store& store) {
   __m512 acc[MR][NV];
   UNROLLED
   for (int r = 0; r < MR; ++r)
@@ -95,47 +102,56 @@ inline void gemm_tile(const uint32_t* a, int64_t am, int64_t ap, const uint32_t*
       for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], av, bv[v]);
     }
   }
-  const __m512 va = _mm512_set1_ps(alpha);
   UNROLLED
   for (int r = 0; r < MR; ++r)
     UNROLLED
-    for (int v = 0; v < NV; ++v) _mm512_storeu_ps(c + r * ldc + v * kLanes, _mm512_mul_ps(acc[r][v], va));
+    for (int v = 0; v < NV; ++v) store(row + r, column + v * kLanes, acc[r][v]);
 }
 
 template <int NV>
 constexpr int kTileRows = NV == 4 ? 6 : NV == 3 ? 8 : 12;  // MR x NV accumulators + NV + 1 of 32 registers
 
-template <int NV, int MR = 1>
+template <int NV, int MR = 1, typename Store>
 inline void gemm_tail(int64_t rows, const uint32_t* a, int64_t am, int64_t ap, const uint32_t* b, int64_t ldb,
-                      int64_t pairs, float* c, int64_t ldc, float alpha) {
+                      int64_t pairs, int64_t row, int64_t column, Store& store) {
   if constexpr (MR < kTileRows<NV>) {
-    if (rows == MR) return gemm_tile<MR, NV>(a, am, ap, b, ldb, pairs, c, ldc, alpha);
-    gemm_tail<NV, MR + 1>(rows, a, am, ap, b, ldb, pairs, c, ldc, alpha);
+    if (rows == MR) return gemm_tile<MR, NV>(a, am, ap, b, ldb, pairs, row, column, store);
+    gemm_tail<NV, MR + 1>(rows, a, am, ap, b, ldb, pairs, row, column, store);
   }
 }
 
-template <int NV>
+template <int NV, typename Store>
 void gemm_columns(int64_t m, const uint32_t* a, int64_t am, int64_t ap, const uint32_t* b, int64_t ldb,
-                  int64_t pairs, float* c, int64_t ldc, float alpha) {
+                  int64_t pairs, int64_t column, Store& store) {
   constexpr int MR = kTileRows<NV>;
   int64_t r = 0;
-  for (; r + MR <= m; r += MR) gemm_tile<MR, NV>(a + r * am, am, ap, b, ldb, pairs, c + r * ldc, ldc, alpha);
-  if (r < m) gemm_tail<NV>(m - r, a + r * am, am, ap, b, ldb, pairs, c + r * ldc, ldc, alpha);
+  for (; r + MR <= m; r += MR) gemm_tile<MR, NV>(a + r * am, am, ap, b, ldb, pairs, r, column, store);
+  if (r < m) gemm_tail<NV>(m - r, a + r * am, am, ap, b, ldb, pairs, r, column, store);
+}
+
+// A B (m rows, 16 * vectors columns) in tiles, each tile's sums handed to store (rows from 0)
+template <typename Store>
+void gemm_stored(int64_t m, int64_t vectors, const uint32_t* a, int64_t am, int64_t ap, const uint32_t* b,
+                 int64_t ldb, int64_t pairs, Store&& store) {
+  for (int64_t v = 0; v < vectors; v += 4) {
+    const uint32_t* bv = b + v * kLanes;
+    const int64_t column = v * kLanes;
+    switch (std::min<int64_t>(4, vectors - v)) {
+      case 4: gemm_columns<4>(m, a, am, ap, bv, ldb, pairs, column, store); break;
+      case 3: gemm_columns<3>(m, a, am, ap, bv, ldb, pairs, column, store); break;
+      case 2: gemm_columns<2>(m, a, am, ap, bv, ldb, pairs, column, store); break;
+      default: gemm_columns<1>(m, a, am, ap, bv, ldb, pairs, column, store); break;
+    }
+  }
 }
 
 // C (m rows, ldc floats apart; 16 * vectors columns) = alpha * A B
 void gemm(int64_t m, int64_t vectors, const uint32_t* a, int64_t am, int64_t ap, const uint32_t* b, int64_t ldb,
           int64_t pairs, float* c, int64_t ldc, float alpha = 1.f) {
-  for (int64_t v = 0; v < vectors; v += 4) {
-    const uint32_t* bv = b + v * kLanes;
-    float* cv = c + v * kLanes;
-    switch (std::min<int64_t>(4, vectors - v)) {
-      case 4: gemm_columns<4>(m, a, am, ap, bv, ldb, pairs, cv, ldc, alpha); break;
-      case 3: gemm_columns<3>(m, a, am, ap, bv, ldb, pairs, cv, ldc, alpha); break;
-      case 2: gemm_columns<2>(m, a, am, ap, bv, ldb, pairs, cv, ldc, alpha); break;
-      default: gemm_columns<1>(m, a, am, ap, bv, ldb, pairs, cv, ldc, alpha); break;
-    }
-  }
+  const __m512 va = _mm512_set1_ps(alpha);
+  gemm_stored(m, vectors, a, am, ap, b, ldb, pairs, [c, ldc, va](int64_t row, int64_t column, __m512 sums) {
+    _mm512_storeu_ps(c + row * ldc + column, _mm512_mul_ps(sums, va));
+  });
 }
 
 inline const uint32_t* words(const bf16* p) { return reinterpret_cast<const uint32_t*>(p); }
@@ -399,3 +415,4 @@ void check_dims(const Dims& D) { TORCH_CHECK(D.dim >= 2 && D.dim % 2 == 0, "qkv:
 #define ATTENTION_LIBRARY locality_search
 #include "attention_ops.h"
 #include "layer_norm_bf16.h"
+#include "linear_bf16.h"

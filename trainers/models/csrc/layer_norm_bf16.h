@@ -1,8 +1,8 @@
 // LayerNorm of float32 tokens written straight to bf16, for bf16 inference: what torch runs as
 // layer_norm (float32 out, under autocast) and then the cast to bf16 at the linear that follows,
 // in one pass over each row, optionally after adding a residual branch's output (float32 or bf16)
-// to the tokens. attention_core.cpp includes this after its helpers (tail_mask, store_bf16); the op,
-// `layer_norm`, is layer_norm_op.h's.
+// to the tokens. attention_core.cpp includes this after its helpers (tail_mask, store_bf16,
+// load_bf16_as_float); the op, `layer_norm`, is layer_norm_op.h's.
 //
 // Per row of C floats: s = x (+ r), mean = sum(s) / C, var = sum((s - mean)^2) / C (two passes
 // over the row, in L1, as accurate as torch's Welford), out = bf16((s - mean) / sqrt(var + eps) * w + b).
@@ -11,11 +11,6 @@
 #include <type_traits>
 
 namespace {
-
-inline __m512 load_bf16_as_float(const bf16* p, __mmask16 m) {
-  const __m256i half = _mm256_maskz_loadu_epi16(m, p);
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
-}
 
 // Residual: void (none), float or bf16
 template <typename Residual>
