@@ -58,22 +58,26 @@ inline __m512 load_bf16_as_float(const bf16* p, __mmask16 m) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
 }
 
-// exp(x) for x <= 0 (scores minus their row's max), within 2 ulp of expf: Cephes' polynomial on
-// x - n ln 2, then scaled by 2^n
+// exp(x) for x <= 0 (scores minus their row's max), within 2e-7 of it relative (a few ulp): x = n ln 2
+// + r with n = round(x / ln 2), |r| <= ln 2 / 2; exp(r) as 1 + r + r^2 q(r), q a cubic fitted to it
+// there (least squares on Chebyshev nodes, relative); 2^n put straight into the exponent bits of the
+// float that rounded x / ln 2 (its low mantissa bits hold n + 127 after adding 1.5 * 2^23 + 127).
+// 12 floating-point operations a vector, where Cephes' degree-7 polynomial with a round and a scalef
+// took 14: the bf16 forward's softmax passes are bound by them (Zen 4)
 inline __m512 exp_nonpositive(__m512 x) {
   x = _mm512_max_ps(_mm512_set1_ps(-87.3f), x);  // NaN in, NaN out (max returns its second operand)
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 shifter = _mm512_set1_ps(12583039.f);  // 1.5 * 2^23 + 127
+  const __m512 t = _mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), shifter);
+  const __m512 n = _mm512_sub_ps(t, shifter);  // round(x / ln 2), in [-126, 0]
   __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.f)));
-  return _mm512_scalef_ps(p, n);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 q = _mm512_set1_ps(0.008333838f);
+  q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(0.04189858f));
+  q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(0.16666886f));
+  q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(0.49999142f));
+  const __m512 e = _mm512_fmadd_ps(_mm512_mul_ps(q, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.f)));
+  const __m512i two_n = _mm512_slli_epi32(_mm512_castps_si512(t), 23);  // (n + 127) << 23: 2^n
+  return _mm512_mul_ps(e, _mm512_castsi512_ps(two_n));
 }
 
 // ---- GEMMs on bf16 pairs --------------------------------------------------------------------
