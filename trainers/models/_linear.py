@@ -42,7 +42,7 @@ applied to the float32 sums before they are rounded to bf16, not after. On the 2
 ls_convit_tiny's fc1 (1,576 x 192 -> 768): F.linear + in-place GELU 642 us, fused bias 516 -> 492
 (without the GELU), fused bias and GELU 592 us; ls_convit_tiny's bf16 inference at 224 px, batch 8,
 35.3 -> 34.5 ms (bias) -> 34.0 ms (and GELU), 15 alternating repeats. `USE_ONEDNN_BF16 = False`
-turns it off. With autograd recording (training), `F.linear` runs as before.
+turns it off (and with it the bf16 kernel's linear below). With autograd recording (training), `F.linear` runs as before.
 
 On Zen 4 (AMD family 25 with AVX512-BF16 and no AMX), bf16 inference runs on the bf16 attention
 kernel's linear instead (`csrc/linear_bf16.h`: its dot-product tiles, the bias and the exact GELU
@@ -302,10 +302,10 @@ def _takes_onednn(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Te
 @register_notrace_function  # reason: branches on dtype and device (timm's FX feature extraction)
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, *,
            gelu: bool = False) -> torch.Tensor:
-    """`F.linear` (then the exact `F.gelu` if `gelu`): bf16 inference and float32 where oneDNN beats
-    MKL on oneDNN's linear op (see the module doc), else `F.linear` itself. Without autograd
-    recording, the GELU runs inside oneDNN's product where the product runs on oneDNN (unless
-    FUSE_GELU is off), else in place on the product."""
+    """`F.linear` (then the exact `F.gelu` if `gelu`): bf16 inference on oneDNN's linear op (on Zen
+    4 the bf16 kernel's), float32 on oneDNN's where it beats MKL (see the module doc), else
+    `F.linear` itself. Without autograd recording, the GELU runs inside the product where the
+    product runs on oneDNN or the kernel (unless FUSE_GELU is off), else in place on the product."""
     fused_gelu = gelu and FUSE_GELU
     if _takes_onednn_bf16(x, weight, bias):
         out = _bf16_inference(x, weight, bias, gelu=fused_gelu)
