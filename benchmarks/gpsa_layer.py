@@ -46,6 +46,13 @@ oneDNN and the weight-grad kernel where ours are), so no attention core, however
 the layer apart below them: `ratio_bound` = timm / floor is the best ratio reachable that way. The
 fused layer runs the same products on the kernel's tiles with their operands in cache, so it is
 not bound by this floor, only by the products' arithmetic.
+
+The ceiling (`_ceiling`; same rotation, each precision): a 1024^3 matmul (8192^3 on CUDA) timed
+as one more contender gives the rate this machine's GEMMs reach; timm's layer step does the flops
+`torch.utils.flop_counter` counts for it (its per-image positional projection included, under 1%
+of them). `arithmetic_ceiling[_bf16]`: that arithmetic's least time at the peak rate (`floor_s`),
+`ratio` = timm / that time, the most any layer doing the same products could reach here, and
+`ours_share_of_peak`, the share of the peak ours runs it at.
 """
 from __future__ import annotations
 
@@ -58,6 +65,7 @@ from typing import Callable
 import torch
 from timm.models.convit import GPSA as TimmGPSA
 
+from benchmarks._ceiling import PEAK_SIZE, PeakMatmul, arithmetic_ceiling, counted_flops, describe
 from benchmarks._env import (add_malloc_option, autocast, bf16_by_default, parse_and_set_up, shuffled_rounds, sync,
                             write_result)
 from trainers.models import _attention_kernel, _gpsa_layer, _linear
@@ -136,10 +144,12 @@ def run(*, batch: int, tokens: int, dim: int, heads: int, repeats: int, warmup: 
             max_abs_out = y_ref.abs().max().item()
 
     z = torch.randn(batch, tokens, dim, device=dev, requires_grad=True)  # the core's output, for the floor
+    peak = PeakMatmul(PEAK_SIZE[dev.type], dev)
     steps: dict[str, Callable[[str], None]] = {
         "timm": lambda precision: _step(ref, x, precision),
         "ours": lambda precision: _step(ours, x, precision),
         "floor": lambda precision: _projections_step(ours, x, z, precision),
+        "peak": peak,
     }
     precisions = ["fp32", "bf16"] if bf16 else ["fp32"]
     kernel_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -170,6 +180,10 @@ def run(*, batch: int, tokens: int, dim: int, heads: int, repeats: int, warmup: 
             times[precision][name].append(_time(lambda: steps[name](precision), dev))
     med = {precision: {name: statistics.median(ts) for name, ts in by_name.items()}
            for precision, by_name in times.items()}
+    ceiling = {precision: arithmetic_ceiling(
+        baseline_flops=counted_flops(lambda: _step(ref, x, precision)), baseline_s=med[precision]["timm"],
+        peak_flops=peak.flops, peak_s=med[precision]["peak"], ours_s=med[precision]["ours"])
+        for precision in precisions}
     out = {
         "config": dict(batch=batch, tokens=tokens, dim=dim, heads=heads, repeats=repeats, warmup=warmup,
                        device=str(dev), dtype="float32", what="one GPSA layer, forward + backward",
@@ -179,6 +193,7 @@ def run(*, batch: int, tokens: int, dim: int, heads: int, repeats: int, warmup: 
         "times_s": times["fp32"],
         "ratio_timm_over_ours": med["fp32"]["timm"] / med["fp32"]["ours"],
         "ratio_bound": med["fp32"]["timm"] / med["fp32"]["floor"],
+        "arithmetic_ceiling": ceiling["fp32"],
         "max_abs_output_diff": max_abs_diff,
         "fused_kernel": fused_kernel if dev.type == "cpu" else None,
         "fused_kernel_unavailable_because": None if dev.type != "cpu" else {
@@ -201,6 +216,7 @@ def run(*, batch: int, tokens: int, dim: int, heads: int, repeats: int, warmup: 
             "ratio_timm_fp32_over_ours_bf16": med["fp32"]["timm"] / med["bf16"]["ours"],
             "ratio_ours_fp32_over_ours_bf16": med["fp32"]["ours"] / med["bf16"]["ours"],
             "ratio_bound_bf16": med["bf16"]["timm"] / med["bf16"]["floor"],
+            "arithmetic_ceiling_bf16": ceiling["bf16"],
             "max_abs_output_diff_bf16": max_abs_diff_bf16,
             **({"ratio_fused_kernel_gain_bf16": med["bf16"]["ours_torch_ops"] / med["bf16"]["ours"]}
                if fused_kernel["bf16"] else {}),
@@ -247,6 +263,7 @@ def main(argv: list[str] | None = None) -> None:
               f"(max |out diff| {result['max_abs_output_diff']:.1e})")
         print(f"  floor, the projections alone: {med['floor'] * 1e3:8.2f} ms -> best reachable ratio "
               f"{result['ratio_bound']:.2f}x")
+        print("  " + describe(result["arithmetic_ceiling"], baseline="timm", what="layer"))
         if "ratio_fused_kernel_gain" in result:
             print(f"  ours apart, the projections and the core as separate ops: {med['ours_apart'] * 1e3:8.2f} ms -> "
                   f"fused layer gain {result['ratio_fused_layer_gain']:.2f}x")
@@ -272,6 +289,7 @@ def main(argv: list[str] | None = None) -> None:
                   f"{result['max_abs_output_bf16']:.1f})")
             print(f"  floor, the projections alone, bf16: {mb['floor'] * 1e3:8.2f} ms -> best reachable ratio "
                   f"{result['ratio_bound_bf16']:.2f}x")
+            print("  " + describe(result["arithmetic_ceiling_bf16"], baseline="timm", what="layer", column="bf16"))
             if "ratio_fused_kernel_gain_bf16" in result:
                 print(f"  ours with the core on torch ops, bf16: {mb['ours_torch_ops'] * 1e3:8.2f} ms -> "
                       f"fused kernel gain {result['ratio_fused_kernel_gain_bf16']:.2f}x")

@@ -94,6 +94,7 @@ import trainers.models  # noqa: F401  (registers the ls_* families)
 from trainers._cuda_graph import GraphedInference, capture_inference
 from trainers._memory_format import runs_channels_last
 from trainers.models import _attention_core, _attention_kernel, _common, _linear, ls_convit
+from benchmarks._ceiling import PEAK_SIZE, PeakMatmul, arithmetic_ceiling, counted_flops, describe
 from benchmarks._env import (add_malloc_option, autocast, bf16_by_default, parse_and_set_up, shuffled_rounds, sync,
                             write_result)
 
@@ -106,6 +107,8 @@ MKL_LINEAR = "MKL-linear "  # label prefix: a CPU ls_* model with its float32 li
 ONEDNN_LINEAR = "oneDNN-linear "  # label prefix: a timm model with its nn.Linear layers as ours (oneDNN)
 ONEDNN_BF16_LINEAR = "oneDNN-bf16-linear "  # label prefix: a CPU ls_* model with bf16 inference's linears on oneDNN, not the kernel
 TORCH_INFERENCE_OPS = "torch-inference-ops "  # label prefix: a CPU ls_* model with its inference norms and linears' fusions on torch's ops
+PEAK = "peak matmul"  # not a model: `_ceiling.PeakMatmul`, timed in the rotation of the groups with timm's ConViT
+CEILING_GROUPS = ("convit", "px32")
 
 
 PRECISION_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -351,6 +354,7 @@ def run_group(name: str, *, batch: int, repeats: int, warmup: int, device: str, 
             params[f"{label} +graph"] = params[label]
             formats[f"{label} +graph"] = formats[label]
     graphs: dict[tuple[str, str], GraphedInference] = {}
+    peak = PeakMatmul(PEAK_SIZE[dev.type], dev) if name in CEILING_GROUPS else None
     torch.manual_seed(1)
     x = torch.randn(batch, *shape, device=dev)
     inputs = {label: x.contiguous(memory_format=fmt) for label, fmt in formats.items()}  # the same values
@@ -359,6 +363,8 @@ def run_group(name: str, *, batch: int, repeats: int, warmup: int, device: str, 
     def infer(label: str, precision: str) -> tuple[float, float]:
         """(wall, host) seconds for one batch: host = until the forward returns (on CUDA, the
         time to enqueue it; where that nears the wall time, the batch is host-bound)."""
+        if label == PEAK:
+            return timed_peak(precision)
         model = models[label]
         model.eval()
         if label in graphed:  # captured at its first call (in the warm-up), replayed after
@@ -381,6 +387,8 @@ def run_group(name: str, *, batch: int, repeats: int, warmup: int, device: str, 
         return time.perf_counter() - start, host
 
     def train_step(label: str, precision: str) -> tuple[float, float]:
+        if label == PEAK:  # the same forward product: its rate, as a backward's would understate it
+            return timed_peak(precision)
         model = models[label]
         model.train()
         model.zero_grad(set_to_none=True)
@@ -389,6 +397,14 @@ def run_group(name: str, *, batch: int, repeats: int, warmup: int, device: str, 
         with autocast(dev, precision):
             y = model(inputs[label])
         y.float().sum().backward()
+        host = time.perf_counter() - start
+        sync(dev)
+        return time.perf_counter() - start, host
+
+    def timed_peak(precision: str) -> tuple[float, float]:
+        sync(dev)
+        start = time.perf_counter()
+        peak(precision)
         host = time.perf_counter() - start
         sync(dev)
         return time.perf_counter() - start, host
@@ -409,6 +425,7 @@ def run_group(name: str, *, batch: int, repeats: int, warmup: int, device: str, 
                 out["max_abs_logit_diff_bf16"] = (ref.eval()(xs).float() - ours.eval()(xs).float()).abs().max().item()
     for mode, fn in modes.items():
         labels = [label for label in models if mode == "inference" or label not in graphed]  # graphs: inference only
+        labels += [PEAK] if peak is not None else []
         for _ in range(warmup):
             for precision in precisions:
                 for label in labels:
@@ -426,6 +443,10 @@ def run_group(name: str, *, batch: int, repeats: int, warmup: int, device: str, 
                     host_times[precision][label].append(host)
         for precision in precisions:
             median = {label: statistics.median(ts) for label, ts in times[precision].items()}
+            if peak is not None:
+                out.setdefault("peak_matmul", {"flops": peak.flops, "median_s": {}})
+                out["peak_matmul"]["median_s"][_timing_key(mode, precision)] = median.pop(PEAK)
+                host_times[precision].pop(PEAK)
             out[_timing_key(mode, precision)] = {
                 "median_batch_s": median,
                 "images_per_s": {label: batch / m for label, m in median.items()},
@@ -446,6 +467,11 @@ def run_group(name: str, *, batch: int, repeats: int, warmup: int, device: str, 
             out["ours_bf16_over_timm_convit_fp32"] = {
                 mode: out[mode]["median_batch_s"][ref] / out[f"{mode}_bf16"]["median_batch_s"][ours] for mode in modes}
         out["ours_over_deit"] = {f"{ours} / {deit}": pair_ratios(out, ours, deit)}
+        out["arithmetic_ceiling"] = {  # timm's ConViT's arithmetic at the peak: the most any ConViT reaches over it
+            key: arithmetic_ceiling(baseline_flops=counted_flops(lambda: modes[mode](ref, precision)),
+                                    baseline_s=out[key]["median_batch_s"][ref], peak_flops=peak.flops,
+                                    peak_s=out["peak_matmul"]["median_s"][key], ours_s=out[key]["median_batch_s"][ours])
+            for mode in modes for precision in precisions for key in [_timing_key(mode, precision)]}
         unfused = next((label for label in models if label.startswith(UNFUSED)), None)
         if unfused is not None:
             out["ours_over_deit"][f"{unfused} / {deit}"] = pair_ratios(out, unfused, deit)
@@ -494,6 +520,10 @@ def _print_group(group: str, batch: int, r: dict) -> None:
     show("ours_over_timm_convit", "ls_convit_tiny / timm convit_tiny, fp32 vs fp32")
     show("ours_over_timm_convit_bf16", "ls_convit_tiny / timm convit_tiny, bf16 vs bf16 (like for like)")
     show("ours_bf16_over_timm_convit_fp32", "ls_convit_tiny bf16 / timm convit_tiny fp32 (precision change, NOT like for like)")
+    for key, ceiling in r.get("arithmetic_ceiling", {}).items():
+        mode, _, precision = key.partition("_")
+        print("  " + describe(ceiling, baseline="timm convit_tiny", what="ConViT",
+                              column=f"{mode} {precision or 'fp32'}, a batch"))
     for pair, ratios in r.get("ours_over_deit", {}).items():
         print(f"  {pair}: " + ", ".join(f"{key} {v:.2f}x" for key, v in ratios.items()))
     if "fused_kernel_gain" in r:

@@ -1,0 +1,80 @@
+"""benchmarks/_ceiling.py: a speed-up's arithmetic ceiling, and the benchmarks that report it."""
+from __future__ import annotations
+
+import pytest
+import timm
+import torch
+from timm.models.convit import GPSA as TimmGPSA
+
+from benchmarks import gpsa_layer
+from benchmarks._ceiling import PeakMatmul, arithmetic_ceiling, counted_flops
+from benchmarks.models import PEAK, run_group
+from trainers._cpu import cpu_has_native_bf16
+
+
+def test_the_ceiling_is_the_baseline_over_its_arithmetic_at_the_peak_rate():
+    # a 2 GFLOP peak product in 10 ms: 200 GFLOP/s; 3.5 GFLOP take 17.5 ms at it
+    c = arithmetic_ceiling(baseline_flops=3_500_000_000, baseline_s=0.0525, peak_flops=2_000_000_000, peak_s=0.010,
+                           ours_s=0.025)
+    assert c["peak_flop_per_s"] == pytest.approx(200e9)
+    assert c["floor_s"] == pytest.approx(0.0175)
+    assert c["ratio"] == pytest.approx(3.0)
+    assert c["ours_share_of_peak"] == pytest.approx(0.7)
+    assert "ours_share_of_peak" not in arithmetic_ceiling(baseline_flops=1, baseline_s=1.0, peak_flops=1, peak_s=1.0)
+    for bad in (dict(baseline_flops=0), dict(peak_s=0.0), dict(baseline_s=-1.0)):
+        with pytest.raises(ValueError, match="positive"):
+            arithmetic_ceiling(**{**dict(baseline_flops=1, baseline_s=1.0, peak_flops=1, peak_s=1.0), **bad})
+
+
+def test_timm_gpsa_steps_counted_flops_are_its_products_worked_by_hand():
+    batch, tokens, dim, heads = 4, 49, 96, 4
+    layer = TimmGPSA(dim, num_heads=heads)
+    x = torch.randn(batch, tokens, dim, requires_grad=True)
+    rows = batch * tokens
+    projections = 2 * rows * dim * (2 * dim + dim + dim)  # q and k, v, the output
+    attention = 2 * (2 * batch * heads * tokens * tokens * (dim // heads))  # q k^T and A v
+    positional = 2 * batch * tokens * tokens * 3 * heads  # pos_proj over rel_indices, for every image
+    # backward: two products per forward product (positions: the weight's only, rel_indices needs none)
+    expected = 3 * projections + 3 * attention + 2 * positional
+    assert counted_flops(lambda: gpsa_layer._step(layer, x)) == expected
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_the_peak_matmul_computes_its_product_in_the_precision_asked(precision):
+    peak = PeakMatmul(64)
+    assert peak.flops == 2 * 64 ** 3
+    peak(precision)
+    a, b = peak._operands[precision]
+    assert a.dtype == {"fp32": torch.float32, "bf16": torch.bfloat16}[precision]
+    torch.testing.assert_close(peak._out[precision], a @ b)
+    assert not peak._out[precision].requires_grad
+
+
+def test_the_gpsa_benchmark_reports_the_ceiling_from_timms_counted_step_and_the_timed_peak():
+    r = gpsa_layer.run(batch=2, tokens=16, dim=32, heads=2, repeats=1, warmup=0, device="cpu", bf16=False)
+    c = r["arithmetic_ceiling"]
+    assert c["baseline_flops"] == 3 * (2 * 32 * 32 * 4 * 32) + 3 * (2 * 2 * 2 * 2 * 16 * 16 * 16) + 2 * (2 * 2 * 16 * 16 * 3 * 2)
+    timm_s, ours_s, peak_s = (r["median_s"][name] for name in ("timm", "ours", "peak"))
+    assert c["peak_flop_per_s"] == pytest.approx(2 * 1024 ** 3 / peak_s)
+    assert c["ratio"] == pytest.approx(timm_s / c["floor_s"])
+    assert c["ours_share_of_peak"] == pytest.approx(c["floor_s"] / ours_s)
+
+
+def test_the_convit_pair_groups_time_the_peak_beside_the_models_and_bound_ours_over_timm():
+    precisions = ("fp32", "bf16") if cpu_has_native_bf16() else ("fp32",)
+    r = run_group("px32", batch=2, repeats=1, warmup=0, device="cpu", train=True, precisions=precisions)
+    assert PEAK not in r["params"] and PEAK not in r["inference"]["median_batch_s"]  # not a model
+    timm_convit = "timm convit_tiny (32 px, patch 4)"
+    reference = timm.create_model("convit_tiny", img_size=32, patch_size=4).eval()
+    with torch.inference_mode():
+        forward_flops = counted_flops(lambda: reference(torch.randn(2, 3, 32, 32)))
+    keys = {key for precision in precisions for key in (("inference", "train") if precision == "fp32"
+                                                        else ("inference_bf16", "train_bf16"))}
+    assert set(r["arithmetic_ceiling"]) == set(r["peak_matmul"]["median_s"]) == keys
+    for key, c in r["arithmetic_ceiling"].items():
+        # the baseline's own arithmetic: its forward, and in training its backward's too
+        assert c["baseline_flops"] == forward_flops if key.startswith("inference") else c["baseline_flops"] > 2 * forward_flops
+        assert c["peak_flop_per_s"] == pytest.approx(r["peak_matmul"]["flops"] / r["peak_matmul"]["median_s"][key])
+        assert c["ratio"] == pytest.approx(r[key]["median_batch_s"][timm_convit] / c["floor_s"])
+    assert "arithmetic_ceiling" not in run_group("micro", batch=2, repeats=1, warmup=0, device="cpu", train=False,
+                                                 precisions=("fp32",))
