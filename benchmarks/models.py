@@ -94,7 +94,7 @@ import trainers.models  # noqa: F401  (registers the ls_* families)
 from trainers._cuda_graph import GraphedInference, capture_inference
 from trainers._memory_format import runs_channels_last
 from trainers.models import _attention_core, _attention_kernel, _common, _linear, ls_convit
-from benchmarks._ceiling import PEAK_SIZE, PeakMatmul, arithmetic_ceiling, counted_flops, describe
+from benchmarks._ceiling import PEAK_SIZE, MultiplyAddPeak, PeakMatmul, ceilings, counted_flops, describe
 from benchmarks._env import (add_malloc_option, autocast, bf16_by_default, parse_and_set_up, shuffled_rounds, sync,
                             write_result)
 
@@ -107,7 +107,8 @@ MKL_LINEAR = "MKL-linear "  # label prefix: a CPU ls_* model with its float32 li
 ONEDNN_LINEAR = "oneDNN-linear "  # label prefix: a timm model with its nn.Linear layers as ours (oneDNN)
 ONEDNN_BF16_LINEAR = "oneDNN-bf16-linear "  # label prefix: a CPU ls_* model with bf16 inference's linears on oneDNN, not the kernel
 TORCH_INFERENCE_OPS = "torch-inference-ops "  # label prefix: a CPU ls_* model with its inference norms and linears' fusions on torch's ops
-PEAK = "peak matmul"  # not a model: `_ceiling.PeakMatmul`, timed in the rotation of the groups with timm's ConViT
+# not models: the peaks of `_ceiling`, timed in the rotation of the groups with timm's ConViT
+PEAKS = {"peak multiply-add": "multiply_add", "peak matmul": "matmul"}
 CEILING_GROUPS = ("convit", "px32")
 
 
@@ -354,7 +355,12 @@ def run_group(name: str, *, batch: int, repeats: int, warmup: int, device: str, 
             params[f"{label} +graph"] = params[label]
             formats[f"{label} +graph"] = formats[label]
     graphs: dict[tuple[str, str], GraphedInference] = {}
-    peak = PeakMatmul(PEAK_SIZE[dev.type], dev) if name in CEILING_GROUPS else None
+    peaks: dict[str, MultiplyAddPeak | PeakMatmul] = {}  # label -> peak
+    if name in CEILING_GROUPS:
+        multiply_add = MultiplyAddPeak(precisions if dev.type == "cpu" else [])
+        if all(precision in multiply_add for precision in precisions):
+            peaks["peak multiply-add"] = multiply_add
+        peaks["peak matmul"] = PeakMatmul(PEAK_SIZE[dev.type], dev)
     torch.manual_seed(1)
     x = torch.randn(batch, *shape, device=dev)
     inputs = {label: x.contiguous(memory_format=fmt) for label, fmt in formats.items()}  # the same values
@@ -363,8 +369,8 @@ def run_group(name: str, *, batch: int, repeats: int, warmup: int, device: str, 
     def infer(label: str, precision: str) -> tuple[float, float]:
         """(wall, host) seconds for one batch: host = until the forward returns (on CUDA, the
         time to enqueue it; where that nears the wall time, the batch is host-bound)."""
-        if label == PEAK:
-            return timed_peak(precision)
+        if label in peaks:
+            return timed_peak(label, precision)
         model = models[label]
         model.eval()
         if label in graphed:  # captured at its first call (in the warm-up), replayed after
@@ -387,8 +393,8 @@ def run_group(name: str, *, batch: int, repeats: int, warmup: int, device: str, 
         return time.perf_counter() - start, host
 
     def train_step(label: str, precision: str) -> tuple[float, float]:
-        if label == PEAK:  # the same forward product: its rate, as a backward's would understate it
-            return timed_peak(precision)
+        if label in peaks:  # the same work: a matmul's backward would understate its rate
+            return timed_peak(label, precision)
         model = models[label]
         model.train()
         model.zero_grad(set_to_none=True)
@@ -401,10 +407,10 @@ def run_group(name: str, *, batch: int, repeats: int, warmup: int, device: str, 
         sync(dev)
         return time.perf_counter() - start, host
 
-    def timed_peak(precision: str) -> tuple[float, float]:
+    def timed_peak(label: str, precision: str) -> tuple[float, float]:
         sync(dev)
         start = time.perf_counter()
-        peak(precision)
+        peaks[label](precision)
         host = time.perf_counter() - start
         sync(dev)
         return time.perf_counter() - start, host
@@ -425,7 +431,7 @@ def run_group(name: str, *, batch: int, repeats: int, warmup: int, device: str, 
                 out["max_abs_logit_diff_bf16"] = (ref.eval()(xs).float() - ours.eval()(xs).float()).abs().max().item()
     for mode, fn in modes.items():
         labels = [label for label in models if mode == "inference" or label not in graphed]  # graphs: inference only
-        labels += [PEAK] if peak is not None else []
+        labels += list(peaks)
         for _ in range(warmup):
             for precision in precisions:
                 for label in labels:
@@ -443,10 +449,10 @@ def run_group(name: str, *, batch: int, repeats: int, warmup: int, device: str, 
                     host_times[precision][label].append(host)
         for precision in precisions:
             median = {label: statistics.median(ts) for label, ts in times[precision].items()}
-            if peak is not None:
-                out.setdefault("peak_matmul", {"flops": peak.flops, "median_s": {}})
-                out["peak_matmul"]["median_s"][_timing_key(mode, precision)] = median.pop(PEAK)
-                host_times[precision].pop(PEAK)
+            for label, peak in peaks.items():  # kept apart from the models'
+                out.setdefault("peaks", {}).setdefault(PEAKS[label], {})[_timing_key(mode, precision)] = {
+                    "flops": peak.flops[precision], "median_s": median.pop(label)}
+                host_times[precision].pop(label)
             out[_timing_key(mode, precision)] = {
                 "median_batch_s": median,
                 "images_per_s": {label: batch / m for label, m in median.items()},
@@ -467,10 +473,10 @@ def run_group(name: str, *, batch: int, repeats: int, warmup: int, device: str, 
             out["ours_bf16_over_timm_convit_fp32"] = {
                 mode: out[mode]["median_batch_s"][ref] / out[f"{mode}_bf16"]["median_batch_s"][ours] for mode in modes}
         out["ours_over_deit"] = {f"{ours} / {deit}": pair_ratios(out, ours, deit)}
-        out["arithmetic_ceiling"] = {  # timm's ConViT's arithmetic at the peak: the most any ConViT reaches over it
-            key: arithmetic_ceiling(baseline_flops=counted_flops(lambda: modes[mode](ref, precision)),
-                                    baseline_s=out[key]["median_batch_s"][ref], peak_flops=peak.flops,
-                                    peak_s=out["peak_matmul"]["median_s"][key], ours_s=out[key]["median_batch_s"][ours])
+        out["ceiling"] = {  # timm's ConViT's arithmetic at the peaks: the most any ConViT reaches over it
+            key: ceilings(baseline_flops=counted_flops(lambda: modes[mode](ref, precision)),
+                          baseline_s=out[key]["median_batch_s"][ref], ours_s=out[key]["median_batch_s"][ours],
+                          peaks={kind: (timed[key]["flops"], timed[key]["median_s"]) for kind, timed in out["peaks"].items()})
             for mode in modes for precision in precisions for key in [_timing_key(mode, precision)]}
         unfused = next((label for label in models if label.startswith(UNFUSED)), None)
         if unfused is not None:
@@ -520,7 +526,7 @@ def _print_group(group: str, batch: int, r: dict) -> None:
     show("ours_over_timm_convit", "ls_convit_tiny / timm convit_tiny, fp32 vs fp32")
     show("ours_over_timm_convit_bf16", "ls_convit_tiny / timm convit_tiny, bf16 vs bf16 (like for like)")
     show("ours_bf16_over_timm_convit_fp32", "ls_convit_tiny bf16 / timm convit_tiny fp32 (precision change, NOT like for like)")
-    for key, ceiling in r.get("arithmetic_ceiling", {}).items():
+    for key, ceiling in r.get("ceiling", {}).items():
         mode, _, precision = key.partition("_")
         print("  " + describe(ceiling, baseline="timm convit_tiny", what="ConViT",
                               column=f"{mode} {precision or 'fp32'}, a batch"))

@@ -7,9 +7,10 @@ import torch
 from timm.models.convit import GPSA as TimmGPSA
 
 from benchmarks import gpsa_layer
-from benchmarks._ceiling import PeakMatmul, arithmetic_ceiling, counted_flops
-from benchmarks.models import PEAK, run_group
+from benchmarks._ceiling import MultiplyAddPeak, PeakMatmul, arithmetic_ceiling, counted_flops
+from benchmarks.models import PEAKS, run_group
 from trainers._cpu import cpu_has_native_bf16
+from trainers.models import _attention_kernel
 
 
 def test_the_ceiling_is_the_baseline_over_its_arithmetic_at_the_peak_rate():
@@ -42,7 +43,7 @@ def test_timm_gpsa_steps_counted_flops_are_its_products_worked_by_hand():
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_the_peak_matmul_computes_its_product_in_the_precision_asked(precision):
     peak = PeakMatmul(64)
-    assert peak.flops == 2 * 64 ** 3
+    assert peak.flops == {"fp32": 2 * 64 ** 3, "bf16": 2 * 64 ** 3}
     peak(precision)
     a, b = peak._operands[precision]
     assert a.dtype == {"fp32": torch.float32, "bf16": torch.bfloat16}[precision]
@@ -50,31 +51,67 @@ def test_the_peak_matmul_computes_its_product_in_the_precision_asked(precision):
     assert not peak._out[precision].requires_grad
 
 
-def test_the_gpsa_benchmark_reports_the_ceiling_from_timms_counted_step_and_the_timed_peak():
+def _check_ceilings(ceilings: dict, *, baseline_s: float, ours_s: float, peaks: dict[str, tuple[int, float]]) -> None:
+    """Each ceiling is the baseline's time over its counted arithmetic at that peak's timed rate."""
+    assert set(ceilings) == set(peaks)
+    for kind, c in ceilings.items():
+        flops, seconds = peaks[kind]
+        assert c["peak_flop_per_s"] == pytest.approx(flops / seconds)
+        assert c["floor_s"] == pytest.approx(c["baseline_flops"] / c["peak_flop_per_s"])
+        assert c["ratio"] == pytest.approx(baseline_s / c["floor_s"])
+        assert c["ours_share_of_peak"] == pytest.approx(c["floor_s"] / ours_s)
+
+
+def test_the_gpsa_benchmark_reports_ceilings_from_timms_counted_step_and_the_peaks_timed_beside_it():
     r = gpsa_layer.run(batch=2, tokens=16, dim=32, heads=2, repeats=1, warmup=0, device="cpu", bf16=False)
-    c = r["arithmetic_ceiling"]
-    assert c["baseline_flops"] == 3 * (2 * 32 * 32 * 4 * 32) + 3 * (2 * 2 * 2 * 2 * 16 * 16 * 16) + 2 * (2 * 2 * 16 * 16 * 3 * 2)
-    timm_s, ours_s, peak_s = (r["median_s"][name] for name in ("timm", "ours", "peak"))
-    assert c["peak_flop_per_s"] == pytest.approx(2 * 1024 ** 3 / peak_s)
-    assert c["ratio"] == pytest.approx(timm_s / c["floor_s"])
-    assert c["ours_share_of_peak"] == pytest.approx(c["floor_s"] / ours_s)
+    med = r["median_s"]
+    peaks = {"matmul": (2 * 1024 ** 3, med["matmul_peak"])}
+    if _attention_kernel.kernels(torch.float32) is not None:
+        peaks["multiply_add"] = (MultiplyAddPeak(["fp32"]).flops["fp32"], med["multiply_add_peak"])
+    _check_ceilings(r["ceiling"], baseline_s=med["timm"], ours_s=med["ours"], peaks=peaks)
+    expected = 3 * (2 * 32 * 32 * 4 * 32) + 3 * (2 * 2 * 2 * 2 * 16 * 16 * 16) + 2 * (2 * 2 * 16 * 16 * 3 * 2)
+    assert all(c["baseline_flops"] == expected for c in r["ceiling"].values())
 
 
-def test_the_convit_pair_groups_time_the_peak_beside_the_models_and_bound_ours_over_timm():
+def test_the_convit_pair_groups_time_the_peaks_beside_the_models_and_bound_ours_over_timm():
     precisions = ("fp32", "bf16") if cpu_has_native_bf16() else ("fp32",)
     r = run_group("px32", batch=2, repeats=1, warmup=0, device="cpu", train=True, precisions=precisions)
-    assert PEAK not in r["params"] and PEAK not in r["inference"]["median_batch_s"]  # not a model
-    timm_convit = "timm convit_tiny (32 px, patch 4)"
+    for label in PEAKS:  # not models
+        assert label not in r["params"] and label not in r["inference"]["median_batch_s"]
+    kernels_built = all(_attention_kernel.kernels({"fp32": torch.float32, "bf16": torch.bfloat16}[p]) is not None
+                        for p in precisions)
+    assert set(r["peaks"]) == ({"multiply_add", "matmul"} if kernels_built else {"matmul"})
+    ours, timm_convit = "ls_convit_tiny (32 px, patch 4)", "timm convit_tiny (32 px, patch 4)"
     reference = timm.create_model("convit_tiny", img_size=32, patch_size=4).eval()
     with torch.inference_mode():
         forward_flops = counted_flops(lambda: reference(torch.randn(2, 3, 32, 32)))
     keys = {key for precision in precisions for key in (("inference", "train") if precision == "fp32"
                                                         else ("inference_bf16", "train_bf16"))}
-    assert set(r["arithmetic_ceiling"]) == set(r["peak_matmul"]["median_s"]) == keys
-    for key, c in r["arithmetic_ceiling"].items():
+    assert set(r["ceiling"]) == keys
+    for key, by_kind in r["ceiling"].items():
+        _check_ceilings(by_kind, baseline_s=r[key]["median_batch_s"][timm_convit], ours_s=r[key]["median_batch_s"][ours],
+                        peaks={kind: (timed[key]["flops"], timed[key]["median_s"]) for kind, timed in r["peaks"].items()})
         # the baseline's own arithmetic: its forward, and in training its backward's too
-        assert c["baseline_flops"] == forward_flops if key.startswith("inference") else c["baseline_flops"] > 2 * forward_flops
-        assert c["peak_flop_per_s"] == pytest.approx(r["peak_matmul"]["flops"] / r["peak_matmul"]["median_s"][key])
-        assert c["ratio"] == pytest.approx(r[key]["median_batch_s"][timm_convit] / c["floor_s"])
-    assert "arithmetic_ceiling" not in run_group("micro", batch=2, repeats=1, warmup=0, device="cpu", train=False,
-                                                 precisions=("fp32",))
+        for c in by_kind.values():
+            assert c["baseline_flops"] == forward_flops if key.startswith("inference") else c["baseline_flops"] > 2 * forward_flops
+    assert "ceiling" not in run_group("micro", batch=2, repeats=1, warmup=0, device="cpu", train=False,
+                                      precisions=("fp32",))
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_the_multiply_add_peak_counts_what_it_did_on_every_thread(precision):
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[precision]
+    if _attention_kernel.kernels(dtype) is None:
+        pytest.skip(f"no {precision} kernel here: {_attention_kernel.build_error(dtype)}")
+    ops = _attention_kernel.kernels(dtype)
+    # float32: one FMA a chain a step, 2 flops a lane; bf16: one vdpbf16ps, 4 flops a float32 lane of 16
+    lanes = 16 if torch.backends.cpu.get_cpu_capability().startswith("AVX512") else 8
+    chains = 16 if precision == "bf16" or lanes == 16 else 12
+    per_step = chains * (16 * 4 if precision == "bf16" else lanes * 2)
+    threads = torch.get_num_threads()
+    assert ops.multiply_add_peak(1) == threads * per_step
+    assert ops.multiply_add_peak(1000) == 1000 * threads * per_step
+    peak = MultiplyAddPeak([precision])
+    assert precision in peak and peak.flops[precision] == MultiplyAddPeak.ITERATIONS * threads * per_step
+    with pytest.raises(RuntimeError, match="positive iteration count"):
+        ops.multiply_add_peak(0)

@@ -537,3 +537,4 @@ void check_dims(const Dims& D) { TORCH_CHECK(D.dim >= 1, "qkv: a head dim of at 
 #include "linear_fp32.h"
 #include "layer_norm_fp32.h"
 #include "gpsa_layer_fp32.h"
+#include "multiply_add_peak.h"
