@@ -10,9 +10,9 @@ and clocks as the workloads:
 - `MultiplyAddPeak` (CPU, where the kernels are built): every thread issuing nothing but the
   multiply-add the kernels' GEMMs are made of (float32 FMA; bf16 vdpbf16ps). No code doing the
   arithmetic in that precision on these cores runs faster: the strict ceiling. On the Zen 4 VM:
-  242-244 GFLOP/s in float32 (2 cores x 32 flops a cycle at 3.8 GHz), 446-454 in bf16.
+  242-247 GFLOP/s in float32 (2 cores x 32 flops a cycle at 3.8-3.9 GHz), 446-465 in bf16.
 - `PeakMatmul`: a large square matmul on torch's GEMM library, what a library reaches at its best
-  shapes (191-196 GFLOP/s float32 and 405-441 bf16 there); on a GPU the only peak timed.
+  shapes (182-196 GFLOP/s float32 and 387-441 bf16 there); on a GPU the only peak timed.
 
 The ceiling is loose: it credits the workload's small products (49 x 49 x 24 in GPSA) with the
 peak rate, and its softmax, norms and copies with no time at all. A target above it is out of

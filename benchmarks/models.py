@@ -74,6 +74,11 @@ ls_convit_tiny" (the same model on torch's `F.linear`, MKL: `onednn_linear_gain`
 without) and "oneDNN-linear <the DeiT>" (timm's DeiT with its nn.Linear layers swapped for ours,
 same weights: the architecture against the same GEMMs, `over_onednn_linear_deit`), since timm's
 own models keep MKL there.
+The convit and px32 groups also time the peaks of `_ceiling` in their rotation ("peak
+multiply-add" on the CPU where the kernels are built, "peak matmul": `peaks`, apart from the
+models) and report `ceiling` per timing column and peak: timm's ConViT's counted flops at the
+peak's rate, the most any ConViT doing that arithmetic could reach over it here (`ratio`), and the
+share of the peak ours runs it at.
 Where bf16 inference's linears run on the bf16 kernel instead of oneDNN (`_linear`: Zen 4) and bf16
 is timed, the convit and micro groups add "oneDNN-bf16-linear ls_convit_*": the same model with
 them on oneDNN (`_linear.USE_BF16_KERNEL_LINEAR` off), and `kernel_linear_gain` (with over without;
