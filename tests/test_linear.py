@@ -480,7 +480,7 @@ def test_inference_packs_each_weight_once_and_follows_its_changes(onednn_here, m
         return out, ops.calls.get(REORDER, 0)
 
     first, reorders = infer()
-    assert reorders == 1 and layer.weight in _linear._packed_weights
+    assert reorders == 1 and layer.weight in _linear._derived_weights
     again, reorders = infer()
     assert reorders == 0 and torch.equal(again, first)
     plain, reorders = infer(pack=False)
@@ -541,7 +541,7 @@ def test_weights_not_tracked_are_not_kept_packed(onednn_here, monkeypatch, case)
                 weight.mul_(2.0)  # unseen by any cache: must not serve the old product
                 doubled = _linear.linear(x, weight)
     assert ops.calls.get(ONEDNN) == (3 if case == "inference tensor" else 2) and REORDER not in ops.calls
-    assert weight not in _linear._packed_weights
+    assert weight not in _linear._derived_weights
     torch.testing.assert_close(out, x @ weight.t() / (2.0 if case == "inference tensor" else 1.0))
     if case == "inference tensor":
         torch.testing.assert_close(doubled, x @ weight.t())
@@ -553,10 +553,10 @@ def test_a_packed_weight_is_dropped_with_its_weight(onednn_here):
     layer = _linear.Linear(96, 384)
     with torch.inference_mode():
         layer(x)
-    assert layer.weight in _linear._packed_weights
-    before = len(_linear._packed_weights)
+    assert layer.weight in _linear._derived_weights
+    before = len(_linear._derived_weights)
     del layer
-    assert len(_linear._packed_weights) == before - 1
+    assert len(_linear._derived_weights) == before - 1
 
 
 @pytest.mark.parametrize("precision", ["float32", "bf16"])
@@ -584,7 +584,7 @@ def test_models_keep_every_large_weight_packed_for_inference(onednn_here, monkey
     first, reorders = infer()
     assert reorders == products
     gpsa = model.blocks[0].attn
-    assert gpsa._frozen_cache["qkv_weight"][1] in _linear._packed_weights
+    assert gpsa._frozen_cache["qkv_weight"][1] in _linear._derived_weights
     again, reorders = infer()
     assert reorders == 0 and torch.equal(again, first) and torch.equal(infer(pack=False)[0], first)
 
@@ -695,7 +695,7 @@ def test_kernel_linear_keeps_its_weight_and_follows_its_changes(kernel_linear):
     def infer() -> tuple[torch.Tensor, torch.Tensor]:
         with torch.autocast("cpu", dtype=torch.bfloat16), torch.inference_mode():
             out = layer(x)
-        return out, _linear._packed_weights[layer.weight][_linear._KERNEL_BF16][1]
+        return out, _linear._derived_weights[layer.weight][_linear._KERNEL_BF16][1]
 
     first, kept = infer()
     again, kept_again = infer()

@@ -104,6 +104,7 @@ USE_WEIGHT_GRAD_KERNEL = True
 USE_BF16_KERNEL_LINEAR = True
 # the float32 kernel's lanes where this module's path runs (AVX-512: onednn_beats_mkl_here asks for it)
 _KERNEL_LANES = 16
+_BF16_KERNEL_COLUMNS = 16  # the bf16 kernel's linear: its tiles' columns, N a multiple of them (csrc/linear_bf16.h)
 MIN_MULTIPLY_ADDS = 1 << 21  # below: MKL (oneDNN's ~10 us per call loses at M 100, 96 -> 96: 0.68x)
 # grad_weight (both operands transposed, which oneDNN copies first) stays on MKL where both weight
 # dims are under this, as quick there (96 x 96: 1.20 vs 1.21 ms at 12,544 rows, 0.17 vs 0.25 ms at 1,576)
@@ -160,8 +161,9 @@ def _onednn(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
     return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "gelu" if gelu else "none", [], "none" if gelu else "")
 
 
-# weight -> {dtype: (what it was packed from, the packed weight)}: see _packed_weight
-_packed_weights = WeakIdKeyDictionary()
+# weight -> {kind: (what it was derived from, the derived weight)}: oneDNN's packs per dtype
+# (_packed_weight) and the bf16 kernel's layout (_kernel_weight); see _kept_derived
+_derived_weights = WeakIdKeyDictionary()
 
 
 def _kept_derived(weight: torch.Tensor, kind: object, derive) -> Optional[torch.Tensor]:
@@ -173,7 +175,7 @@ def _kept_derived(weight: torch.Tensor, kind: object, derive) -> Optional[torch.
     if weight.is_inference() or weight._is_view():
         return None
     key = parameters_key(weight)
-    by_kind = _packed_weights.setdefault(weight, {})
+    by_kind = _derived_weights.setdefault(weight, {})
     kept = by_kind.get(kind)
     if kept is not None and kept[0] == key:
         return kept[1]
@@ -193,7 +195,7 @@ def _packed_weight(weight: torch.Tensor, dtype: torch.dtype, rows: int) -> torch
     return weight.to(dtype) if packed is None else packed
 
 
-_KERNEL_BF16 = "bf16 kernel"  # _packed_weights' kind for the weights the bf16 kernel's linear reads
+_KERNEL_BF16 = "bf16 kernel"  # _derived_weights' kind for the weights the bf16 kernel's linear reads
 
 
 def _kernel_weight(weight: torch.Tensor) -> Optional[torch.Tensor]:
@@ -278,7 +280,7 @@ def _bf16_inference(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.
     rows = x.reshape(-1, x.shape[-1]).to(bf16)  # (M, K)
     bias_bf16 = None if bias is None else bias.to(bf16)
     out_features, in_features = weight.shape
-    if (USE_BF16_KERNEL_LINEAR and out_features % _KERNEL_LANES == 0 and in_features % 2 == 0
+    if (USE_BF16_KERNEL_LINEAR and out_features % _BF16_KERNEL_COLUMNS == 0 and in_features % 2 == 0
             and kernel_bf16_linear_beats_onednn_here()):
         kernel = _attention_kernel.kernels(bf16)
         packed = None if kernel is None else _kernel_weight(weight)
