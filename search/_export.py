@@ -10,24 +10,23 @@ it. Nothing in it refers back to the study folder, which may be deleted.
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 import math
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 import pandas as pd
 import yaml
+from pydantic import Field, model_validator
 
 from search._query import load_experiment, study_dir
 from search._storage import is_uri
-from search._schema import FieldError, SpecLocation, from_dict
-from search._spec import DatasetSpec, ParamSpec, SearchSpec, to_plain
+from search._spec import DatasetSpec, ParamSpec, SearchSpec, ThroughputSettingsField, TrainSettingsField, to_plain
+from search._validation import FieldError, Record, SpecLocation, Whole, from_plain
 from trainers._atomic import atomic_write, check_output_file
-from trainers.config import ThroughputSettings, TrainSettings
 from trainers.data import DatasetRequest
 from trainers.errors import ConfigError
 
@@ -36,22 +35,15 @@ __all__ = ["EXPORT_VERSION", "ExportedModel", "ExportedDataset", "ExportedTrial"
 EXPORT_VERSION = 1
 
 
-@dataclasses.dataclass(frozen=True)
-class ExportedModel:
+class ExportedModel(Record):
     name: str  # a timm model name (this project's families are registered with timm)
-    args: dict[str, Any] = dataclasses.field(default_factory=dict)  # constructor keyword arguments
+    args: dict[str, Any] = Field(default_factory=dict)  # constructor keyword arguments
 
 
-@dataclasses.dataclass(frozen=True)
 class ExportedDataset(DatasetSpec):
     """The spec's dataset section plus the seed that picked its validation split."""
 
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.seed < 0:
-            raise FieldError("seed", f"must be >= 0, got {self.seed}")
+    seed: Annotated[Whole, Field(ge=0)] = 0
 
     def request(self, *, data_dir: str | None = None) -> DatasetRequest:
         return DatasetRequest(
@@ -64,29 +56,28 @@ class ExportedDataset(DatasetSpec):
         )
 
 
-@dataclasses.dataclass(frozen=True)
-class ExportedTrial:
+class ExportedTrial(Record):
     """An exported config as read back by :func:`load_export`."""
 
-    version: int
+    version: Whole
     model: ExportedModel
     dataset: ExportedDataset
-    epochs: int
-    train: TrainSettings
-    throughput: ThroughputSettings
-    seed: int
-    patience: int | None = None
-    source: dict[str, Any] = dataclasses.field(default_factory=dict)  # provenance; not used to train
+    epochs: Whole
+    train: TrainSettingsField  # type: ignore[valid-type]
+    throughput: ThroughputSettingsField  # type: ignore[valid-type]
+    seed: Annotated[Whole, Field(ge=0)]
+    patience: Whole | None = None
+    source: dict[str, Any] = Field(default_factory=dict)  # provenance; not used to train
 
-    def __post_init__(self) -> None:
+    @model_validator(mode="after")
+    def _check(self) -> "ExportedTrial":
         if self.version != EXPORT_VERSION:
             raise FieldError("version", f"this project reads version {EXPORT_VERSION}, got {self.version}; export the trial again")
         if self.epochs < 1:
             raise FieldError("epochs", f"must be at least 1, got {self.epochs}")
         if self.patience is not None and self.patience < 1:
             raise FieldError("patience", f"must be at least 1 epoch (or null), got {self.patience}")
-        if self.seed < 0:
-            raise FieldError("seed", f"must be >= 0, got {self.seed}")
+        return self
 
 
 def _native(value: Any) -> Any:
@@ -133,7 +124,7 @@ def _study_spec(study: Path, meta: Mapping[str, Any]) -> SearchSpec:
     where = SpecLocation(f"{study}/experiment.json", "spec")
     if not isinstance(meta.get("spec"), dict):
         raise where.error("missing; the study predates exports, or was not written by `python -m search run`")
-    return from_dict(SearchSpec, meta["spec"], where)
+    return from_plain(SearchSpec, meta["spec"], where)
 
 
 def export_trial(
@@ -246,4 +237,4 @@ def load_export(path: str | os.PathLike) -> ExportedTrial:
             f"{path}: this is a search spec, not an exported trial; run it with `python -m search run {path}`, "
             "or export one trial of a study with `python -m search pareto STUDY --export best.yaml`"
         )
-    return from_dict(ExportedTrial, data, SpecLocation(str(path)))
+    return from_plain(ExportedTrial, data, SpecLocation(str(path)))

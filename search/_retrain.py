@@ -25,7 +25,7 @@ from typing import Any, TextIO
 import pyarrow as pa
 
 from search._export import ExportedTrial, load_export
-from search._schema import SpecLocation
+from search._validation import SpecLocation
 from search._store import TRIAL_COLUMNS, write_atomic
 from trainers._atomic import atomic_write, folder_problem
 from trainers.errors import ConfigError

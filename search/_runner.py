@@ -505,7 +505,7 @@ def _resume(location: StudyLocation, *, address: str | None, cache_dir: str | os
     to the end (the caller drives the study: see search._driver)."""
     from ray import tune
 
-    from search._schema import SpecLocation, from_dict
+    from search._validation import SpecLocation, from_plain
 
     location.pull()  # with a URI: the study's files into this machine's staging folder
     exp_dir = location.local
@@ -518,7 +518,7 @@ def _resume(location: StudyLocation, *, address: str | None, cache_dir: str | os
         raise ConfigError(f"{meta_path}: no 'spec' object; the study's files are damaged")
     plain = dict(meta["spec"])
     plain.pop("source", None)
-    spec = from_dict(SearchSpec, plain, SpecLocation(str(meta_path)))
+    spec = from_plain(SearchSpec, plain, SpecLocation(str(meta_path)))
     limit = spec.budget.time_limit_s
     if limit is not None:
         store = _store_for(spec, location)

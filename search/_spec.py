@@ -10,13 +10,15 @@ import dataclasses
 import hashlib
 import inspect
 import json
-import math
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Annotated, Any, Callable
 
 import yaml
 
-from search._schema import FieldError, SpecLocation, from_dict
+from pydantic import Field, ValidationError, model_validator
+
+from search._validation import (FieldError, Flag, Number, Record, SpecLocation, Whole, first_error, from_plain,
+                                one_of, settings)
 from trainers.config import TRAIN_KEYS, Constraint, SettingError, ThroughputSettings, TrainSettings
 from trainers.errors import ConfigError
 
@@ -39,75 +41,87 @@ __all__ = [
 # Metrics a study can optimise; each is a column of trials.parquet.
 OBJECTIVE_METRICS = ("val_acc", "val_loss", "throughput", "params", "flops")
 
+# trainers' settings (stdlib dataclasses, checked by their own __post_init__) as spec fields
+TrainSettingsField = settings(TrainSettings)
+ThroughputSettingsField = settings(ThroughputSettings)
 
-@dataclasses.dataclass(frozen=True)
-class DatasetSpec:
+
+class DatasetSpec(Record):
     name: str
-    train_fraction: float = 1.0
-    val_fraction: float = 0.1
-    image_size: int | None = None
+    train_fraction: Number = 1.0
+    val_fraction: Number = 0.1
+    image_size: Whole | None = None
     data_dir: str | None = None
 
-    def __post_init__(self) -> None:
+    @model_validator(mode="after")
+    def _check(self) -> "DatasetSpec":
         if not 0.0 < self.train_fraction <= 1.0:
             raise FieldError("train_fraction", f"must be in (0, 1], got {self.train_fraction}; 0.1 keeps 10% of each class")
         if not 0.0 < self.val_fraction < 1.0:
             raise FieldError("val_fraction", f"must be in (0, 1), got {self.val_fraction}; 0.1 holds out 10% of the training split")
         if self.image_size is not None and self.image_size < 4:
             raise FieldError("image_size", f"must be at least 4 pixels, got {self.image_size}")
+        return self
 
 
-@dataclasses.dataclass(frozen=True)
-class ModelSpec:
+class ModelSpec(Record):
     """A timm model name, its fixed constructor arguments and (in ``models:``) its own knobs."""
 
     name: str
-    args: dict[str, Any] = dataclasses.field(default_factory=dict)
-    space: dict[str, "ParamSpec"] = dataclasses.field(default_factory=dict)
+    args: dict[str, Any] = Field(default_factory=dict)
+    space: dict[str, "ParamSpec"] = Field(default_factory=dict)
 
 
-@dataclasses.dataclass(frozen=True)
-class ParamSpec:
+class ParamSpec(Record):
     """One searched knob. Bounds are inclusive, for floats and integers alike."""
 
-    type: Literal["uniform", "loguniform", "int", "choice"]
-    low: float | None = None
-    high: float | None = None
+    type: one_of("uniform", "loguniform", "int", "choice")  # type: ignore[valid-type]
+    low: Number | None = None
+    high: Number | None = None
     values: tuple[Any, ...] | None = None
-    step: float | None = None
-    log: bool = False
+    step: Number | None = None
+    log: Flag = False
 
-    def __post_init__(self) -> None:
+    @model_validator(mode="after")
+    def _check(self) -> "ParamSpec":
         if self.type == "choice":
             if not self.values:
                 raise FieldError("values", "a choice needs a non-empty list: values: [a, b]")
             if self.low is not None or self.high is not None:
                 raise FieldError("", "a choice takes 'values', not low/high")
-            return
+            if self.step is not None or self.log:
+                raise FieldError("step" if self.step is not None else "log", "a choice takes 'values' only")
+            return self
         if self.values is not None:
             raise FieldError("values", f"'{self.type}' takes low and high, not values; use type: choice for a list")
         for key in ("low", "high"):
             if getattr(self, key) is None:
                 raise FieldError(key, f"missing; a {self.type} range needs low and high")
         assert self.low is not None and self.high is not None
-        if not (math.isfinite(self.low) and math.isfinite(self.high)):
-            raise FieldError("", "low and high must be finite numbers")
         if self.low > self.high:
             raise FieldError("low", f"low ({self.low}) is greater than high ({self.high}); swap them")
         if self.type in ("uniform", "loguniform") and self.low == self.high:
             raise FieldError("high", f"the range [{self.low}, {self.high}] is empty; widen it or fix the value in model.args / train")
         if self.type == "loguniform" and self.low <= 0:
             raise FieldError("low", f"a loguniform range needs low > 0, got {self.low}")
+        if self.log and self.type != "int":
+            raise FieldError("log", f"only an int range takes log; a log-scaled {self.type} range is type: loguniform")
         if self.type == "int":
             if self.low != int(self.low) or self.high != int(self.high):
                 raise FieldError("low", "an int range needs whole-number bounds")
             if self.log and self.low < 1:
                 raise FieldError("low", "a log-scaled int range needs low >= 1")
+            if self.step is not None and self.step != int(self.step):
+                raise FieldError("step", f"an int range needs a whole-number step, got {self.step}")
         if self.step is not None and self.step <= 0:
             raise FieldError("step", f"must be positive, got {self.step}")
+        # Optuna samples a log scale or a step, not both (suggest_float / suggest_int raise mid-run)
+        if self.step is not None and (self.type == "loguniform" or self.log) and not (self.type == "int" and self.step == 1):
+            raise FieldError("step", "a log-scaled range takes no step; remove step or use type: uniform / int without log")
+        return self
 
     def to_json(self) -> dict[str, Any]:
-        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None and v is not False}
+        return {k: v for k, v in self.model_dump().items() if v is not None and v is not False}
 
 
 # The hypervolume's reference point where the spec gives none: the worst value a maximised
@@ -115,17 +129,16 @@ class ParamSpec:
 DEFAULT_REFERENCE = {"val_acc": 0.0, "throughput": 0.0}
 
 
-@dataclasses.dataclass(frozen=True)
-class Objective:
+class Objective(Record):
     metric: str
-    mode: Literal["max", "min"]
-    reference: float | None = None  # hypervolume reference: a value worse than any trial's
+    mode: one_of("max", "min")  # type: ignore[valid-type]
+    reference: Number | None = None  # hypervolume reference: a value worse than any trial's
 
-    def __post_init__(self) -> None:
+    @model_validator(mode="after")
+    def _check(self) -> "Objective":
         if self.metric not in OBJECTIVE_METRICS:
             raise FieldError("metric", f"unknown metric {self.metric!r}; use one of {', '.join(OBJECTIVE_METRICS)}")
-        if self.reference is not None and not math.isfinite(self.reference):
-            raise FieldError("reference", f"must be a finite number, got {self.reference}")
+        return self
 
     @property
     def reference_value(self) -> float | None:
@@ -134,16 +147,16 @@ class Objective:
         return DEFAULT_REFERENCE.get(self.metric) if self.mode == "max" else None
 
 
-@dataclasses.dataclass(frozen=True)
-class Budget:
-    trials: int
-    max_epochs: int
-    grace_epochs: int = 1
-    patience: int | None = None
-    time_limit_s: float | None = None
-    max_failures: int = 0  # retries of a trial that raised (from its last checkpoint)
+class Budget(Record):
+    trials: Whole
+    max_epochs: Whole
+    grace_epochs: Whole = 1
+    patience: Whole | None = None
+    time_limit_s: Number | None = None
+    max_failures: Whole = 0  # retries of a trial that raised (from its last checkpoint)
 
-    def __post_init__(self) -> None:
+    @model_validator(mode="after")
+    def _check(self) -> "Budget":
         if self.trials < 1:
             raise FieldError("trials", f"must be at least 1, got {self.trials}")
         if self.max_epochs < 1:
@@ -156,36 +169,43 @@ class Budget:
             raise FieldError("time_limit_s", f"must be positive seconds, got {self.time_limit_s}")
         if self.max_failures < 0:
             raise FieldError("max_failures", f"must be >= 0 retries, got {self.max_failures}")
+        return self
 
 
-@dataclasses.dataclass(frozen=True)
-class AlgorithmSpec:
-    name: Literal["tpe", "nsga2", "random"] = "tpe"
-    seed: int = 0
-    n_startup_trials: int | None = None  # tpe: random trials before the model kicks in
+class AlgorithmSpec(Record):
+    name: one_of("tpe", "nsga2", "random") = "tpe"  # type: ignore[valid-type]
+    seed: Annotated[Whole, Field(ge=0)] = 0  # numpy's seeds are >= 0; a negative one fails the sampler mid-run
+    n_startup_trials: Annotated[Whole, Field(ge=0)] | None = None  # tpe: random trials before the model kicks in
+
+    @model_validator(mode="after")
+    def _check(self) -> "AlgorithmSpec":
+        if self.n_startup_trials is not None and self.name != "tpe":
+            raise FieldError("n_startup_trials", f"only tpe starts with random trials; remove it for {self.name}")
+        return self
 
 
-@dataclasses.dataclass(frozen=True)
-class SchedulerSpec:
+class SchedulerSpec(Record):
     """asha: Ray's ASHA on val_acc alone; mo_asha: promotes by Pareto rank over all objectives."""
 
-    name: Literal["asha", "mo_asha", "none"] = "asha"
-    reduction_factor: float = 2.0
+    name: one_of("asha", "mo_asha", "none") = "asha"  # type: ignore[valid-type]
+    reduction_factor: Number = 2.0
 
-    def __post_init__(self) -> None:
+    @model_validator(mode="after")
+    def _check(self) -> "SchedulerSpec":
         if self.reduction_factor <= 1:
             raise FieldError("reduction_factor", f"must be > 1, got {self.reduction_factor}; 2 or 3 is usual")
+        return self
 
 
-@dataclasses.dataclass(frozen=True)
-class Resources:
+class Resources(Record):
     """What one trial asks of a Ray node: Ray only starts it on a node with all of it free."""
 
-    cpus: float = 1.0
-    gpus: float = 0.0  # fractions share a GPU: 0.25 runs four trials on one
-    custom: dict[str, float] = dataclasses.field(default_factory=dict)  # e.g. {a100: 1}: `ray start --resources`
+    cpus: Number = 1.0
+    gpus: Number = 0.0  # fractions share a GPU: 0.25 runs four trials on one
+    custom: dict[str, Number] = Field(default_factory=dict)  # e.g. {a100: 1}: `ray start --resources`
 
-    def __post_init__(self) -> None:
+    @model_validator(mode="after")
+    def _check(self) -> "Resources":
         if self.cpus <= 0:
             raise FieldError("cpus", f"must be positive, got {self.cpus}")
         if self.gpus < 0:
@@ -197,33 +217,34 @@ class Resources:
                 raise FieldError("custom", f"{name!r} is a built-in resource; set resources.cpus / resources.gpus instead")
             if amount <= 0:
                 raise FieldError("custom", f"{name}: must be positive, got {amount}")
+        return self
 
     def ray_resources(self) -> dict[str, float]:
         """The request in ``tune.with_resources``' terms."""
         return {"cpu": self.cpus, "gpu": self.gpus, **self.custom}
 
 
-@dataclasses.dataclass(frozen=True)
-class SearchSpec:
+class SearchSpec(Record):
     name: str
     dataset: DatasetSpec
     objectives: tuple[Objective, ...]
     budget: Budget
     model: ModelSpec | None = None  # one model ...
     models: tuple[ModelSpec, ...] | None = None  # ... or a choice of models, each with its own knobs
-    space: dict[str, ParamSpec] = dataclasses.field(default_factory=dict)  # knobs every model shares
-    train: TrainSettings = dataclasses.field(default_factory=TrainSettings)
-    algorithm: AlgorithmSpec = dataclasses.field(default_factory=AlgorithmSpec)
-    scheduler: SchedulerSpec = dataclasses.field(default_factory=SchedulerSpec)
-    resources: Resources = dataclasses.field(default_factory=Resources)
-    throughput: ThroughputSettings = dataclasses.field(default_factory=ThroughputSettings)
+    space: dict[str, ParamSpec] = Field(default_factory=dict)  # knobs every model shares
+    train: TrainSettingsField = Field(default_factory=TrainSettings)  # type: ignore[valid-type]
+    algorithm: AlgorithmSpec = Field(default_factory=AlgorithmSpec)
+    scheduler: SchedulerSpec = Field(default_factory=SchedulerSpec)
+    resources: Resources = Field(default_factory=Resources)
+    throughput: ThroughputSettingsField = Field(default_factory=ThroughputSettings)  # type: ignore[valid-type]
     constraints: tuple[str, ...] = ()  # e.g. "throughput >= 5000": broken ones are rejected untrained
     storage: str = "results"
     description: str = ""
     # the file it came from: set by load_spec, not a YAML key (`internal`: not offered in messages)
-    source: str = dataclasses.field(default="", metadata={"internal": True})
+    source: str = Field(default="", json_schema_extra={"internal": True})
 
-    def __post_init__(self) -> None:
+    @model_validator(mode="after")
+    def _check(self) -> "SearchSpec":
         if not self.name or any(c in self.name for c in "/\\ \t") or self.name.startswith("."):
             raise FieldError("name", f"{self.name!r} is not usable as a folder name; use letters, digits, '_' or '-'")
         if not self.objectives:
@@ -250,6 +271,7 @@ class SearchSpec:
                 Constraint.parse(text)
             except SettingError as exc:
                 raise FieldError(f"constraints[{i}]", str(exc)) from None
+        return self
 
     # -- derived -------------------------------------------------------------------------
     @property
@@ -307,19 +329,24 @@ class SearchSpec:
         if budget_changes:
             if "max_epochs" in budget_changes:
                 budget_changes.setdefault("grace_epochs", min(budget.grace_epochs, budget_changes["max_epochs"]))
-            try:
-                budget = dataclasses.replace(budget, **budget_changes)
-            except FieldError as exc:
-                raise ConfigError(f"--{exc.key.replace('_', '-')}: {exc}") from None
-        dataset = self.dataset if dataset_dir is None else dataclasses.replace(self.dataset, data_dir=dataset_dir)
-        try:
-            return dataclasses.replace(self, budget=budget, dataset=dataset, **top)
-        except FieldError as exc:
-            raise ConfigError(f"--{exc.key}: {exc}") from None
+            budget = _override(Budget, {**dict(budget), **budget_changes})
+        dataset = self.dataset if dataset_dir is None else self.dataset.model_copy(update={"data_dir": dataset_dir})
+        return _override(SearchSpec, {**dict(self), "budget": budget, "dataset": dataset, **top})
+
+
+def _override(record: type[Record], values: dict[str, Any]) -> Any:
+    """``record`` with command-line overrides; a bad one is a ConfigError naming its option."""
+    try:
+        return record.model_validate(values)
+    except ValidationError as exc:
+        loc, message = first_error(record, exc)
+        raise ConfigError(f"--{str(loc[-1]).replace('_', '-')}: {message}") from None
 
 
 def to_plain(obj: Any) -> Any:
-    """A dataclass tree as JSON-able dicts/lists (for hashing and the experiment record)."""
+    """A record tree as JSON-able dicts/lists (for hashing and the experiment record)."""
+    if isinstance(obj, Record):
+        return {name: to_plain(getattr(obj, name)) for name in type(obj).model_fields}
     if dataclasses.is_dataclass(obj):
         return {f.name: to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
     if isinstance(obj, dict):
@@ -348,8 +375,8 @@ def load_spec(path: str | Path, *, check_model: bool = True) -> SearchSpec:
         raise ConfigError(f"{path}: expected a mapping at the top (name:, dataset:, model:, space:, ...)")
     if "source" in data:
         raise where.child("source").error("unknown key; it is set from the file name")
-    spec: SearchSpec = from_dict(SearchSpec, data, where)
-    spec = dataclasses.replace(spec, source=str(path))
+    spec: SearchSpec = from_plain(SearchSpec, data, where)
+    spec = spec.model_copy(update={"source": str(path)})
     _check_space_keys(spec, where, set(data.get("train") or {}))
     _check_train_knobs(spec, where)
     if check_model:

@@ -121,6 +121,24 @@ MALFORMED = [
         {"name": "ls_convit_nano"},
         {"name": "ls_gmm_nano", "space": {"num_kernels": {"type": "int", "low": 0, "high": 2}}}]},
      "models[1].space.num_kernels: ls_gmm_nano does not accept 0"),
+    # holes the hand-written checker left open (each value used to pass and fail the run later)
+    ({"algorithm": {"name": "tpe", "n_startup_trials": -5}}, "algorithm.n_startup_trials: must be >= 0, got -5"),
+    ({"algorithm": {"name": "random", "n_startup_trials": 5}},
+     "algorithm.n_startup_trials: only tpe starts with random trials; remove it for random"),
+    ({"algorithm": {"seed": -1}}, "algorithm.seed: must be >= 0, got -1"),
+    ({"budget.time_limit_s": float("nan")}, "budget.time_limit_s: must be a finite number, got nan"),
+    ({"train": {"weight_decay": float("inf")}}, "train.weight_decay: must be a finite number, got inf"),
+    ({"scheduler": {"reduction_factor": float("nan")}}, "scheduler.reduction_factor: must be a finite number, got nan"),
+    ({"space.lr.step": 0.001}, "space.lr.step: a log-scaled range takes no step"),
+    ({"space.batch_size": {"type": "int", "low": 16, "high": 64, "step": 0.5}},
+     "space.batch_size.step: an int range needs a whole-number step, got 0.5"),
+    ({"space.locality_strength.log": True}, "space.locality_strength.log: only an int range takes log"),
+    ({"space.lr": {"type": "choice", "values": [1e-3], "step": 2}}, "space.lr.step: a choice takes 'values' only"),
+    # YAML read as the user means it, not as pydantic's lax mode would coerce it
+    ({"budget.trials": True}, "budget.trials: expected a whole number, got True"),
+    ({"budget.trials": "10"}, "budget.trials: expected a whole number, got '10'"),
+    ({"train": {"cuda_graph": "yes"}}, "train.cuda_graph: expected true or false, got 'yes'"),
+    ({"train": {"batchsize": 64}}, "train.batchsize: unknown key; did you mean 'batch_size'?"),
 ]
 
 
