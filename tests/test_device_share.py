@@ -16,18 +16,23 @@ from trainers._device_share import device_share, lock_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 
-TRAINER = textwrap.dedent("""
-    import json, sys, time, torch
+# Trains until the test creates the stop file, then a little longer: no fixed duration, so a
+# loaded machine (a slow interpreter start for the measurer) cannot end training before the
+# measurement starts.
+TRAINER_UNTIL_STOPPED = textwrap.dedent("""
+    import json, os, sys, time, torch
     from trainers._device_share import device_share
     share = device_share(torch.device("cpu"))
     steps = []
+    stop_file, stopped_at = sys.argv[1], None
     with share.training():
-        end = time.time() + float(sys.argv[1])
         print("training", flush=True)
-        while time.time() < end:
+        while stopped_at is None or time.time() < stopped_at + float(sys.argv[2]):
             share.step()
             steps.append(time.time())  # a "step" happens after step() lets us go on
             time.sleep(0.005)
+            if stopped_at is None and os.path.exists(stop_file):
+                stopped_at = time.time()
     print(json.dumps(steps), flush=True)
 """)
 
@@ -45,6 +50,22 @@ MEASURER = textwrap.dedent("""
 """)
 
 
+TRAINER = textwrap.dedent("""
+    import json, sys, time, torch
+    from trainers._device_share import device_share
+    share = device_share(torch.device("cpu"))
+    steps = []
+    with share.training():
+        end = time.time() + float(sys.argv[1])
+        print("training", flush=True)
+        while time.time() < end:
+            share.step()
+            steps.append(time.time())  # a "step" happens after step() lets us go on
+            time.sleep(0.005)
+    print(json.dumps(steps), flush=True)
+""")
+
+
 def _start(script: str, *args: str, env: dict) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", script, *args], stdout=subprocess.PIPE, text=True, cwd=ROOT, env=env)
 
@@ -53,11 +74,13 @@ def test_measurement_waits_for_trainers_and_they_for_it(tmp_path):
     env = {**os.environ, "LOCALITY_SEARCH_LOCKS": str(tmp_path), "PYTHONPATH": str(ROOT)}
     # Two trainers whose shared holds overlap all the time: without the gate, a measurement
     # waiting for the exclusive lock would never get it.
-    trainers = [_start(TRAINER, "6", env=env) for _ in range(2)]
+    stop_file = tmp_path / "stop"
+    trainers = [_start(TRAINER_UNTIL_STOPPED, str(stop_file), "0.5", env=env) for _ in range(2)]
     for proc in trainers:
         assert proc.stdout.readline().strip() == "training"
     measurer = _start(MEASURER, "1", env=env)
     asked, start, end = json.loads(measurer.communicate(timeout=60)[0].splitlines()[-1])
+    stop_file.touch()
     steps = [json.loads(proc.communicate(timeout=60)[0].splitlines()[-1]) for proc in trainers]
     assert start - asked < 2.0, "the measurement starved"
     for times in steps:
