@@ -16,7 +16,7 @@ from typing import Any, Callable, Literal
 
 import yaml
 
-from search._schema import FieldError, SpecLocation, from_dict
+from search.spec.schema import FieldError, SpecLocation, from_dict
 from trainers.config import TRAIN_KEYS, Constraint, SettingError, ThroughputSettings, TrainSettings
 from trainers.errors import ConfigError
 
