@@ -157,7 +157,7 @@ def _prepare_data(spec: SearchSpec, cache_dir: str | os.PathLike | None, out: Te
 
 def _prepare_cpu_kernel() -> None:
     """Trials on a CPU run the attention core's fused kernels: float32 everywhere, bf16 on a CPU with
-    bf16 hardware; built here (once per machine and source, ~15-25 s each) before any trial waits
+    bf16 hardware; built here (once per machine and source; a build is slow) before any trial waits
     for them; where one cannot be built, one warning says why and trials run the core on torch ops."""
     import torch
 
