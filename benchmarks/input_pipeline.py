@@ -44,7 +44,7 @@ from trainers._source import PROJECT_ROOT
 
 
 def _prepared(train_fraction: float):
-    from search._runner import default_cache_dir
+    from search.results.location import default_cache_dir
     from trainers.data import DatasetRequest, prepare_dataset
 
     return prepare_dataset(DatasetRequest(name="fashion_mnist", train_fraction=train_fraction), cache_dir=default_cache_dir())

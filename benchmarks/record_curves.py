@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from search._runner import default_cache_dir
-from search._store import read_table, write_atomic
+from search.results.location import default_cache_dir
+from search.results.store import read_table, write_atomic
 from trainers.config import ThroughputSettings, TrainSettings, TrialConfig
 from trainers.data import DatasetRequest, prepare_dataset
 from trainers.train import train_trial

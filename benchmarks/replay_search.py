@@ -8,7 +8,7 @@ Every trial of a replayed search reads its learning curve and throughput from th
 (``benchmarks/data/curves-*.parquet``) instead of training, and goes through the same parts a
 real study uses: an Optuna sampler asked for the grid's knobs (``study.ask``/``tell``), Ray
 Tune's own ``ASHAScheduler`` or this project's ``MOASHAScheduler`` deciding after each epoch,
-and the honest-fidelity rule (``search._searcher.optuna_state_for``: only trials that ran the
+and the honest-fidelity rule (``search.study.searcher.optuna_state_for``: only trials that ran the
 full budget are COMPLETE, are told to Optuna with values, and can be on the front). Trials run
 one after another, so "epochs spent" is the cost a single device would pay.
 
@@ -37,10 +37,10 @@ from ray.tune.schedulers import ASHAScheduler
 
 from benchmarks._env import write_result
 from benchmarks.record_curves import DATA_DIR, GRID, GRID_NAME
-from search._hypervolume import hypervolume
-from search._mo_asha import MOASHAScheduler
-from search._searcher import optuna_state_for
-from search._store import read_table
+from search.results.hypervolume import hypervolume
+from search.results.store import read_table
+from search.study.mo_asha import MOASHAScheduler
+from search.study.searcher import optuna_state_for
 
 OBJECTIVES = [("best_val_acc", "max"), ("throughput", "max")]
 REFERENCE = [0.0, 0.0]

@@ -4,16 +4,16 @@
     python -m benchmarks.store_queries --sizes 1000 10000 --repeats 5
 
 A synthetic study folder per size (experiment.json + trials.parquet + progress.parquet, the
-schema `search._store.ResultsStore` writes: every result column plus three searched knobs;
+schema `search.results.store.ResultsStore` writes: every result column plus three searched knobs;
 80% COMPLETE, val_acc and throughput trading off with noise, four families). Timed, each the
 median of --repeats runs:
 
-  write / read      trials.parquet through search._store (write_atomic, read_table)
+  write / read      trials.parquet through search.results.store (write_atomic, read_table)
   load              search.load(folder): experiment.json + Parquet -> pandas
   front_2d          Experiment.front(): the Pareto front of the COMPLETE trials (val_acc, throughput)
   query             Experiment.front(where=[...], families=[...]) + select(rule="knee"): filter, front, pick
   front_3d          pareto_front on (val_acc max, throughput max, params min)
-  dashboard         search._dashboard.study_payload(folder): what the Pareto page's server sends
+  dashboard         search.views.dashboard.server.study_payload(folder): what the Pareto page's server sends
   store_finish      ResultsStore holding N trials: add_trial + add_progress + flush (what the
                     driver does when one more trial finishes)
 
@@ -38,10 +38,10 @@ import numpy as np
 import pyarrow as pa
 
 from benchmarks._env import write_result
-from search._pareto import _as_maximised, pareto_front, pareto_mask
-from search._query import load
-from search._select import select
-from search._store import ResultsStore, read_table, write_atomic
+from search.results.pareto import _as_maximised, pareto_front, pareto_mask
+from search.results.query import load
+from search.results.select import select
+from search.results.store import ResultsStore, read_table, write_atomic
 
 SPACE = {
     "locality_strength": {"type": "uniform", "low": 0.1, "high": 3.0},
@@ -198,7 +198,7 @@ def _median(fn: Callable[[], object], repeats: int) -> tuple[float, object]:
 
 
 def run_size(n: int, *, repeats: int, workdir: Path) -> dict:
-    from search._dashboard import study_payload  # the page's server side (read-only)
+    from search.views.dashboard.server import study_payload  # the page's server side (read-only)
 
     store, table = _study(n)
     folder = workdir / f"study-{n}"

@@ -56,7 +56,7 @@ def _trial(cfg) -> dict:
 def run(*, model: str, model_args: dict, epochs: int, rounds: int, train_fraction: float) -> dict:
     import dataclasses
 
-    from search._runner import default_cache_dir
+    from search.results.location import default_cache_dir
     from trainers.config import ThroughputSettings, TrainSettings, TrialConfig
     from trainers.data import DatasetRequest, prepare_dataset
 

@@ -235,7 +235,7 @@ def _batches(cfg) -> dict:
 def trainer_overhead(*, epochs: int, model: str = "ls_convit_micro", device: str = "cpu", train_fraction: float = 0.1,
                      batch_size: int | None = None, num_workers: int | None = None,
                      compile: bool | str = False, cuda_graph: bool = False) -> dict:
-    from search._runner import default_cache_dir
+    from search.results.location import default_cache_dir
     from trainers.data import DatasetRequest, prepare_dataset
 
     data = prepare_dataset(DatasetRequest(name="fashion_mnist", train_fraction=train_fraction),

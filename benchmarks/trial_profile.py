@@ -76,7 +76,7 @@ def _print_top(title: str, rows: list[dict[str, Any]], steps: int) -> None:
 def trial_profile(*, device: str, model: str, train_fraction: float, epochs: int, batch_size: int | None,
                   num_workers: int | None, compile: bool | str, cuda_graph: bool, trace: str | None,
                   dataset: str = "fashion_mnist") -> dict:
-    from search._runner import default_cache_dir
+    from search.results.location import default_cache_dir
     from trainers.data import DatasetRequest, make_loader, prepare_dataset
     from trainers.train import train_trial
 

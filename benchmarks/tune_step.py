@@ -40,7 +40,7 @@ def _train_images_per_s(settings: dict) -> list[float]:
     import dataclasses
 
     from benchmarks.trial_overhead import _config
-    from search._runner import default_cache_dir
+    from search.results.location import default_cache_dir
     from trainers.data import DatasetRequest, prepare_dataset
     from trainers.train import train_trial
 
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> None:
         _child(args.child, json.loads(args.settings))
         return
 
-    from search._runner import default_cache_dir
+    from search.results.location import default_cache_dir
     from trainers.data import DatasetRequest, prepare_dataset
     from trainers.errors import ConfigError
 

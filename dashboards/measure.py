@@ -29,8 +29,8 @@ from pathlib import Path
 from benchmarks._env import write_result
 from dashboards.browser import Browser, find_chromium
 from dashboards.synthetic import synthetic_study
-from search._dashboard import make_server, studies_payload
-from search._report import write_report
+from search.views.dashboard.server import make_server, studies_payload
+from search.views.report import write_report
 
 
 def main() -> None:

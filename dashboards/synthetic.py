@@ -13,8 +13,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from search._hypervolume import hypervolume
-from search._store import PROGRESS_COLUMNS, ResultsStore, write_atomic
+from search.results.hypervolume import hypervolume
+from search.results.store import PROGRESS_COLUMNS, ResultsStore, write_atomic
 
 __all__ = ["SPACE", "MODELS", "synthetic_study", "progress_rows"]
 

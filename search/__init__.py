@@ -1,20 +1,33 @@
 """locality-search: multi-objective search over soft-locality vision transformers.
 
-The public API; the modules behind it are private (``search._spec``, ``search._store``, ...).
+The public API. The package has four layers, each importing only those below it (import-linter
+checks this, see pyproject.toml): ``search.views`` (CLI, report, Pareto page) > ``search.study``
+(running a study) > ``search.results`` (the results store and its queries) > ``search.spec``
+(the spec). ``search.text`` and ``search.hosts`` are small helpers any layer may use.
 """
 
-from search._compare import Comparison, compare_studies
-from search._dashboard import make_server, serve_dashboard
-from search._export import export_trial, load_export, write_export
-from search._filter import filter_trials
-from search._hypervolume import front_hypervolume, hypervolume
-from search._pareto import pareto_front, pareto_mask
-from search._query import Experiment, format_front, front_of, load, load_experiment, load_trials
-from search._report import Report, write_report
-from search._retrain import RetrainResult, retrain
-from search._select import select
-from search._spec import SearchSpec, load_spec
-from search._store import EPOCH_COLUMNS, TRIAL_COLUMNS, ResultsStore
+from search.results import (
+    EPOCH_COLUMNS,
+    TRIAL_COLUMNS,
+    Comparison,
+    Experiment,
+    ResultsStore,
+    compare_studies,
+    filter_trials,
+    format_front,
+    front_hypervolume,
+    front_of,
+    hypervolume,
+    load,
+    load_experiment,
+    load_trials,
+    pareto_front,
+    pareto_mask,
+    select,
+)
+from search.spec import SearchSpec, load_spec
+from search.study import RetrainResult, export_trial, load_export, retrain, write_export
+from search.views import Report, make_server, serve_dashboard, write_report
 
 __all__ = [
     "SearchSpec",

@@ -2,7 +2,7 @@
 
 import sys
 
-from search._cli import main
+from search.views.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

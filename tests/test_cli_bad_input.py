@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from search._cli import main
+from search.views.cli import main
 from tests.test_select_cli import ROOT, SPEC, TRIALS, _run, _user_error, _write_study
 
 
@@ -175,7 +175,7 @@ def test_reading_a_uri_with_no_study_leaves_no_staging_folder(tmp_path, capsys, 
 
 @pytest.mark.parametrize("damage", ["experiment a list", "experiment not JSON", "progress not Parquet"])
 def test_the_dashboard_shows_a_damaged_study_as_an_error(study, damage):
-    from search._dashboard import study_payload
+    from search.views.dashboard.server import study_payload
 
     name, mangle, message = DAMAGE[damage]
     (study / name).write_bytes(mangle((study / name).read_bytes()))

@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from search._storage import StudyLocation, study_location
+from search.results.location import StudyLocation, study_location
 
 pytestmark = pytest.mark.ray
 

@@ -17,9 +17,9 @@ import torch
 import yaml
 
 import trainers.models  # noqa: F401
-from search._hypervolume import hypervolume
-from search._searcher import optuna_state_for
-from search._store import PROGRESS_COLUMNS, ResultsStore
+from search.results.hypervolume import hypervolume
+from search.results.store import PROGRESS_COLUMNS, ResultsStore
+from search.study.searcher import optuna_state_for
 from trainers import throughput
 from trainers.config import Constraint, SettingError, ThroughputSettings, TrainSettings, TrialConfig
 from trainers.data import DatasetRequest, prepare_dataset

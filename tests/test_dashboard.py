@@ -25,10 +25,11 @@ import pytest
 
 import search
 from dashboards.browser import Browser, BrowserError
-from search._cli import main
-from search._dashboard import is_loopback_host, make_server, render_page, studies_payload, study_payload
-from search._report import write_report
-from search._store import ResultsStore
+from search.hosts import is_loopback_host
+from search.results.store import ResultsStore
+from search.views.cli import main
+from search.views.dashboard.server import make_server, render_page, studies_payload, study_payload
+from search.views.report import write_report
 from trainers.errors import ConfigError
 
 SPACE = {
@@ -320,7 +321,7 @@ def test_report_opens_offline_in_the_browser(tmp_path, browser, request):
 def test_ray_dashboard_warning_unless_token_auth(monkeypatch):
     import io
 
-    import search._runner as runner
+    import search.study.runner as runner
 
     def notes(host: str, token: bool) -> str:
         monkeypatch.setattr(runner, "ray_token_auth_enabled", lambda: token)

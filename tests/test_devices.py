@@ -14,7 +14,7 @@ import pytest
 
 import search
 from search import ResultsStore
-from search._pareto import device_groups, pareto_mask
+from search.results.pareto import device_groups, pareto_mask
 from trainers.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent

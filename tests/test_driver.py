@@ -1,4 +1,4 @@
-"""One driver per study (search._driver): a live driver is named to the second one, a killed one
+"""One driver per study (search.study.driver): a live driver is named to the second one, a killed one
 leaves nothing to wait on, and what it left mid-append to the Optuna journal is cleared."""
 
 from __future__ import annotations
@@ -18,15 +18,15 @@ import pytest
 from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock
 
-from search._driver import DRIVER_LOCK, JOURNAL_LOCK, driving
-from search._storage import JOURNAL_FILE
+from search.results.location import JOURNAL_FILE
+from search.study.driver import DRIVER_LOCK, JOURNAL_LOCK, driving
 from trainers.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
 
 HOLD = """
 import sys, time
-from search._driver import driving
+from search.study.driver import driving
 with driving(sys.argv[1]):
     print("held", flush=True)
     time.sleep(120)

@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from search._store import EPOCH_COLUMNS, TRIAL_COLUMNS
+from search.results.store import EPOCH_COLUMNS, TRIAL_COLUMNS
 
 ROOT = Path(__file__).resolve().parent.parent
 

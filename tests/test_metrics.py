@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from search._callback import StoreCallback
-from search._metrics import METRIC_PREFIX, STUDY_METRICS, TRIAL_METRICS, MetricsCallback
-from search._store import ResultsStore
+from search.results.store import ResultsStore
+from search.study.callbacks import StoreCallback
+from search.study.metrics import METRIC_PREFIX, STUDY_METRICS, TRIAL_METRICS, MetricsCallback
 
 pytestmark = pytest.mark.ray
 

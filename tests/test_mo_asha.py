@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from search._mo_asha import (
+from search.study.mo_asha import (
     CONTINUE,
     STOP,
     MOASHAScheduler,

@@ -1,4 +1,4 @@
-"""A trial prepares the dataset on its own node (search._trainable.on_this_node): in the node's
+"""A trial prepares the dataset on its own node (search.study.trainable.on_this_node): in the node's
 cache, once per process, and only when it holds the driver's content."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from search._trainable import TrialTemplate, _prepared_here, on_this_node
+from search.study.trainable import TrialTemplate, _prepared_here, on_this_node
 from trainers.config import ThroughputSettings, TrainSettings
 from trainers.data import DatasetRequest, prepare_dataset
 from trainers.errors import ConfigError

@@ -6,9 +6,9 @@ import io
 import pickle
 from types import SimpleNamespace
 
-from search._callback import StoreCallback
-from search._progress import ProgressBar, format_status
-from search._store import ResultsStore
+from search.results.store import ResultsStore
+from search.study.callbacks import StoreCallback
+from search.study.progress import ProgressBar, format_status
 
 
 def test_format_status():

@@ -1,4 +1,4 @@
-"""search._recovery on a real Tune Trial and real checkpoint folders (no cluster needed)."""
+"""search.study.recovery on a real Tune Trial and real checkpoint folders (no cluster needed)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from ray.train._internal.storage import StorageContext
 from ray.tune import Checkpoint, CheckpointConfig, register_trainable
 from ray.tune.experiment import Trial
 
-from search._recovery import recover_missing_checkpoint
-from search._trainable import STATE_FILE
+from search.study.recovery import recover_missing_checkpoint
+from search.study.trainable import STATE_FILE
 
 
 def _trial(tmp_path: Path) -> Trial:

@@ -69,7 +69,7 @@ def _run_and_sigkill(spec: Path, env: dict[str, str], *, until: Callable[[], boo
 def test_sigkilled_driver_resumes_to_the_exact_trial_count(tmp_path, storage):
     """``path``: the study folder moved elsewhere before the resume (its results must follow it),
     the Optuna journal lock still held by the killed driver.
-    ``uri``: the study at a file:// URI (search._storage), resumed "on another machine": another
+    ``uri``: the study at a file:// URI (search.results.location), resumed "on another machine": another
     cache and staging folder, the first driver's staging folder gone."""
     spec = yaml.safe_load((ROOT / "spaces" / "synthetic_smoke.yaml").read_text())
     where = str(tmp_path / "results") if storage == "path" else f"file://{tmp_path}/bucket"
@@ -157,7 +157,7 @@ def test_sigkilled_driver_resumes_to_the_exact_trial_count(tmp_path, storage):
 
 
 def test_resume_of_a_folder_that_is_not_a_study_is_a_one_line_error(tmp_path, capsys):
-    from search._cli import main
+    from search.views.cli import main
 
     assert main(["resume", str(tmp_path)]) == 2
     err = capsys.readouterr().err
@@ -250,10 +250,10 @@ def test_resume_of_a_study_that_ran_its_time_limit_says_so_without_starting_ray(
     Tune would restore only to stop at once, so the resume says why and starts nothing."""
     import ray
 
-    from search._cli import main
-    from search._runner import _store_for
-    from search._spec import load_spec, to_plain
-    from search._storage import StudyLocation
+    from search.results.location import StudyLocation
+    from search.spec.spec import load_spec, to_plain
+    from search.study.runner import _store_for
+    from search.views.cli import main
 
     raw = yaml.safe_load((ROOT / "spaces" / "synthetic_smoke.yaml").read_text())
     raw["budget"]["time_limit_s"] = 60

@@ -15,9 +15,9 @@ import pytest
 import yaml
 
 from search import ResultsStore, filter_trials, load_trials
-from search._cli import main
-from search._filter import parse_where
-from search._spec import load_spec, to_plain
+from search.results.filter import parse_where
+from search.spec.spec import load_spec, to_plain
+from search.views.cli import main
 from trainers.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -182,7 +182,7 @@ def test_select_from_a_front_of_one_says_trial(study, capsys):
 @pytest.mark.parametrize("n, says", [(1, "error: the only trial failed; first error:"),
                                      (2, "error: all 2 trials failed; first error:")])
 def test_run_end_when_every_trial_failed(tmp_path, capsys, n, says):
-    from search._cli import _report
+    from search.views.cli import _report
 
     failed = [row for row in TRIALS if row[2] == "FAILED"]
     trials = [(f"f{i}", *failed[0][1:]) for i in range(n)]
@@ -335,7 +335,7 @@ def test_exported_trial_retrains_to_the_same_architecture(tmp_path, capsys):
     import timm
     import torch
 
-    from search._trainable import TrialTemplate, trial_config
+    from search.study.trainable import TrialTemplate, trial_config
     from trainers.data import DatasetRequest, prepare_dataset
     from trainers.train import train_trial
 

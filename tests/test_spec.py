@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from search import load_spec
-from search._cli import main
+from search.views.cli import main
 from trainers.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -228,8 +228,8 @@ def test_every_space_samples_configs_that_build(path):
     import optuna
     import torch
 
-    from search._runner import OptunaSpace
-    from search._trainable import TrialTemplate, trial_config
+    from search.study.runner import OptunaSpace
+    from search.study.trainable import TrialTemplate, trial_config
     from trainers.data import PreparedDataset, load_catalog
     from trainers.train import build_model
 

@@ -1,4 +1,4 @@
-"""Studies stored at a URI through pyarrow's filesystems (search._storage): the driver stages
+"""Studies stored at a URI through pyarrow's filesystems (search.results.location): the driver stages
 its files locally and uploads each whole; Tune writes checkpoints there itself; readers and
 ``resume`` download them again, on any machine."""
 
@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import search
-from search._storage import STUDY_FILES, StudyLocation, is_uri, resumed_location, resuming_at, study_location
+from search.results.location import STUDY_FILES, StudyLocation, is_uri, resumed_location, resuming_at, study_location
 from trainers.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -117,8 +117,8 @@ def test_a_resume_puts_what_the_snapshot_pickled_in_the_study_folder_as_it_is_no
     from ray.tune.experiment import Experiment
     from ray.tune.search import Searcher
 
-    from search._searcher import StudySearchGenerator
-    from search._store import ResultsStore
+    from search.results.store import ResultsStore
+    from search.study.searcher import StudySearchGenerator
 
     old, new = StudyLocation(tmp_path / "old" / "s"), StudyLocation(tmp_path / "new" / "s")
     store = ResultsStore(old.local, space={}, objectives=[("val_acc", "max")], location=old)
@@ -151,10 +151,10 @@ def test_each_trial_sampled_reaches_the_uri_journal_before_tune_can_snapshot_it(
     from optuna.storages import JournalStorage
     from optuna.storages.journal import JournalFileBackend
 
-    from search._runner import OptunaSpace
-    from search._searcher import HonestOptunaSearch
-    from search._spec import ParamSpec
-    from search._storage import JOURNAL_FILE
+    from search.results.location import JOURNAL_FILE
+    from search.spec.spec import ParamSpec
+    from search.study.runner import OptunaSpace
+    from search.study.searcher import HonestOptunaSearch
 
     monkeypatch.setenv("LOCALITY_SEARCH_CACHE", str(tmp_path / "cache" / "datasets"))
     location = StudyLocation(f"file://{tmp_path}/remote/study")
@@ -239,7 +239,7 @@ def test_search_at_a_uri_then_read_and_resume_elsewhere(tmp_path, monkeypatch, r
 
 def test_unreachable_storage_is_a_one_line_error_and_loses_nothing(tmp_path, monkeypatch, capsys):
     from search import ResultsStore
-    from search._cli import main
+    from search.views.cli import main
 
     for key, value in {"AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y", "AWS_EC2_METADATA_DISABLED": "true",
                        "LOCALITY_SEARCH_CACHE": str(tmp_path / "cache" / "datasets")}.items():

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from search._store import EPOCH_COLUMNS, PROGRESS_COLUMNS, TRIAL_COLUMNS, ResultsStore
+from search.results.store import EPOCH_COLUMNS, PROGRESS_COLUMNS, TRIAL_COLUMNS, ResultsStore
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -101,7 +101,7 @@ def test_a_script_that_reads_the_store_exits_cleanly(tmp_path):
     store.flush()
     # exits right after the read (the abort needs the reader's thread still busy: a print after
     # the read gave it time and hid the bug)
-    script = "import sys; from search._store import read_table; sys.exit(read_table(sys.argv[1]).num_rows != 1)"
+    script = "import sys; from search.results.store import read_table; sys.exit(read_table(sys.argv[1]).num_rows != 1)"
     for _ in range(5):
         run = subprocess.run([sys.executable, "-c", script, str(tmp_path / "trials.parquet")], cwd=ROOT,
                              capture_output=True, text=True, timeout=120)

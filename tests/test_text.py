@@ -2,7 +2,7 @@
 
 import pytest
 
-from search._text import count
+from search.text import count
 
 
 @pytest.mark.parametrize("n, expected", [(0, "0 trials"), (1, "1 trial"), (2, "2 trials"), (100, "100 trials")])

@@ -15,12 +15,12 @@ import pytest
 from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
 
-from search._callback import StoreCallback
-from search._runner import OptunaSpace, _no_results_preview_warning
-from search._searcher import HonestOptunaSearch
-from search._spec import ParamSpec
-from search._storage import JOURNAL_FILE
-from search._store import ResultsStore
+from search.results.location import JOURNAL_FILE
+from search.results.store import ResultsStore
+from search.spec.spec import ParamSpec
+from search.study.callbacks import StoreCallback
+from search.study.runner import OptunaSpace, _no_results_preview_warning
+from search.study.searcher import HonestOptunaSearch
 
 pytestmark = pytest.mark.ray
 

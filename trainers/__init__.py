@@ -1,1 +1,109 @@
-"""What one trial runs: model families, FFCV data pipelines, the training loop, throughput."""
+"""What one trial runs: model families, FFCV data pipelines, the training loop, throughput.
+
+The names below are the public API that ``search`` uses; the modules behind them (``trainers._x``)
+are private. Names resolve on first use (PEP 562), so ``import trainers`` stays light: torch is
+imported only when a name that needs it (the training loop, the model placement) is first used,
+and ``python -m search pareto`` never imports it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__all__ = [
+    # the settings of a trial (trainers.config, trainers.errors)
+    "TrialConfig",
+    "TrainSettings",
+    "ThroughputSettings",
+    "Constraint",
+    "TRAIN_KEYS",
+    "SettingError",
+    "ConfigError",
+    # the data (trainers.data)
+    "DatasetRequest",
+    "PreparedDataset",
+    "prepare_dataset",
+    "load_catalog",
+    "make_loader",
+    # the training loop (trainers.train)
+    "train_trial",
+    "build_model",
+    "evaluate",
+    "pick_device",
+    "autocast_for",
+    "place_model",
+    # files, the checkout, the CPU
+    "atomic_write",
+    "check_output_file",
+    "folder_problem",
+    "PROJECT_ROOT",
+    "git_commit",
+    "cpu_has_native_bf16",
+    "prebuild_cpu_kernels",
+]
+
+# name -> the module that defines it, imported on first use
+_HOME = {
+    "TrialConfig": "trainers.config",
+    "TrainSettings": "trainers.config",
+    "ThroughputSettings": "trainers.config",
+    "Constraint": "trainers.config",
+    "TRAIN_KEYS": "trainers.config",
+    "SettingError": "trainers.config",
+    "ConfigError": "trainers.errors",
+    "DatasetRequest": "trainers.data",
+    "PreparedDataset": "trainers.data",
+    "prepare_dataset": "trainers.data",
+    "load_catalog": "trainers.data",
+    "make_loader": "trainers.data",
+    "train_trial": "trainers.train",
+    "build_model": "trainers.train",
+    "evaluate": "trainers.train",
+    "pick_device": "trainers.train",
+    "autocast_for": "trainers.train",
+    "place_model": "trainers._memory_format",
+    "atomic_write": "trainers._atomic",
+    "check_output_file": "trainers._atomic",
+    "folder_problem": "trainers._atomic",
+    "PROJECT_ROOT": "trainers._source",
+    "git_commit": "trainers._source",
+    "cpu_has_native_bf16": "trainers._cpu",
+}
+
+
+def prebuild_cpu_kernels() -> None:
+    """Build (or load from the cache) the fused CPU attention kernels this CPU runs: float32
+    everywhere, bf16 where the CPU has bf16 hardware; where one cannot be built, one warning says
+    why and the models run those ops on torch."""
+    import torch
+
+    from trainers._cpu import cpu_has_native_bf16
+    from trainers.models import _attention_kernel
+
+    _attention_kernel.kernels(torch.float32)
+    if cpu_has_native_bf16():
+        _attention_kernel.kernels(torch.bfloat16)
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOME.get(name)
+    if home is None:
+        raise AttributeError(f"module 'trainers' has no attribute {name!r}")
+    # not cached here: a name always reads its home module's current value (what tests patch)
+    return getattr(importlib.import_module(home), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ resolves these
+    from trainers._atomic import atomic_write, check_output_file, folder_problem
+    from trainers._cpu import cpu_has_native_bf16
+    from trainers._memory_format import place_model
+    from trainers._source import PROJECT_ROOT, git_commit
+    from trainers.config import TRAIN_KEYS, Constraint, SettingError, ThroughputSettings, TrainSettings, TrialConfig
+    from trainers.data import DatasetRequest, PreparedDataset, load_catalog, make_loader, prepare_dataset
+    from trainers.errors import ConfigError
+    from trainers.train import autocast_for, build_model, evaluate, pick_device, train_trial

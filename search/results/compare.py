@@ -19,10 +19,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from search._filter import filter_trials
-from search._hypervolume import front_hypervolume
-from search._pareto import DEVICE_COLUMN, device_groups, pareto_mask
-from search._query import _complete_front, _objectives, format_front, load_experiment, load_trials, study_dir
+from search.results.filter import filter_trials
+from search.results.hypervolume import front_hypervolume
+from search.results.pareto import DEVICE_COLUMN, device_groups, pareto_mask
+from search.results.query import _complete_front, _objectives, format_front, load_experiment, load_trials, study_dir
 from trainers.errors import ConfigError
 
 __all__ = ["Comparison", "compare_studies", "format_comparison"]

@@ -28,13 +28,13 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from search._hypervolume import hypervolume
-from search._pareto import DEVICE_COLUMN, device_groups, pareto_mask
-from trainers._atomic import atomic_write
+from search.results.hypervolume import hypervolume
+from search.results.pareto import DEVICE_COLUMN, device_groups, pareto_mask
+from trainers import atomic_write
 from trainers.errors import ConfigError
 
 if TYPE_CHECKING:
-    from search._storage import StudyLocation
+    from search.results.location import StudyLocation
 
 __all__ = [
     "ResultsStore",
@@ -193,7 +193,7 @@ class ResultsStore:
         location: "StudyLocation | None" = None,
     ) -> None:
         self.directory = Path(directory)
-        # the study's place: unpickled by a resume as where the study is now (search._storage);
+        # the study's place: unpickled by a resume as where the study is now (search.results.location);
         # with a URI every flush uploads the files there
         self.location = location
         self.objectives = list(objectives)

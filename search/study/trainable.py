@@ -12,10 +12,11 @@ from typing import Any
 
 import torch
 
+from search.results.location import default_cache_dir
+from trainers import train_trial
 from trainers.config import TRAIN_KEYS, Constraint, ThroughputSettings, TrainSettings, TrialConfig
 from trainers.data import DatasetRequest, PreparedDataset, prepare_dataset
 from trainers.errors import ConfigError
-from trainers.train import train_trial
 
 __all__ = ["TrialTemplate", "trial_config", "run_tune_trial", "STATE_FILE", "EARLIER_EPOCHS"]
 
@@ -50,8 +51,6 @@ def on_this_node(template: TrialTemplate) -> TrialTemplate:
     """``template`` with the dataset and the throughput cache of the node this trial runs on."""
     if template.dataset is None:
         return template
-    from search._runner import default_cache_dir
-
     cache_dir = str(template.cache_dir or default_cache_dir())
     key = (template.dataset, cache_dir)
     data = _prepared_here.get(key)

@@ -9,8 +9,9 @@ A stdlib ``ThreadingHTTPServer`` serves two things:
                     2-second polls with 304 while nothing changed, so a finished 10,000-trial
                     study costs one ``stat`` per poll
 
-The page itself lives in ``dashboards/static/`` (``pareto.html``, ``pareto.css``,
-``pareto.js``); :func:`render_page` inlines them, and :mod:`search._report` reuses it with the
+The page itself lives beside this module in ``static/`` (``pareto.html``, ``pareto.css``,
+``pareto.js``), package data found through :mod:`importlib.resources` (so an installed copy has
+it too); :func:`render_page` inlines them, and :mod:`search.views.report` reuses it with the
 data embedded instead of fetched.
 
 The server is read-only and binds 127.0.0.1 unless told otherwise: study folders hold configs
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 import datetime as dt
 import http.server
-import ipaddress
+import importlib.resources
 import json
 import math
 import os
@@ -37,15 +38,14 @@ from typing import Any, TextIO
 import numpy as np
 import pyarrow as pa
 
-from search._pareto import DEVICE_COLUMN, device_groups, pareto_mask
-from search._query import read_experiment_json
-from search._store import TRIAL_COLUMNS, read_table
+from search.hosts import check_bind_host, is_loopback_host
+from search.results.pareto import DEVICE_COLUMN, device_groups, pareto_mask
+from search.results.query import read_experiment_json
+from search.results.store import TRIAL_COLUMNS, read_table
 from trainers.errors import ConfigError
 
 __all__ = [
     "STATIC_DIR",
-    "check_bind_host",
-    "is_loopback_host",
     "study_payload",
     "studies_payload",
     "render_page",
@@ -53,7 +53,8 @@ __all__ = [
     "serve_dashboard",
 ]
 
-STATIC_DIR = Path(__file__).resolve().parent.parent / "dashboards" / "static"
+# The page's files: package data of this package (pyproject's [tool.setuptools.package-data]).
+STATIC_DIR = importlib.resources.files(__package__) / "static"
 
 # Result columns the page shows (knobs are added per study); the rest of trials.parquet
 # (device strings, commits, timestamps) stays out of the JSON to keep it small at 10,000 rows.
@@ -64,33 +65,6 @@ PAGE_COLUMNS = (
 # Text columns with few distinct values go as a dictionary plus codes: smaller and faster to parse.
 DICT_COLUMNS = ("model", "family", "state", "stop_reason")
 PROGRESS_PAGE_COLUMNS = ("finished", "state", "epochs_spent", "elapsed_s", "front_size", "hypervolume", "best_val_acc")
-
-
-# -- binding ----------------------------------------------------------------------------------
-def is_loopback_host(host: str) -> bool:
-    """True when every address ``host`` names is a loopback address (127.0.0.0/8, ::1)."""
-    name = host.strip("[]")
-    if name.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(name).is_loopback
-    except ValueError:
-        pass
-    try:
-        infos = socket.getaddrinfo(name, None)
-    except OSError:
-        return False  # unresolvable: not provably loopback; binding will report the error
-    return bool(infos) and all(ipaddress.ip_address(info[4][0].split("%")[0]).is_loopback for info in infos)
-
-
-def check_bind_host(host: str, *, allow_remote: bool, flag: str, option: str, what: str) -> None:
-    """Refuse a non-loopback ``host`` unless ``allow_remote``: one line that names the flag."""
-    if allow_remote or is_loopback_host(host):
-        return
-    raise ConfigError(
-        f"{option} {host}: not a loopback address, so anyone who can reach this machine could open {what}; "
-        f"pass {flag} to bind it anyway, or keep 127.0.0.1 and tunnel (ssh -L PORT:127.0.0.1:PORT HOST)"
-    )
 
 
 # -- data -------------------------------------------------------------------------------------
@@ -249,8 +223,8 @@ def render_page(*, data: Any | None = None, title: str = "locality-search: Paret
         js = (STATIC_DIR / "pareto.js").read_text()
     except OSError as exc:
         raise ConfigError(
-            f"the Pareto page's files are missing ({exc.filename}); run from a checkout of locality-search, "
-            "whose dashboards/static/ holds them"
+            f"the Pareto page's files are missing ({getattr(exc, 'filename', None) or exc}); reinstall locality-search "
+            "(pip install .), whose package search.views.dashboard holds them in static/"
         ) from None
     import html as html_lib
     import re

@@ -54,7 +54,7 @@ import numpy as np
 from ray.tune.experiment import Trial
 from ray.tune.schedulers.trial_scheduler import FIFOScheduler, TrialScheduler
 
-from search._pareto import pareto_mask
+from search.results.pareto import pareto_mask
 
 if TYPE_CHECKING:
     from ray.tune.execution.tune_controller import TuneController

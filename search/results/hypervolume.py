@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from search._pareto import _as_maximised, pareto_mask
+from search.results.pareto import _as_maximised, pareto_mask
 
 __all__ = ["hypervolume", "front_hypervolume"]
 

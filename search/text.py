@@ -1,4 +1,4 @@
-"""Small wording helpers for what the commands print."""
+"""Small wording helpers for what the commands print (any layer of ``search`` may use them; imports nothing of it)."""
 
 from __future__ import annotations
 

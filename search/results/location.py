@@ -32,9 +32,9 @@ from pathlib import Path
 
 from trainers.errors import ConfigError
 
-__all__ = ["is_uri", "StudyLocation", "study_location", "resuming_at", "resumed_location", "STUDY_FILES", "JOURNAL_FILE"]
+__all__ = ["default_cache_dir", "is_uri", "StudyLocation", "study_location", "resuming_at", "resumed_location", "STUDY_FILES", "JOURNAL_FILE"]
 
-JOURNAL_FILE = "optuna.journal"  # the Optuna study (search._searcher.HonestOptunaSearch)
+JOURNAL_FILE = "optuna.journal"  # the Optuna study (search.study.searcher.HonestOptunaSearch)
 # The study's own files, beside Tune's folder ("ray"): what is uploaded and downloaded.
 STUDY_FILES = ("experiment.json", "trials.parquet", "epochs.parquet", "pareto.parquet", "progress.parquet", JOURNAL_FILE)
 _READ_ATTEMPTS = 5  # StudyLocation.read: tries before an object that keeps changing is an error
@@ -86,9 +86,16 @@ def resuming_at(location: "StudyLocation") -> Iterator[list[str]]:
         _resuming = previous
 
 
-def _staging_root() -> Path:
-    from search._runner import default_cache_dir
+def default_cache_dir() -> Path:
+    """Where converted datasets (.beton files) are kept between studies; staged study files go
+    beside it (``studies/``)."""
+    env = os.environ.get("LOCALITY_SEARCH_CACHE")
+    if env:
+        return Path(env).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "locality-search" / "datasets"
 
+
+def _staging_root() -> Path:
     return default_cache_dir().parent / "studies"
 
 

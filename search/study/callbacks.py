@@ -10,10 +10,10 @@ from typing import Any, TextIO
 
 from ray.tune import Callback
 
-from search._searcher import nonfinite_objectives, prune_running_trials, trial_state
-from search._storage import JOURNAL_FILE
-from search._store import TRIAL_VALUE_OF, ResultsStore
-from search._trainable import EARLIER_EPOCHS
+from search.results.location import JOURNAL_FILE
+from search.results.store import TRIAL_VALUE_OF, ResultsStore
+from search.study.searcher import nonfinite_objectives, prune_running_trials, trial_state
+from search.study.trainable import EARLIER_EPOCHS
 
 __all__ = ["StoreCallback", "PrintingCallback", "error_line"]
 

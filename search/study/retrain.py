@@ -24,10 +24,14 @@ from typing import Any, TextIO
 
 import pyarrow as pa
 
-from search._export import ExportedTrial, load_export
-from search._validation import SpecLocation
-from search._store import TRIAL_COLUMNS, write_atomic
-from trainers._atomic import atomic_write, folder_problem
+from search.results.location import default_cache_dir
+from search.results.store import TRIAL_COLUMNS, write_atomic
+from search.spec.spec import ModelSpec, _check_one_model
+from search.spec.validation import SpecLocation
+from search.study.export import ExportedTrial, load_export
+from trainers import atomic_write, folder_problem, git_commit
+from trainers.config import TrialConfig
+from trainers.data import prepare_dataset
 from trainers.errors import ConfigError
 
 __all__ = ["retrain", "RetrainResult", "RESULT_COLUMNS", "default_out_dir"]
@@ -127,13 +131,6 @@ def retrain(
     (see the module doc). ``epochs`` and ``data_dir`` override the config's; progress goes to
     ``log`` (default: stdout)."""
     log = log or sys.stdout
-    from search._runner import default_cache_dir
-    from search._spec import ModelSpec, _check_one_model
-    from trainers.config import TrialConfig
-    from trainers._memory_format import place_model
-    from trainers._source import git_commit
-    from trainers.data import make_loader, prepare_dataset
-
     config_path = Path(config_path)
     config = load_export(config_path)
     if epochs is not None and epochs < 1:
@@ -142,9 +139,10 @@ def retrain(
     _check_out_dir(out, force=force)
     _check_one_model(ModelSpec(name=config.model.name, args=dict(config.model.args)), {}, SpecLocation(str(config_path)), "model")
 
+    # torch, timm and FFCV only once the config is known to be good (and not for `import search`)
     import torch
 
-    from trainers.train import autocast_for, build_model, evaluate, pick_device, train_trial
+    from trainers import autocast_for, build_model, evaluate, make_loader, pick_device, place_model, train_trial
 
     started = dt.datetime.now(dt.timezone.utc)
     clock = time.perf_counter()

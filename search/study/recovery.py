@@ -25,8 +25,8 @@ import torch
 from pyarrow import fs as pafs
 from ray.tune.experiment import Trial
 
-from search._callback import PrintingCallback
-from search._trainable import STATE_FILE
+from search.study.callbacks import PrintingCallback
+from search.study.trainable import STATE_FILE
 
 __all__ = ["CheckpointRecovery"]
 

@@ -1,7 +1,7 @@
 """One trial of a study as a standalone YAML file that ``python -m search train`` retrains.
 
 The file holds what the trial ran with, resolved the way the search resolved it (through
-:func:`search._trainable.trial_config`): the model and its full constructor arguments (fixed and
+:func:`search.study.trainable.trial_config`): the model and its full constructor arguments (fixed and
 searched), the dataset request, every training setting with the searched ones applied, the
 epochs (the study's ``max_epochs``), patience, seed and throughput settings. ``source:`` records
 where it came from (study, trial, how it was picked, what the study measured); training ignores
@@ -22,11 +22,11 @@ import pandas as pd
 import yaml
 from pydantic import Field, model_validator
 
-from search._query import load_experiment, study_dir
-from search._storage import is_uri
-from search._spec import DatasetSpec, ParamSpec, SearchSpec, ThroughputSettingsField, TrainSettingsField, to_plain
-from search._validation import FieldError, Record, SpecLocation, Whole, from_plain
-from trainers._atomic import atomic_write, check_output_file
+from search.results.location import is_uri
+from search.results.query import load_experiment, study_dir
+from search.spec.spec import DatasetSpec, ParamSpec, SearchSpec, ThroughputSettingsField, TrainSettingsField, to_plain
+from search.spec.validation import FieldError, Record, SpecLocation, Whole, from_plain
+from trainers import atomic_write, check_output_file
 from trainers.data import DatasetRequest
 from trainers.errors import ConfigError
 
@@ -137,7 +137,7 @@ def export_trial(
 ) -> dict[str, Any]:
     """The exported config (plain data, ready for :func:`write_export`) of ``trial``, a row of the
     study's trials.parquet. ``selected_by``/``where``/``families`` only go into ``source:``."""
-    from search._trainable import TrialTemplate, trial_config  # torch, timm: only when exporting
+    from search.study.trainable import TrialTemplate, trial_config  # torch, timm: only when exporting
 
     recorded = str(study) if is_uri(study) else str(Path(study).resolve())
     study = study_dir(study)

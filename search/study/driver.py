@@ -31,7 +31,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from search._storage import JOURNAL_FILE
+from search.results.location import JOURNAL_FILE
 from trainers.errors import ConfigError
 
 __all__ = ["DRIVER_LOCK", "JOURNAL_LOCK", "driving"]

@@ -17,8 +17,8 @@ import yaml
 
 from pydantic import Field, ValidationError, model_validator
 
-from search._validation import (FieldError, Flag, Number, Record, SpecLocation, Whole, first_error, from_plain,
-                                one_of, settings)
+from search.spec.validation import (FieldError, Flag, Number, Record, SpecLocation, Whole, first_error, from_plain,
+                                    one_of, settings)
 from trainers.config import TRAIN_KEYS, Constraint, SettingError, ThroughputSettings, TrainSettings
 from trainers.errors import ConfigError
 

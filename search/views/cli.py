@@ -11,10 +11,13 @@ import os
 import sys
 from collections.abc import Sequence
 
-from search._text import count
+from search.text import count
 from trainers.errors import ConfigError
 
 __all__ = ["main"]
+
+# Each command imports its modules when it runs (the _cmd_* functions): start-up stays quick, and
+# the readers (`pareto`, `select`, `compare`, `dashboard`) never import Ray or torch.
 
 EXIT_USER_ERROR = 2
 
@@ -133,8 +136,8 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from search._runner import check_dashboard_host, run_study
-    from search._spec import load_spec
+    from search.spec.spec import load_spec
+    from search.study.runner import check_dashboard_host, run_study
 
     # before the spec and the dataset: a refused address costs nothing
     check_dashboard_host(args.dashboard_host, allow_remote=args.allow_remote_dashboard, address=args.address)
@@ -148,7 +151,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_resume(args: argparse.Namespace) -> int:
-    from search._runner import resume_study
+    from search.study.runner import resume_study
 
     return _report(resume_study(args.study, address=args.address, cache_dir=args.cache_dir,
                                 dashboard_host=args.dashboard_host, allow_remote_dashboard=args.allow_remote_dashboard))
@@ -156,7 +159,7 @@ def _cmd_resume(args: argparse.Namespace) -> int:
 
 def _report(exp_dir) -> int:
     """The end of a run: its front, where the files are, and exit 1 if every trial failed."""
-    from search._query import format_front, front_of, load_trials
+    from search.results.query import format_front, front_of, load_trials
 
     front, objectives = front_of(exp_dir)
     print(f"\nPareto front ({', '.join(f'{m} {mode}' for m, mode in objectives)}), {count(len(front), 'trial')}:")
@@ -177,7 +180,7 @@ def _filters_text(args: argparse.Namespace) -> str:
 
 def _empty_front_reason(args: argparse.Namespace) -> str:
     """Why the study's front is empty: the filters, or its trials' states."""
-    from search._query import load_trials
+    from search.results.query import load_trials
 
     if args.where or args.family or args.device:
         device = [f"--device {args.device}"] if args.device else []
@@ -190,16 +193,16 @@ def _empty_front_reason(args: argparse.Namespace) -> str:
 
 
 def _cmd_pareto(args: argparse.Namespace) -> int:
-    from search._filter import split_families
-    from search._query import fixed_settings, format_front, format_trial, front_devices, front_of, load_experiment
-    from search._select import check_rule, select
+    from search.results.filter import split_families
+    from search.results.query import fixed_settings, format_front, format_trial, front_devices, front_of, load_experiment
+    from search.results.select import check_rule, select
 
     families = split_families(args.family)
     rule = args.select or ("knee" if args.export is not None else None)
     if rule is not None:
         check_rule(rule)
     if args.export is not None:
-        from search._export import check_export_path
+        from search.study.export import check_export_path
 
         check_export_path(args.export)
     front, objectives = front_of(args.study, where=args.where, families=families, device=args.device,
@@ -226,7 +229,7 @@ def _cmd_pareto(args: argparse.Namespace) -> int:
         print(f"selected by {rule}{default} from a front of {count(len(front), 'trial')}{narrowed}:")
     print(format_trial(row, objectives, fmt=args.format, fixed=fixed_settings(load_experiment(args.study), row)))
     if args.export is not None:
-        from search._export import export_trial, write_export
+        from search.study.export import export_trial, write_export
 
         config = export_trial(args.study, row, selected_by=rule, where=args.where, families=families)
         path = write_export(config, args.export)
@@ -236,7 +239,7 @@ def _cmd_pareto(args: argparse.Namespace) -> int:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from search._retrain import retrain
+    from search.study.retrain import retrain
 
     retrain(args.config, out=args.out, epochs=args.epochs, data_dir=args.data_dir, cache_dir=args.cache_dir,
             force=args.force)
@@ -244,8 +247,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
-    from search._compare import compare_studies, format_comparison
-    from search._filter import split_families
+    from search.results.compare import compare_studies, format_comparison
+    from search.results.filter import split_families
 
     comparison = compare_studies(args.studies, where=args.where, families=split_families(args.family))
     print(format_comparison(comparison, fmt=args.format))
@@ -253,7 +256,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    from search._spec import load_spec
+    from search.spec.spec import load_spec
     from trainers.data import load_catalog
 
     for path in args.specs:
@@ -268,14 +271,14 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 
 def _cmd_dashboard(args: argparse.Namespace) -> int:
-    from search._dashboard import serve_dashboard
+    from search.views.dashboard.server import serve_dashboard
 
     serve_dashboard(args.studies, host=args.host, port=args.port, allow_remote=args.allow_remote)
     return 0
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from search._report import write_report
+    from search.views.report import write_report
 
     report = write_report(args.study, out=args.out)
     print(f"wrote {report.html} ({count(report.trials, 'trial')}, {report.front} on the front; self-contained, opens offline) "

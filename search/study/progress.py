@@ -8,7 +8,7 @@ finishes. Only on a TTY: when stdout is a file or a pipe (CI, tests, ``| tee``),
 changes and the one-line-per-trial output stays exactly as it was.
 
 It is a Tune callback placed *first* in the list: when a trial finishes, it erases the bar
-before :class:`search._callback.StoreCallback` prints that trial's line, and draws it again
+before :class:`search.study.callbacks.StoreCallback` prints that trial's line, and draws it again
 at the end of Tune's step, so the bar always sits below the last line.
 """
 

@@ -16,7 +16,7 @@ carries the ``experiment`` tag (the study name), so studies sharing a cluster st
     ray_locality_search_trial_throughput{experiment, trial_id, family}  its inference images/s
 
 The study-level numbers are the results store's (the same front and hypervolume as
-progress.parquet), so this callback goes after :class:`search._callback.StoreCallback` in the
+progress.parquet), so this callback goes after :class:`search.study.callbacks.StoreCallback` in the
 callback list: Tune calls callbacks in order, and the store has the trial's row by then.
 Metrics are a view: if recording fails (an old or minimal Ray), a warning is printed once and
 the study goes on without them.
@@ -37,7 +37,7 @@ from typing import Any
 
 from ray.tune import Callback
 
-from search._store import ResultsStore
+from search.results.store import ResultsStore
 
 __all__ = ["MetricsCallback", "METRIC_PREFIX", "STUDY_METRICS", "TRIAL_METRICS"]
 

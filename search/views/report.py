@@ -1,7 +1,7 @@
 """``python -m search report DIR``: one self-contained HTML file and a PNG of the front.
 
 The HTML holds everything inline -- the data, the page's CSS and JS (the live page's, see
-:mod:`search._dashboard`), and the PNG as a data: URI -- so it opens offline, can be mailed or
+:mod:`search.views.dashboard.server`), and the PNG as a data: URI -- so it opens offline, can be mailed or
 attached, and makes no network request. Its top part is plain HTML (a summary, the front as a
 picture and as a table) for readers that do not run scripts, e.g. mail clients; below it, the
 interactive views of the live page.
@@ -27,11 +27,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from search._dashboard import render_page, studies_payload
-from search._query import load, study_dir
-from search._store import TRIAL_COLUMNS
-from search._text import count
-from trainers._atomic import atomic_write, check_output_file
+from search.results.query import load, study_dir
+from search.results.store import TRIAL_COLUMNS
+from search.text import count
+from search.views.dashboard.server import render_page, studies_payload
+from trainers import atomic_write, check_output_file
 from trainers.errors import ConfigError
 
 __all__ = ["Report", "write_report", "front_png"]

@@ -8,7 +8,7 @@ For notebooks, :func:`load` reads a study folder into an :class:`Experiment`::
     exp.hypervolume(reference=[0.0, 0.0])
     exp.front(where=["throughput>=5000"], families=["convit"])   # the front of those trials
 
-``where``/``families`` narrow the trials *before* the front is taken (see ``search._filter``):
+``where``/``families`` narrow the trials *before* the front is taken (see ``search.results.filter``):
 the result is the front of the trials that pass, which can hold trials that the whole study's
 front does not (a trial dominated only by trials that were filtered out).
 """
@@ -23,12 +23,12 @@ from pathlib import Path
 import pandas as pd
 import pyarrow as pa
 
-from search._filter import Condition, filter_trials
-from search._hypervolume import front_hypervolume
-from search._pareto import DEVICE_COLUMN, device_groups, pareto_front
-from search._select import select
-from search._storage import StudyLocation, is_uri
-from search._store import EPOCH_COLUMNS, TRIAL_COLUMNS, read_table
+from search.results.filter import Condition, filter_trials
+from search.results.hypervolume import front_hypervolume
+from search.results.location import StudyLocation, is_uri
+from search.results.pareto import DEVICE_COLUMN, device_groups, pareto_front
+from search.results.select import select
+from search.results.store import EPOCH_COLUMNS, TRIAL_COLUMNS, read_table
 from trainers.errors import ConfigError
 
 __all__ = [
@@ -38,7 +38,7 @@ __all__ = [
 
 def study_dir(path: str | Path) -> Path:
     """The study's local folder (ConfigError when it is not a study); a study at a URI
-    (s3://..., see search._storage) is downloaded into its staging folder first."""
+    (s3://..., see search.results.location) is downloaded into its staging folder first."""
     return _experiment_dir(path)
 
 

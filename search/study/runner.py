@@ -11,25 +11,21 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
-from search._driver import driving
-from search._query import read_experiment_json
-from search._spec import ParamSpec, SearchSpec, to_plain
-from search._storage import STUDY_FILES, StudyLocation, resuming_at, study_location
-from search._store import TRIAL_VALUE_OF, ResultsStore, write_json_atomic
-from search._text import count
-from trainers._atomic import folder_problem
-from trainers._source import PROJECT_ROOT, git_commit
+from search.hosts import check_bind_host, is_loopback_host
+from search.results.location import STUDY_FILES, StudyLocation, default_cache_dir, resuming_at, study_location
+from search.results.query import read_experiment_json
+from search.results.store import TRIAL_VALUE_OF, ResultsStore, write_json_atomic
+from search.spec.spec import ParamSpec, SearchSpec, to_plain
+from search.study.driver import driving
+from search.text import count
+from trainers import PROJECT_ROOT, folder_problem, git_commit
+from trainers.data import DatasetRequest, prepare_dataset
 from trainers.errors import ConfigError
 
-__all__ = ["run_study", "resume_study", "default_cache_dir", "OptunaSpace", "make_sampler"]
-
-
-def default_cache_dir() -> Path:
-    """Where converted datasets (.beton files) are kept between studies."""
-    env = os.environ.get("LOCALITY_SEARCH_CACHE")
-    if env:
-        return Path(env).expanduser()
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "locality-search" / "datasets"
+# Ray, Optuna, torch and the Tune plug-ins (searcher, callbacks, scheduler) are imported inside the
+# functions that use them: `search pareto` and the other readers import this module's package
+# without paying for them.
+__all__ = ["run_study", "resume_study", "check_dashboard_host", "OptunaSpace", "make_sampler"]
 
 
 class OptunaSpace:
@@ -59,7 +55,7 @@ class OptunaSpace:
 def make_sampler(spec: SearchSpec):
     import optuna
 
-    from search._searcher import constraint_violation
+    from search.study.searcher import constraint_violation
 
     algorithm = spec.algorithm
     # With constraints, rejected trials count as infeasible, so the model learns to avoid them.
@@ -136,9 +132,7 @@ def _tune_environment() -> None:
     os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "1")
 
 
-def _dataset_request(spec: SearchSpec):
-    from trainers.data import DatasetRequest
-
+def _dataset_request(spec: SearchSpec) -> DatasetRequest:
     return DatasetRequest(
         name=spec.dataset.name,
         data_dir=spec.dataset.data_dir,
@@ -150,10 +144,8 @@ def _dataset_request(spec: SearchSpec):
 
 
 def _prepare_data(spec: SearchSpec, cache_dir: str | os.PathLike | None, out: TextIO):
-    from trainers.data import prepare_dataset
-
     # Converted here first: a missing or damaged dataset stops the run before Ray starts. Trials
-    # prepare it again on their own node, which on this one finds these files (see _trainable).
+    # prepare it again on their own node, which on this one finds these files (see search.study.trainable).
     data = prepare_dataset(_dataset_request(spec), cache_dir=cache_dir or default_cache_dir())
     print(
         f"dataset {data.name}: {data.counts['train']} train / {data.counts['val']} val images "
@@ -165,19 +157,15 @@ def _prepare_data(spec: SearchSpec, cache_dir: str | os.PathLike | None, out: Te
 
 def _prepare_cpu_kernel() -> None:
     """Trials on a CPU run the attention core's fused kernels: float32 everywhere, bf16 on a CPU with
-    bf16 hardware; built here (once per machine and source, ~15-25 s each) before any trial waits
+    bf16 hardware; built here (once per machine and source; a build is slow) before any trial waits
     for them; where one cannot be built, one warning says why and trials run the core on torch ops."""
     import torch
 
-    from trainers._cpu import cpu_has_native_bf16
+    from trainers import prebuild_cpu_kernels
 
     if torch.cuda.is_available():
         return  # trials train on the GPU
-    from trainers.models import _attention_kernel
-
-    _attention_kernel.kernels(torch.float32)
-    if cpu_has_native_bf16():
-        _attention_kernel.kernels(torch.bfloat16)
+    prebuild_cpu_kernels()
 
 
 DASHBOARD_FLAG = "--allow-remote-dashboard"
@@ -186,8 +174,6 @@ DASHBOARD_FLAG = "--allow-remote-dashboard"
 def check_dashboard_host(dashboard_host: str, *, allow_remote: bool, address: str | None) -> None:
     """Before anything starts: a non-loopback dashboard needs ``allow_remote`` (the flag), and
     with ``address`` the cluster's head node has bound its dashboard already."""
-    from search._dashboard import check_bind_host, is_loopback_host
-
     if address and not is_loopback_host(dashboard_host):
         raise ConfigError(
             f"--dashboard-host {dashboard_host}: applies only to the local cluster a run starts; with --address the "
@@ -213,8 +199,6 @@ def ray_token_auth_enabled() -> bool:
 def _dashboard_notes(dashboard_host: str, url: str, out: TextIO) -> None:
     """After the URL line: how to log in when token auth is on; a warning when it is off on a
     non-loopback address."""
-    from search._dashboard import is_loopback_host
-
     if ray_token_auth_enabled():
         print("  (Ray token authentication is on: the dashboard asks for the token that `ray get-auth-token` prints)",
               file=out, flush=True)
@@ -282,7 +266,7 @@ def _store_for(spec: SearchSpec, location: StudyLocation) -> ResultsStore:
 def _trainable_for(spec: SearchSpec, data, cache_dir: str | os.PathLike | None):
     from ray import tune
 
-    from search._trainable import TrialTemplate, run_tune_trial
+    from search.study.trainable import TrialTemplate, run_tune_trial
 
     template = TrialTemplate(
         models={m.name: dict(m.args) for m in spec.candidates},
@@ -333,17 +317,17 @@ def run_study(
 def _run(spec: SearchSpec, location: StudyLocation, data, *, cache_dir: str | os.PathLike | None,
          out: TextIO) -> Path:
     """The study's files, searcher, scheduler and callbacks, then Tune's run to the end (the
-    caller drives the study: see search._driver)."""
+    caller drives the study: see search.study.driver)."""
     from ray import tune
     from ray.tune.logger import JsonLoggerCallback
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
-    from search._callback import StoreCallback
-    from search._metrics import MetricsCallback
-    from search._mo_asha import MOASHAScheduler
-    from search._progress import ProgressBar
-    from search._recovery import CheckpointRecovery
-    from search._searcher import HonestOptunaSearch, StudySearchGenerator
+    from search.study.callbacks import StoreCallback
+    from search.study.metrics import MetricsCallback
+    from search.study.mo_asha import MOASHAScheduler
+    from search.study.progress import ProgressBar
+    from search.study.recovery import CheckpointRecovery
+    from search.study.searcher import HonestOptunaSearch, StudySearchGenerator
 
     exp_dir = location.local
     if location.uri:  # a staging folder left by an earlier study at this URI, since deleted there
@@ -502,10 +486,10 @@ def _no_study(location: StudyLocation) -> ConfigError:
 def _resume(location: StudyLocation, *, address: str | None, cache_dir: str | os.PathLike | None, dashboard_host: str,
             out: TextIO) -> Path:
     """The study's files here (pulled from its URI), its data and Ray, then Tune's restore and run
-    to the end (the caller drives the study: see search._driver)."""
+    to the end (the caller drives the study: see search.study.driver)."""
     from ray import tune
 
-    from search._validation import SpecLocation, from_plain
+    from search.spec.validation import SpecLocation, from_plain
 
     location.pull()  # with a URI: the study's files into this machine's staging folder
     exp_dir = location.local

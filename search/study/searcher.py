@@ -28,7 +28,7 @@ from typing import Any
 from ray.tune.search import SearchGenerator
 from ray.tune.search.optuna import OptunaSearch
 
-from search._storage import JOURNAL_FILE, resumed_location
+from search.results.location import JOURNAL_FILE, resumed_location
 
 __all__ = ["HonestOptunaSearch", "StudySearchGenerator", "constraint_violation", "optuna_state_for", "trial_state",
            "nonfinite_objectives", "prune_running_trials"]
@@ -109,7 +109,7 @@ class HonestOptunaSearch(OptunaSearch):
     """``OptunaSearch`` that reports trial ends by :func:`optuna_state_for`, and that cleans up
     after a killed driver when Tune restores it.
 
-    With ``journal`` (the study's :class:`search._storage.StudyLocation`), the Optuna study lives
+    With ``journal`` (the study's :class:`search.results.location.StudyLocation`), the Optuna study lives
     in ``optuna.journal`` of that study's local folder, reopened there at a restore: a study
     stored at a URI may be resumed on another machine, whose staging folder differs from the one
     in Tune's snapshot."""
@@ -199,7 +199,7 @@ class StudySearchGenerator(SearchGenerator):
     path), but not the experiment this generator keeps in its snapshot, from which it makes new
     trials (Ray 2.x): after a study folder was moved, the trials sampled after the resume would
     checkpoint into the old folder, and fail where it is gone. The storage is mended here as Tune
-    mends the restored trials' (filesystem and path; see ``search._storage.resuming_at``)."""
+    mends the restored trials' (filesystem and path; see ``search.results.location.resuming_at``)."""
 
     def set_state(self, state: dict) -> None:
         super().set_state(state)

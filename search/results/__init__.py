@@ -1,0 +1,41 @@
+"""A study's results: where it lives (``location``), its Parquet store (``store``) and what is
+read from it (``query``, ``pareto``, ``hypervolume``, ``filter``, ``select``, ``compare``).
+
+Reading results needs neither Ray nor torch.
+"""
+
+from search.results.compare import Comparison, compare_studies
+from search.results.filter import filter_trials
+from search.results.hypervolume import front_hypervolume, hypervolume
+from search.results.location import StudyLocation, default_cache_dir, is_uri, study_location
+from search.results.pareto import pareto_front, pareto_mask
+from search.results.query import Experiment, format_front, front_of, load, load_experiment, load_trials, study_dir
+from search.results.select import select
+from search.results.store import EPOCH_COLUMNS, PROGRESS_COLUMNS, TRIAL_COLUMNS, ResultsStore, read_table
+
+__all__ = [
+    "ResultsStore",
+    "TRIAL_COLUMNS",
+    "EPOCH_COLUMNS",
+    "PROGRESS_COLUMNS",
+    "read_table",
+    "StudyLocation",
+    "study_location",
+    "default_cache_dir",
+    "is_uri",
+    "study_dir",
+    "load",
+    "load_experiment",
+    "load_trials",
+    "front_of",
+    "format_front",
+    "Experiment",
+    "pareto_front",
+    "pareto_mask",
+    "hypervolume",
+    "front_hypervolume",
+    "filter_trials",
+    "select",
+    "compare_studies",
+    "Comparison",
+]

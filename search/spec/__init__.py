@@ -1,0 +1,29 @@
+"""The search spec: one YAML file read and validated into a frozen :class:`SearchSpec`."""
+
+from search.spec.spec import (
+    OBJECTIVE_METRICS,
+    AlgorithmSpec,
+    Budget,
+    DatasetSpec,
+    ModelSpec,
+    Objective,
+    ParamSpec,
+    Resources,
+    SchedulerSpec,
+    SearchSpec,
+    load_spec,
+)
+
+__all__ = [
+    "SearchSpec",
+    "DatasetSpec",
+    "ModelSpec",
+    "ParamSpec",
+    "Objective",
+    "Budget",
+    "AlgorithmSpec",
+    "SchedulerSpec",
+    "Resources",
+    "load_spec",
+    "OBJECTIVE_METRICS",
+]
