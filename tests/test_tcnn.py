@@ -20,6 +20,7 @@ from torch import nn
 import trainers.models  # noqa: F401  (registers the families)
 from trainers.config import ThroughputSettings, TrainSettings, TrialConfig
 from trainers.data import DatasetRequest, prepare_dataset
+from trainers.hooks import ConvertsDuringTraining
 from trainers.models.ls_tcnn import ALPHA_BETA, ReparamGPSA, TransformedResNet, inverse_softplus
 from trainers.train import lr_at, train_trial
 from benchmarks.tcnn_conversion import trained_looking as _trained_looking
@@ -349,6 +350,7 @@ def test_converted_network_computes_the_same_in_channels_last():
 def test_model_is_a_timm_resnet():
     model = timm.create_model("ls_tcnn_resnet10_micro_s")
     assert isinstance(model, TransformedResNet) and isinstance(model, timm.models.ResNet)
+    assert isinstance(model, ConvertsDuringTraining)  # the hook train_trial converts it through
     assert model(torch.randn(2, 1, 28, 28)).shape == (2, 10)
     assert model(torch.randn(2, 1, 32, 32)).shape == (2, 10)  # any input size
 

@@ -207,6 +207,60 @@ def test_fused_adamw_updates_a_channels_last_weight_whatever_the_layout_of_its_g
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
 
 
+def test_any_model_implementing_the_conversion_hook_is_converted_at_its_epoch(synthetic, monkeypatch):
+    """trainers.hooks.ConvertsDuringTraining is the whole contract between the loop and a model that
+    converts mid-training (not the T-CNN's class): converted before the epoch it names, measured
+    again, reported as converted, given a fresh optimizer. A model missing a method cannot be built."""
+    from trainers import train as train_module
+    from trainers.hooks import ConvertsDuringTraining
+
+    class Widens(torch.nn.Module, ConvertsDuringTraining):  # a linear classifier that grows a hidden layer
+        def __init__(self, features: int, classes: int):
+            super().__init__()
+            self.features, self.classes, self.asked = features, classes, []
+            self.head = torch.nn.Linear(features, classes)
+
+        def forward(self, x):
+            return self.head(x.flatten(1))
+
+        def reparam_epoch_for(self, total_epochs):
+            self.asked.append(total_epochs)
+            return 1
+
+        def reparametrise(self):
+            self.head = torch.nn.Sequential(torch.nn.Linear(self.features, 64), torch.nn.ReLU(),
+                                            torch.nn.Linear(64, self.classes))
+            self.is_reparametrised = True
+            return ["head"]
+
+    built = []
+
+    def build_model(cfg):
+        built.append(Widens(cfg.data.channels * cfg.data.image_size ** 2, cfg.data.num_classes))
+        return built[-1]
+
+    monkeypatch.setattr(train_module, "build_model", build_model)
+    monkeypatch.setattr(train_module, "_references", {})
+    states = {}
+    history = train_trial(_config(synthetic, epochs=2),
+                          on_epoch=lambda m, get_state: states.__setitem__(m["epoch"], get_state())).history
+    assert built[0].asked == [2] and built[0].is_reparametrised
+    assert [m["converted"] for m in history] == [False, True]
+    assert "converted_at_epoch" not in history[0] and history[1]["converted_at_epoch"] == 1
+    assert history[1]["params"] > history[0]["params"]
+    assert history[1]["throughput_before_conversion"] == history[0]["throughput"]
+    assert [states[e]["reparametrised"] for e in (1, 2)] == [False, True]
+    assert {float(s["step"]) for s in states[2]["optimizer"]["state"].values()} == {float(
+        synthetic.counts["train"] // 64)}  # 'fresh', the default: every parameter restarted after it
+
+    class Incomplete(torch.nn.Module, ConvertsDuringTraining):
+        def reparam_epoch_for(self, total_epochs):
+            return 0
+
+    with pytest.raises(TypeError, match="abstract method.*reparametrise"):
+        Incomplete()
+
+
 def test_patience_stops_a_flat_trial(synthetic):
     # A learning rate of ~0 leaves the model as it is: no epoch beats the first one.
     outcome = train_trial(_config(synthetic, epochs=6, patience=2, lr=1e-12, min_lr=0.0))
@@ -277,8 +331,8 @@ def test_compile_takes_true_false_or_a_torch_compile_mode(synthetic, monkeypatch
 
 @pytest.mark.cuda
 def test_cuda_graphed_trial_trains_like_the_eager_one(synthetic):
-    """train.compile: reduce-overhead on a GPU (torch.compile's CUDA graphs, 2.8x eager for
-    ls_convit_micro's trial on an H200): the same training up to bf16 rounding."""
+    """train.compile: reduce-overhead on a GPU (torch.compile's CUDA graphs; benchmarks/trial_overhead.py
+    --compile reduce-overhead measures the gain): the same training up to bf16 rounding."""
     eager = train_trial(dataclasses.replace(_config(synthetic, epochs=2), device="cuda"))
     torch._dynamo.reset()
     graphed = train_trial(dataclasses.replace(_config(synthetic, epochs=2, compile="reduce-overhead"), device="cuda"))

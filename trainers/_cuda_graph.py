@@ -1,10 +1,10 @@
 """A model's inference forward, or a whole training step, captured once as a CUDA graph and
 replayed per batch.
 
-A small vision transformer on a fast GPU is bound by the host: at 224 px and batch 256 the GPU
-runs a ConViT-Ti batch in about 8 ms, while Python takes 5-11 ms to enqueue its few hundred
-kernels (H100 and H200 runs in `benchmarks/README.md`). Timed eagerly, its throughput then says
-how fast the host's Python runs, and two architectures compare by the number of operations they
+A small vision transformer on a fast GPU is bound by the host: the GPU runs a batch in about
+the time Python takes to enqueue its few hundred kernels (`python -m benchmarks models --device
+cuda --cuda-graphs PREFIX` times both ways). Timed eagerly, its throughput then says how fast
+the host's Python runs, and two architectures compare by the number of operations they
 issue rather than by what the GPU spends on them. Replayed as one CUDA graph the batch costs a
 single launch, so the number is the GPU's cost of the architecture, which is also what a deployed
 model (CUDA graphs, `torch.compile(mode="reduce-overhead")`, TensorRT) pays.
@@ -20,11 +20,11 @@ memory format): a replay reads its batch from that input and writes the same out
 
 `capture_train_step` does the same for a training step: forward, loss, backward, gradient
 clipping and AdamW's update, all in one graph (torch's "whole network capture"). Training is
-host-bound the same way: on an H100, a warm ls_convit_micro trial with
-`torch.compile(mode="reduce-overhead")` (which graphs the forward and the backward but leaves
-autograd's gradient accumulation, the optimizer and Dynamo's guards to Python) kept the GPU busy
-42-48% of its epochs, spending 6.7 ms of host time per 2.9 ms GPU step. A replay leaves the host
-one launch and the batch's copy into the graph's input.
+host-bound the same way: even with `torch.compile(mode="reduce-overhead")` (which graphs the
+forward and the backward but leaves autograd's gradient accumulation, the optimizer and Dynamo's
+guards to Python) a small model's GPU idles for much of each step (benchmarks/trial_profile.py
+measures host and GPU time per step). A replay leaves the host one launch and the batch's copy
+into the graph's input.
 """
 from __future__ import annotations
 

@@ -4,10 +4,10 @@ glibc's malloc hands big blocks back to the kernel as soon as they are freed: a 
 mmap threshold (128 KiB at first, adapting up to 32 MiB) is unmapped on free, and the heap is
 trimmed whenever more than the trim threshold sits free at its top. PyTorch's CPU allocator
 frees every activation after use, so each training step maps its activations again and touches
-every page anew: on this project's 2-core VM that was thousands of minor page faults a step,
-about 1 us each (4 ms of a 9 ms GPSA layer at 224 px). Raising both thresholds keeps freed memory
-in the process for the next step; the resident size stays at the peak a step needs, which the
-step needs anyway.
+every page anew: thousands of minor page faults a step, a sizeable share of a CPU layer's time
+(benchmarks/models.py --glibc-default-malloc times the models without this). Raising both thresholds
+keeps freed memory in the process for the next step; the resident size stays at the peak a step
+needs, which the step needs anyway.
 
 `retain_freed_memory()` is idempotent and a no-op where the C library is not glibc.
 """

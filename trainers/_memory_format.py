@@ -4,11 +4,9 @@ On CUDA every model runs channels_last (tensor cores want NHWC). On the CPU it d
 model: oneDNN's convolutions run faster on NHWC, so a network of overlapping convolutions (a
 ResNet, a T-CNN before and after its conversion) gains; a vision transformer's only convolution
 is its patch embedding, whose kernel equals its stride, and its time goes to matmuls on tokens,
-where the format does not matter. Measured on the 2-core AVX2 EPYC, channels_last over NCHW
-(`python -m benchmarks models --groups micro tiny`, `channels_last_gain`): the converted T-CNN
-micro (batch 256) 1.20x inference and 1.12x training, the converted ResNet-18 T-CNN at 224 px
-(batch 8) 1.25x and 1.10x; ConViT, GMM and Refiner, timed the same way in a scratch script,
-0.93x-1.10x: noise, or a loss.
+where the format does not matter, so those stay NCHW. The rule: channels_last on the CPU only
+for a model whose gain is measured, by `python -m benchmarks models --groups micro tiny`
+(`channels_last_gain`: the T-CNNs timed in both formats).
 """
 from __future__ import annotations
 

@@ -24,8 +24,8 @@ class SettingError(ValueError):
 
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
 PRECISIONS: tuple[str, ...] = typing.get_args(Precision)
-# num_workers: auto's bounds. 2 was the fixed default before auto (sized for a 2-core CPU); 8 is the
-# most threads timed (benchmarks/README.md, "A trial on the H100")
+# num_workers: auto's bounds. 2 was the fixed default before auto; 8 is the most threads
+# benchmarks/trial_overhead.py --num-workers has timed
 _MIN_AUTO_LOADER_THREADS, _MAX_AUTO_LOADER_THREADS = 2, 8
 CompileMode = Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
 COMPILE_MODES: tuple[str, ...] = typing.get_args(CompileMode)  # torch.compile's modes
@@ -44,22 +44,22 @@ class TrainSettings:
     label_smoothing: float = 0.1
     grad_clip: float | None = None  # max global grad norm; None: no clipping
     # FFCV's loader threads. auto: the CPUs the trial was given (in a search Ray's resources.cpus,
-    # else the CPUs the process may run on), at least 2 and at most 8, the most measured: on an
-    # H100's 16-core host a CUDA-graphed ls_convit_micro trial trained at 60-65k img/s with 8 threads
-    # against 44k with 2 (benchmarks/README.md). See `loader_threads`
+    # else the CPUs the process may run on), at least 2 and at most 8, the most measured: a fast
+    # GPU's trial is fed faster by more threads (benchmarks/trial_overhead.py --num-workers
+    # measures it). See `loader_threads`
     num_workers: int | Literal["auto"] = "auto"
     pad_crop: int = 2  # random pad-and-crop augmentation, pixels
     flip: bool | None = None  # horizontal flips; None: what the dataset catalog says
     # autocast dtype of training and validation. auto: AMP on CUDA (bf16 where the GPU has it,
-    # else fp16 with loss scaling); on a CPU bf16 where it has bf16 hardware, AMX or AVX512-BF16
-    # (1.4-2x), else fp32 (emulated bf16 is 16x slower); see trainers.train.training_precision
+    # else fp16 with loss scaling); on a CPU bf16 where it has bf16 hardware, AMX or AVX512-BF16,
+    # else fp32 (emulated bf16 is far slower); see trainers.train.training_precision, and
+    # benchmarks/training_precision.py for the time and accuracy of each
     precision: Precision = "auto"
     # run the training and validation batches through torch.compile (the same parameters;
     # throughput is still measured on the eager model): true (torch's default mode) or one of
-    # torch.compile's modes. For GPUs, where a small model's step is bound by launching kernels:
-    # on an H200, ls_convit_micro's trial at batch 256 trained at 1.17x eager with true and 2.8x
-    # with reduce-overhead (CUDA graphs; benchmarks/README.md), ConViT-Ti's step 1.80x with true.
-    # On a CPU no faster: the compiled step runs torch's attention, not this project's kernels
+    # torch.compile's modes. For GPUs, where a small model's step is bound by launching kernels
+    # (benchmarks/trial_overhead.py --compile [MODE] measures the gain). On a CPU no faster: the
+    # compiled step runs torch's attention, not this project's kernels
     compile: bool | CompileMode = False
     # GPU: capture the whole training step (forward, backward, clipping, AdamW) as one CUDA graph
     # and replay it per batch, so the host launches one graph instead of a few hundred kernels and

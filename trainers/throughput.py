@@ -21,8 +21,8 @@ runs while it times (see ``trainers._device_share``).
 
 On the CPU a trial's model is also timed beside a reference (:func:`measure_model`'s
 ``reference``: the trainer passes the model as named, with default arguments), batch for batch.
-A cloud VM has slow phases that no CPU accounting shows, up to several seconds long, in which
-everything runs 10-150% slower; they slow the model and the reference alike, so the cost ratio
+A cloud VM has slow phases that no CPU accounting shows, up to seconds long, in which
+everything runs slower; they slow the model and the reference alike, so the cost ratio
 between the two holds, and the trial's number is the reference's (measured once per node)
 divided by it.
 """
@@ -69,7 +69,7 @@ class ThroughputResult:
     median_batch_s: float
     batch_size: int
     repeats: int
-    device: str  # e.g. "cpu: AMD EPYC 7B13 (2 threads)" or "cuda: NVIDIA H100 80GB HBM3"
+    device: str  # "cpu: <the CPU's model name>" or "cuda: <the GPU's name>" (`device_name`)
     precision: str  # fp32 | bf16 | fp16
     threads: int
     torch_version: str
@@ -135,17 +135,16 @@ def count_flops(model: nn.Module, input_shape: tuple[int, int, int]) -> int:
 
 # A CPU measurement is the fastest of CPU_ROUNDS rounds timed one after another. A cloud VM has
 # slow phases that no CPU accounting shows (the process's share of its cores unchanged), from a
-# fraction of a second to a few seconds: in one a round of `ls_convit_micro` read 242 ms a batch
-# against 96-104 around it, and a trial's measurement 1,798 img/s for an architecture that times
-# 2,655-2,787. Replayed over logs of batches timed back to back (1-5 minutes each), the fastest of
-# three rounds stayed within 6% of its typical value where single rounds strayed up to 2.6x.
+# fraction of a second to a few seconds, that make a single round read far slower than the
+# architecture's typical figure; the fastest of three stays near it. (Rule: a measurement must not
+# depend on when it was taken; benchmarks/models.py times the families in shuffled rounds.)
 CPU_ROUNDS = 3
 MEASUREMENT_METHOD = "fastest-of-3"  # in the cache key: numbers timed another way are not reused
 # A round counts only when this process had the CPU to itself: alone, its threads keep their cores
-# busy (process CPU time ~ threads x wall: 0.99 measured for the micro families on a 2-core VM),
-# while another busy process (Ray starting its dashboard beside a study's first trial, say) takes
-# a core and slows the forward 2-3x (CPU share 0.63-0.68). Below this share the round is timed
-# again after a pause, up to CPU_ATTEMPTS rounds in all, and the fastest round is kept.
+# busy (process CPU time ~ threads x wall, a share near 1), while another busy process (Ray
+# starting its dashboard beside a study's first trial, say) takes a core, slows the forward
+# severalfold and drops the share well below this floor. Below it the round is timed again after
+# a pause, up to CPU_ATTEMPTS rounds in all, and the fastest round is kept.
 CPU_SHARE_FLOOR = 0.9
 CPU_ATTEMPTS = 6
 CPU_RETRY_PAUSE_S = 1.0

@@ -4,23 +4,25 @@ Read top to bottom: ``train_trial`` is the whole loop. It knows nothing of Ray; 
 passes ``on_epoch`` (which calls ``tune.report`` with a checkpoint) and, on restore, ``resume``.
 
     model   = timm.create_model(name, num_classes, in_chans, img_size, **args)
-    measure = params, FLOPs/image, inference images/s          (before any training)
+    measure = params, FLOPs/image, inference images/s   (before training where the constraints
+              need it, else after the first epoch); a config that breaks a constraint is rejected
     loaders = FFCV train (random pad-crop, flip) / val (plain)
     optim   = AdamW (fused) over the model's parameter groups, lr_at(step): linear warm-up, cosine decay
+    step    = forward, loss, backward, [clip], AdamW, chosen once: eager, or on a GPU with
+              train.cuda_graph one CUDA graph captured at the first batch and replayed after
     epochs  = train -> validate -> on_epoch(metrics, state) -> stop on max_epochs or patience
-    step    = forward, loss, backward, [clip], AdamW: eager, or on a GPU with train.cuda_graph
-              one CUDA graph captured at the first batch and replayed for every batch after
 
-A model that changes architecture mid-training (T-CNN: ``reparam_epoch_for(epochs)`` and
-``reparametrise()``) is converted before that epoch, re-measured, and given a fresh AdamW with
-its own warm-up and cosine decay over the remaining epochs (``reparam_optimizer='fresh'``) or
-the same optimizer state and schedule (``'keep'``).
+A model that changes architecture mid-training (`trainers.hooks.ConvertsDuringTraining`, the
+T-CNN) is converted before the epoch it names, re-measured, and given a fresh AdamW with its own
+warm-up and cosine decay over the remaining epochs (``reparam_optimizer='fresh'``) or the same
+optimizer state and schedule (``'keep'``).
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import math
 import time
 import warnings
@@ -38,11 +40,12 @@ from trainers._malloc import retain_freed_memory
 from trainers._memory_format import place_model
 from trainers.config import SettingError, TrainSettings, TrialConfig
 from trainers.data import make_loader
+from trainers.hooks import ConvertsDuringTraining, HasParamGroups
 from trainers.throughput import measure_model
 
 __all__ = ["train_trial", "TrialOutcome", "NonFiniteLossError", "lr_at", "build_model", "evaluate", "pick_device",
            "training_precision", "training_dtype", "autocast_for", "runner_for_batches", "set_lr",
-           "graphs_steps", "capture_step"]
+           "graphs_steps", "capture_step", "default_param_groups", "trial_param_groups", "adamw"]
 
 EpochCallback = Callable[[dict[str, Any], Callable[[], dict[str, Any]]], None]
 
@@ -111,10 +114,12 @@ def _reference_model(cfg: TrialConfig, device: torch.device) -> nn.Module | None
     return reference
 
 
-def _converted_copy(model: nn.Module) -> nn.Module:
-    clone = copy.deepcopy(model)
-    clone.reparametrise()
-    return clone
+def trial_param_groups(model: nn.Module, *, weight_decay: float) -> list[dict[str, Any]]:
+    """The trial's AdamW groups: the model's own (`trainers.hooks.HasParamGroups`, e.g. ConViT's
+    gates with their own learning rate), else `default_param_groups`."""
+    if isinstance(model, HasParamGroups):
+        return model.param_groups(weight_decay=weight_decay)
+    return default_param_groups(model, weight_decay)
 
 
 def default_param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
@@ -134,17 +139,15 @@ _AUTOCAST_DTYPES: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.b
 
 def adamw(groups: list[dict[str, Any]], *, lr: float, capturable: bool = False) -> torch.optim.AdamW:
     """The trial's optimizer: AdamW with torch's fused kernel (one pass over each tensor, on the CPU
-    as on CUDA). The default for CPU tensors is a loop of ~10 small ops per parameter tensor:
-    ls_convit_micro's 116 tensors took 10-11 ms an optimizer step that way and 2 ms fused, on the
-    2-core AVX2 EPYC: 3% of its 260 ms batch-64 training step (whole steps timed side by side, in
-    alternating order, differ by less than that VM's noise). Same update up to float rounding.
+    as on CUDA) rather than the default for CPU tensors, a loop of ~10 small ops per parameter
+    tensor; the same update up to float rounding (benchmarks/trial_overhead.py times whole steps).
     ``capturable``: the step can be captured in a CUDA graph (`capture_step`)."""
     optimizer = torch.optim.AdamW(groups, lr=lr, fused=True, capturable=capturable)
     # torch's fused AdamW (CPU, torch 2.15) walks a parameter, its gradient and its moments as one
     # flat array each: a channels_last weight with an NCHW gradient or moment is updated element
     # against wrong element, silently. Autograd gives gradients their parameter's strides; moments
     # resumed from a checkpoint saved while the weight was NCHW have the old ones.
-    optimizer.register_step_pre_hook(_align_gradients_to_params)  # 0.07 ms a step for 116 tensors
+    optimizer.register_step_pre_hook(_align_gradients_to_params)  # a stride comparison per tensor where none differs
     optimizer.register_load_state_dict_post_hook(_align_moments_to_params)  # once, where it can happen
     return optimizer
 
@@ -209,8 +212,8 @@ def training_precision(precision: str, device: torch.device) -> str:
 
     auto: AMP where the hardware multiplies in reduced precision: on CUDA bf16 where the GPU
     supports it, else fp16; on a CPU with bf16 hardware (AMX or AVX512-BF16, `cpu_has_native_bf16`)
-    bf16 (per trial of the main job: 1.4x on an AMX Xeon, 2.0x on an AVX512-BF16 EPYC, at the
-    same accuracy); fp32 on any other CPU."""
+    bf16; fp32 on any other CPU, which would emulate bf16. benchmarks/training_precision.py
+    measures a trial's time and accuracy in each."""
     if precision == "auto":
         if device.type == "cuda":
             return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
@@ -245,8 +248,8 @@ def runner_for_batches(model: nn.Module, settings: TrainSettings, device: torch.
         return model
     if device.type == "cpu":
         warnings.warn("train.compile on a CPU: compiled batches run torch's attention instead of this "
-                      "project's CPU kernels (a bf16 step 0.56x eager on a Xeon); it is meant for GPUs",
-                      stacklevel=2)
+                      "project's CPU kernels, slower than eager (benchmarks/trial_overhead.py --compile "
+                      "measures it); it is meant for GPUs", stacklevel=2)
     return torch.compile(model, mode=settings.compile_mode)
 
 
@@ -302,127 +305,52 @@ def train_trial(
     A configuration that breaks one of ``cfg.constraints`` is not trained: ``on_epoch`` gets one
     report with ``epoch`` 0, ``rejected`` (the reason) and ``get_state`` None."""
     settings = cfg.train
-    data = cfg.data
     device = pick_device(cfg.device)
     retain_freed_memory()  # no page faults for each step's activations (see trainers/_malloc.py)
     torch.manual_seed(cfg.seed)
-    on_cuda = device.type == "cuda"
     train_precision = training_precision(settings.precision, device)  # what auto became here
-    amp_dtype = _AUTOCAST_DTYPES[train_precision]
     autocast = autocast_for(train_precision, device)  # resolved once: auto is not looked up again
 
-    # -- model, measured before any training --------------------------------------------
+    # -- model, measured before training where something needs the number then ------------
     model = build_model(cfg)
-    converts = hasattr(model, "reparametrise")  # T-CNN: a CNN recast as attention mid-training
-    convert_at = model.reparam_epoch_for(cfg.epochs) if converts else None  # epochs trained as a CNN
+    # T-CNN: a CNN recast as attention mid-training, after convert_at epochs; None: never converts
+    convert_at = model.reparam_epoch_for(cfg.epochs) if isinstance(model, ConvertsDuringTraining) else None
     if resume is not None and resume.get("reparametrised"):
         model.reparametrise()  # checkpointed after the conversion: restore into the converted model
     channels_last = place_model(model, device)  # CUDA, or a CNN on the CPU: the model and its batches
-    input_shape = (data.channels, data.image_size, data.image_size)
-
-    def measure(net: nn.Module | None = None) -> dict[str, Any]:
-        # The measurement draws random inputs; keep them out of the training's random stream.
-        with torch.random.fork_rng(devices=[device] if on_cuda else []):
-            reference = _reference_model(cfg, device) if device.type == "cpu" else None
-            record = measure_model(
-                net if net is not None else model,
-                input_shape=input_shape,
-                batch_size=cfg.throughput.batch_size,
-                warmup=cfg.throughput.warmup,
-                repeats=cfg.throughput.repeats,
-                precision=cfg.throughput.precision,
-                channels_last=channels_last,
-                cache_dir=cfg.throughput_cache_dir,
-                reference=reference,
-                cuda_graph=cfg.throughput.cuda_graph,
-            )
-        # this project's families say so; for a plain timm model, its name's first word (vit, deit, ...)
-        return {"family": getattr(model, "family", None) or cfg.model.split("_")[0], **record}
-
-    def convert(epoch: int) -> dict[str, Any]:
-        """Recast the model in place; the measurement of what it is now (and was before)."""
-        before = measurement["throughput"]
-        model.reparametrise()
-        place_model(model, device)  # the new layers; the convs left before them keep the format decided
-        return {**measure(), "converted_at_epoch": epoch, "throughput_before_conversion": before}
-
-    def batches_runner() -> nn.Module:
-        """What the batches go through (`runner_for_batches`). State dicts, the measurement and a
-        conversion stay on `model` itself."""
-        return runner_for_batches(model, settings, device)
-
-    # Measured before training only where something needs the number then: the constraints (a
-    # config is judged untrained) or a T-CNN converting at epoch 0 (the CNN's number). Otherwise
-    # after the first epoch, so that a study's first measurement is not timed while Ray starts up
-    # (on the Zen 5 VM the first architecture read 20-34% slow in all four rounds it was timed).
-    measure_first = bool(cfg.constraints) or (converts and convert_at == 0 and not model.is_reparametrised)
+    measure = functools.partial(_measure, cfg=cfg, device=device, channels_last=channels_last)
     if resume is not None:
         measurement = dict(resume["measurement"])
     else:
-        measurement = measure() if measure_first else None
-    if resume is None and cfg.constraints:
-        # Judge the architecture the trial is meant to end with (a T-CNN: the converted one).
-        final = measurement
-        if converts and convert_at < cfg.epochs and not model.is_reparametrised:
-            final = measure(_converted_copy(model))
-        broken = [(c, c.violation(final[c.metric])) for c in cfg.constraints]
-        broken = [(c, v) for c, v in broken if v > 0]
-        if broken:
-            reason = "; ".join(f"{c.metric}={final[c.metric]:.4g} breaks {c}" for c, _ in broken)
-            metrics = {"epoch": 0, **final, "rejected": reason, "constraint_violation": sum(v for _, v in broken),
-                       "stop_reason": "constraint", "best_val_acc": math.nan, "best_val_loss": math.nan}
-            if on_epoch is not None:
-                on_epoch(metrics, None)
-            return TrialOutcome(history=[], best_val_acc=math.nan, epochs_run=0, stop_reason="constraint",
-                                measurement=final)
+        measurement = measure(model) if _measured_before_training(cfg, model, convert_at) else None
+        rejected = _reject_by_constraints(cfg, model, measurement, convert_at=convert_at, measure=measure,
+                                          on_epoch=on_epoch)
+        if rejected is not None:
+            return rejected  # not trained: one report, epoch 0
     if convert_at == 0 and not model.is_reparametrised:
-        measurement = convert(0)  # t1 = 0: the hybrid, trained from scratch
+        measurement = _convert(model, epoch=0, before=measurement, device=device, measure=measure)  # the hybrid
 
-    # -- data ---------------------------------------------------------------------------
-    flip = data.flip if settings.flip is None else settings.flip
-    common = dict(mean=data.mean, std=data.std, device=device, num_workers=settings.loader_threads,
-                  channels_last=channels_last)
-    train_loader = make_loader(
-        data.train_path, batch_size=settings.batch_size, train=True, seed=cfg.seed,
-        flip=flip, pad_crop=settings.pad_crop, **common,
-    )
-    val_loader = make_loader(data.val_path, batch_size=max(256, settings.batch_size), train=False, **common)
+    # -- data -------------------------------------------------------------------------------
+    train_loader, val_loader = _loaders(cfg, device=device, channels_last=channels_last)
     steps_per_epoch = len(train_loader)
     total_steps = steps_per_epoch * cfg.epochs
     warmup_steps = round(settings.warmup_epochs * steps_per_epoch)
 
-    # -- optimisation -------------------------------------------------------------------
-    graphed_steps = graphs_steps(settings, device)
-
-    def make_optimizer() -> torch.optim.Optimizer:
-        if hasattr(model, "param_groups"):  # e.g. ConViT: its own LR multiplier for the gates
-            groups = model.param_groups(weight_decay=settings.weight_decay)
-        else:
-            groups = default_param_groups(model, settings.weight_decay)
-        return adamw(groups, lr=settings.lr, capturable=graphed_steps)
-
-    def schedule_start() -> int:
-        """Step the lr schedule counts from: a fresh optimizer after a conversion starts over."""
-        fresh = converts and model.is_reparametrised and model.reparam_optimizer == "fresh"
-        return convert_at * steps_per_epoch if fresh else 0
-
-    optimizer = make_optimizer()
-    run = batches_runner()
-    graphed: GraphedTrainStep | None = None  # train.cuda_graph: captured at the first batch
-    scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)
+    # -- optimisation: the step chosen once, eager or graphed --------------------------------
+    graphed = graphs_steps(settings, device)
+    optimizer = adamw(trial_param_groups(model, weight_decay=settings.weight_decay), lr=settings.lr,
+                      capturable=graphed)
+    runner = runner_for_batches(model, settings, device)  # batches only: state dicts and measuring use `model`
+    scaler = torch.amp.GradScaler(device.type, enabled=_AUTOCAST_DTYPES[train_precision] == torch.float16)
     criterion = nn.CrossEntropyLoss(label_smoothing=settings.label_smoothing)
+    step_for = functools.partial(_TrainStep, model=model, criterion=criterion, scaler=scaler, autocast=autocast,
+                                 settings=settings)
+    train_step = step_for(runner=runner, optimizer=optimizer, graphed=graphed)
 
     start_epoch, best_val_acc, best_val_loss, bad_epochs, history = 0, -1.0, math.inf, 0, []
     if resume is not None:
-        model.load_state_dict(resume["model"])
-        optimizer.load_state_dict(resume["optimizer"])
-        scaler.load_state_dict(resume["scaler"])
-        torch.set_rng_state(resume["rng"])
-        start_epoch = int(resume["epoch"])
-        best_val_acc = float(resume["best_val_acc"])
-        best_val_loss = float(resume["best_val_loss"])
-        bad_epochs = int(resume["bad_epochs"])
-        history = list(resume["history"])
+        start_epoch, best_val_acc, best_val_loss, bad_epochs, history = _restore(
+            resume, model=model, optimizer=optimizer, scaler=scaler)
         if history and "stop_reason" in history[-1]:
             # Restored from the checkpoint of its last epoch (the driver died before the search
             # recorded the end): say the final result again, train nothing.
@@ -431,65 +359,31 @@ def train_trial(
             return TrialOutcome(history=history, best_val_acc=best_val_acc, epochs_run=len(history),
                                 stop_reason=history[-1]["stop_reason"], measurement=measurement)
 
+    # -- epochs -----------------------------------------------------------------------------
     train_loader.next_epoch = start_epoch  # a resumed trial sees the batches it would have seen
     share = device_share(device)
     stop_reason = "max_epochs"
     for epoch in range(start_epoch, cfg.epochs):
         epoch_start = time.perf_counter()
-        if converts and epoch == convert_at and not model.is_reparametrised:
-            measurement = convert(epoch)
-            run = batches_runner()
-            graphed = None  # another model and optimizer: captured again
-            previous, optimizer = optimizer, make_optimizer()
-            if model.reparam_optimizer == "keep":  # the filters keep their Adam moments (same Parameters)
-                for param in previous.state:
-                    optimizer.state[param] = previous.state[param]
-        start_step = schedule_start()
+        if epoch == convert_at and not model.is_reparametrised:
+            measurement = _convert(model, epoch=epoch, before=measurement, device=device, measure=measure)
+            runner = runner_for_batches(model, settings, device)
+            optimizer = _optimizer_after_conversion(model, optimizer, settings=settings, capturable=train_step.graphed)
+            # another model and optimizer: captured again, unless capturing failed before
+            train_step = step_for(runner=runner, optimizer=optimizer, graphed=train_step.graphed)
+        first_step = _schedule_start(model, convert_at=convert_at, steps_per_epoch=steps_per_epoch)
         # Shared with other trials on this device; a throughput measurement waits for us to step
         # aside (share.step()). Not held across the report: Tune may never resume this thread.
         with share.training():
-            model.train()
-            loss_sum = torch.zeros((), device=device)
-            nonfinite = torch.zeros((), dtype=torch.bool, device=device)
-            lr = settings.lr
-            loader_wait = [0.0]  # host seconds spent waiting for batches: is the trial input-bound?
-            for step, (images, labels) in enumerate(_waited_for(train_loader, loader_wait)):  # (B, C, H, W), (B,)
-                global_step = epoch * steps_per_epoch + step
-                lr = lr_at(global_step - start_step, total_steps=total_steps - start_step, warmup_steps=warmup_steps,
-                           peak_lr=settings.lr, min_lr=settings.min_lr)
-                set_lr(optimizer, lr)
-                if graphed_steps and graphed is None:
-                    graphed = capture_step(model=model, runner=run, criterion=criterion, optimizer=optimizer,
-                                           images=images, labels=labels, settings=settings)
-                    graphed_steps = graphed is not None
-                if graphed is not None:
-                    loss = graphed(images, labels)  # forward, backward, [clip], AdamW: one replay
-                else:
-                    with autocast():
-                        loss = criterion(run(images), labels)
-                nonfinite |= ~torch.isfinite(loss.detach())
-                # Checking every step would sync the GPU each step; every 50 is soon enough.
-                if (step % 50 == 49 or step == steps_per_epoch - 1) and bool(nonfinite):
-                    raise NonFiniteLossError(
-                        f"training loss became {loss.item()} at epoch {epoch + 1}, step {step + 1}; "
-                        f"lower the learning rate (lr={settings.lr:g}) or set train.grad_clip"
-                    )
-                if graphed is None:
-                    optimizer.zero_grad(set_to_none=True)
-                    scaler.scale(loss).backward()
-                    if settings.grad_clip is not None:
-                        scaler.unscale_(optimizer)
-                        nn.utils.clip_grad_norm_(model.parameters(), settings.grad_clip)
-                    scaler.step(optimizer)
-                    scaler.update()
-                loss_sum += loss.detach().float()
-                share.step()
+            loss_sum, lr, loader_wait = _train_epoch(
+                train_step, train_loader, epoch=epoch, steps_per_epoch=steps_per_epoch, first_step=first_step,
+                total_steps=total_steps, warmup_steps=warmup_steps, settings=settings, share=share, device=device)
             train_time = time.perf_counter() - epoch_start
-
-            val_loss, val_acc = evaluate(run, val_loader, autocast=autocast)
+            val_loss, val_acc = evaluate(runner, val_loader, autocast=autocast)  # mean cross-entropy, accuracy
         epoch_time = time.perf_counter() - epoch_start
-        if measurement is None:  # after the first epoch (see measure_first), not holding the device
-            measurement = measure()
+        if measurement is None:  # after the first epoch (see _measured_before_training), not holding the device
+            measurement = measure(model)
+
         best_val_loss = min(best_val_loss, val_loss)
         if val_acc > best_val_acc:
             best_val_acc, bad_epochs = val_acc, 0
@@ -509,40 +403,207 @@ def train_trial(
             "epoch_time_s": epoch_time,
             "train_time_s": train_time,
             "train_images_per_s": steps_per_epoch * settings.batch_size / train_time,
-            "train_loader_wait_s": loader_wait[0],
+            "train_loader_wait_s": loader_wait,
             "train_precision": train_precision,
             **measurement,
         }
-        if converts:
+        if convert_at is not None:
             metrics["converted"] = model.is_reparametrised  # this epoch trained the converted model
         if done:
             metrics["stop_reason"] = stop_reason
         history.append(metrics)
-
-        def get_state(epoch_done: int = epoch + 1) -> dict[str, Any]:
-            return {
-                "model": model.state_dict(),
-                "optimizer": _portable(optimizer.state_dict()),
-                "scaler": scaler.state_dict(),
-                "rng": torch.get_rng_state(),
-                "epoch": epoch_done,
-                "best_val_acc": best_val_acc,
-                "best_val_loss": best_val_loss,
-                "bad_epochs": bad_epochs,
-                "history": list(history),
-                "measurement": measurement,
-                "reparametrised": bool(getattr(model, "is_reparametrised", False)),
-            }
-
         if on_epoch is not None:
-            on_epoch(metrics, get_state)
+            on_epoch(metrics, functools.partial(
+                _checkpoint, model=model, optimizer=optimizer, scaler=scaler, epoch=epoch + 1,
+                best_val_acc=best_val_acc, best_val_loss=best_val_loss, bad_epochs=bad_epochs, history=history,
+                measurement=measurement))
         if done:
             break
 
-    return TrialOutcome(
-        history=history,
-        best_val_acc=best_val_acc,
-        epochs_run=len(history),
-        stop_reason=stop_reason,
-        measurement=measurement,
-    )
+    return TrialOutcome(history=history, best_val_acc=best_val_acc, epochs_run=len(history), stop_reason=stop_reason,
+                        measurement=measurement)
+
+
+# -- the pieces of train_trial, in the order it uses them ----------------------------------------
+
+def _measure(net: nn.Module, *, cfg: TrialConfig, device: torch.device, channels_last: bool) -> dict[str, Any]:
+    """params, FLOPs and inference throughput of ``net`` (`measure_model`), with its family."""
+    # The measurement draws random inputs; keep them out of the training's random stream.
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        reference = _reference_model(cfg, device) if device.type == "cpu" else None
+        record = measure_model(
+            net,
+            input_shape=(cfg.data.channels, cfg.data.image_size, cfg.data.image_size),
+            batch_size=cfg.throughput.batch_size,
+            warmup=cfg.throughput.warmup,
+            repeats=cfg.throughput.repeats,
+            precision=cfg.throughput.precision,
+            channels_last=channels_last,
+            cache_dir=cfg.throughput_cache_dir,
+            reference=reference,
+            cuda_graph=cfg.throughput.cuda_graph,
+        )
+    # this project's families say so; for a plain timm model, its name's first word (vit, deit, ...)
+    return {"family": getattr(net, "family", None) or cfg.model.split("_")[0], **record}
+
+
+def _measured_before_training(cfg: TrialConfig, model: nn.Module, convert_at: int | None) -> bool:
+    """Whether a fresh trial measures its model before training: only where something needs the
+    number then, the constraints (a config is judged untrained) or a T-CNN converting at epoch 0
+    (the CNN's number). Otherwise after the first epoch, so that a study's first measurement is not
+    timed while Ray starts up, a window in which machines run measurably slow."""
+    return bool(cfg.constraints) or (convert_at == 0 and not model.is_reparametrised)
+
+
+def _reject_by_constraints(cfg: TrialConfig, model: nn.Module, measurement: dict[str, Any] | None, *,
+                           convert_at: int | None, measure: Callable[[nn.Module], dict[str, Any]],
+                           on_epoch: EpochCallback | None) -> TrialOutcome | None:
+    """Where a fresh trial's architecture breaks one of ``cfg.constraints``: its one report
+    (epoch 0, ``rejected``: the reason, no state) and its outcome; None where it may train. Judged
+    on the architecture the trial is meant to end with (a T-CNN: the converted one)."""
+    if not cfg.constraints:
+        return None
+    final = measurement
+    if convert_at is not None and convert_at < cfg.epochs and not model.is_reparametrised:
+        converted = copy.deepcopy(model)
+        converted.reparametrise()
+        final = measure(converted)
+    broken = [(c, c.violation(final[c.metric])) for c in cfg.constraints]
+    broken = [(c, v) for c, v in broken if v > 0]
+    if not broken:
+        return None
+    reason = "; ".join(f"{c.metric}={final[c.metric]:.4g} breaks {c}" for c, _ in broken)
+    if on_epoch is not None:
+        on_epoch({"epoch": 0, **final, "rejected": reason, "constraint_violation": sum(v for _, v in broken),
+                  "stop_reason": "constraint", "best_val_acc": math.nan, "best_val_loss": math.nan}, None)
+    return TrialOutcome(history=[], best_val_acc=math.nan, epochs_run=0, stop_reason="constraint", measurement=final)
+
+
+def _convert(model: ConvertsDuringTraining, *, epoch: int, before: dict[str, Any], device: torch.device,
+             measure: Callable[[nn.Module], dict[str, Any]]) -> dict[str, Any]:
+    """Recast the model in place; the measurement of what it is now (and was before)."""
+    throughput_before = before["throughput"]
+    model.reparametrise()
+    place_model(model, device)  # the new layers; the convs left before them keep the format decided
+    return {**measure(model), "converted_at_epoch": epoch, "throughput_before_conversion": throughput_before}
+
+
+def _optimizer_after_conversion(model: ConvertsDuringTraining, previous: torch.optim.Optimizer, *,
+                                settings: TrainSettings, capturable: bool) -> torch.optim.Optimizer:
+    """A new AdamW over the converted model's groups; with ``reparam_optimizer='keep'`` the
+    parameters that survived the conversion (the same Parameters: the filters) keep their moments."""
+    optimizer = adamw(trial_param_groups(model, weight_decay=settings.weight_decay), lr=settings.lr,
+                      capturable=capturable)
+    if model.reparam_optimizer == "keep":
+        for param in previous.state:
+            optimizer.state[param] = previous.state[param]
+    return optimizer
+
+
+def _schedule_start(model: nn.Module, *, convert_at: int | None, steps_per_epoch: int) -> int:
+    """The step the lr schedule counts from: a fresh optimizer after a conversion starts over."""
+    fresh = convert_at is not None and model.is_reparametrised and model.reparam_optimizer == "fresh"
+    return convert_at * steps_per_epoch if fresh else 0
+
+
+def _loaders(cfg: TrialConfig, *, device: torch.device, channels_last: bool) -> tuple[Any, Any]:
+    """The FFCV training (augmented, shuffled per epoch) and validation (plain) loaders."""
+    data, settings = cfg.data, cfg.train
+    flip = data.flip if settings.flip is None else settings.flip
+    common = dict(mean=data.mean, std=data.std, device=device, num_workers=settings.loader_threads,
+                  channels_last=channels_last)
+    train_loader = make_loader(data.train_path, batch_size=settings.batch_size, train=True, seed=cfg.seed,
+                               flip=flip, pad_crop=settings.pad_crop, **common)
+    val_loader = make_loader(data.val_path, batch_size=max(256, settings.batch_size), train=False, **common)
+    return train_loader, val_loader
+
+
+class _TrainStep:
+    """One batch's forward, loss, backward, [clip] and AdamW update: images (B, C, H, W) and labels
+    (B,) in, the loss (a 0-d tensor) out. Eager, or with ``graphed`` (train.cuda_graph on a GPU,
+    `graphs_steps`) captured as one CUDA graph at the first batch (its shapes are the trial's) and
+    replayed for every batch after; a step that cannot be captured trains eagerly from then on
+    (`capture_step` says why) and ``graphed`` turns False."""
+
+    def __init__(self, *, model: nn.Module, runner: nn.Module, criterion: nn.Module,
+                 optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
+                 autocast: Callable[[], ContextManager], settings: TrainSettings, graphed: bool):
+        self.model, self.runner, self.criterion = model, runner, criterion
+        self.optimizer, self.scaler, self.autocast, self.settings = optimizer, scaler, autocast, settings
+        self.graphed = graphed
+        self._replay: GraphedTrainStep | None = None
+
+    def __call__(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        if self.graphed and self._replay is None:
+            self._replay = capture_step(model=self.model, runner=self.runner, criterion=self.criterion,
+                                        optimizer=self.optimizer, images=images, labels=labels, settings=self.settings)
+            self.graphed = self._replay is not None
+        if self._replay is not None:
+            return self._replay(images, labels)  # forward, backward, [clip], AdamW: one replay
+        with self.autocast():
+            loss = self.criterion(self.runner(images), labels)  # logits (B, num_classes) -> ()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scaler.scale(loss).backward()
+        if self.settings.grad_clip is not None:
+            self.scaler.unscale_(self.optimizer)
+            nn.utils.clip_grad_norm_(self.model.parameters(), self.settings.grad_clip)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        return loss
+
+
+def _train_epoch(train_step: _TrainStep, loader: Iterable[Any], *, epoch: int, steps_per_epoch: int, first_step: int,
+                 total_steps: int, warmup_steps: int, settings: TrainSettings, share: Any, device: torch.device
+                 ) -> tuple[torch.Tensor, float, float]:
+    """One epoch's batches through ``train_step``, the lr following `lr_at` from ``first_step``
+    (a fresh optimizer after a conversion starts over). (The summed loss, on the device; the last
+    lr; host seconds spent waiting for batches: is the trial input-bound?)"""
+    train_step.model.train()
+    loss_sum = torch.zeros((), device=device)  # summed on the device: no host sync per step
+    nonfinite = torch.zeros((), dtype=torch.bool, device=device)
+    lr = settings.lr
+    waited = [0.0]
+    for step, (images, labels) in enumerate(_waited_for(loader, waited)):  # (B, C, H, W) float, (B,) int64
+        lr = lr_at(epoch * steps_per_epoch + step - first_step, total_steps=total_steps - first_step,
+                   warmup_steps=warmup_steps, peak_lr=settings.lr, min_lr=settings.min_lr)
+        set_lr(train_step.optimizer, lr)
+        loss = train_step(images, labels)  # (): forward, loss, backward, [clip], AdamW
+        nonfinite |= ~torch.isfinite(loss.detach())
+        # Checking every step would sync the GPU each step; every 50 is soon enough.
+        if (step % 50 == 49 or step == steps_per_epoch - 1) and bool(nonfinite):
+            raise NonFiniteLossError(f"training loss became {loss.item()} at epoch {epoch + 1}, step {step + 1}; "
+                                     f"lower the learning rate (lr={settings.lr:g}) or set train.grad_clip")
+        loss_sum += loss.detach().float()
+        share.step()
+    return loss_sum, lr, waited[0]
+
+
+def _restore(resume: dict[str, Any], *, model: nn.Module, optimizer: torch.optim.Optimizer,
+             scaler: torch.amp.GradScaler) -> tuple[int, float, float, int, list[dict[str, Any]]]:
+    """Load a checkpoint (`_checkpoint`) into the trial; (epochs done, best val acc, best val
+    loss, epochs without improvement, history) to go on from."""
+    model.load_state_dict(resume["model"])
+    optimizer.load_state_dict(resume["optimizer"])
+    scaler.load_state_dict(resume["scaler"])
+    torch.set_rng_state(resume["rng"])
+    return (int(resume["epoch"]), float(resume["best_val_acc"]), float(resume["best_val_loss"]),
+            int(resume["bad_epochs"]), list(resume["history"]))
+
+
+def _checkpoint(*, model: nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler, epoch: int,
+                best_val_acc: float, best_val_loss: float, bad_epochs: int, history: list[dict[str, Any]],
+                measurement: dict[str, Any]) -> dict[str, Any]:
+    """What ``resume`` takes to continue after ``epoch`` (the live tensors: serialise at once)."""
+    return {
+        "model": model.state_dict(),
+        "optimizer": _portable(optimizer.state_dict()),
+        "scaler": scaler.state_dict(),
+        "rng": torch.get_rng_state(),
+        "epoch": epoch,
+        "best_val_acc": best_val_acc,
+        "best_val_loss": best_val_loss,
+        "bad_epochs": bad_epochs,
+        "history": list(history),
+        "measurement": measurement,
+        "reparametrised": bool(getattr(model, "is_reparametrised", False)),
+    }

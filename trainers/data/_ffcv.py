@@ -9,7 +9,8 @@ FFCV is dormant; two of its habits would hurt a trainer that shares the process 
   (thread-local) pool, clamped to what numba has (FFCV would raise for more workers than cores).
 - ``DatasetWriter`` draws a tqdm progress bar per file; we log instead.
 
-And one habit that costs every process 6-10 s on a 2-core VM (the driver, each trial's worker):
+And one habit that costs every process seconds of start-up (the driver, each trial's worker;
+benchmarks/input_pipeline.py times loader start-up):
 ``ffcv.fields.rgb_image`` fills a ``numba.typed.Dict`` (``IMAGE_MODES``, 'jpg' -> 0, 'raw' -> 1) at
 import, and numba compiles that dict's methods, uncached, before the import returns. FFCV reads it
 only from Python (the writer, and the decoders' ``generate_code`` before they compile), so a plain

@@ -17,9 +17,9 @@ Both are fresh tensors (copies out of FFCV's rotating buffers), safe to keep.
 
 Why augmentation is not FFCV's numba ``RandomTranslate``/``RandomHorizontalFlip``: they draw
 from numba's per-thread generators, which nothing seeds, so crops and flips could not be
-reproduced; their JIT compilation is most of FFCV's 10-16 s start-up (about 9 s of it here);
-and torch ops run in FFCV's thread would start a second torch thread pool next to the model's,
-which on a loaded 2-core machine slowed epochs by more than 10x. Here the few small ops run on the target
+reproduced; their JIT compilation is most of FFCV's start-up (benchmarks/input_pipeline.py
+times it); and torch ops run in FFCV's thread would start a second torch thread pool next to the
+model's, which on a loaded machine slows epochs severalfold. Here the few small ops run on the target
 device in the consumer, from a ``torch.Generator`` seeded per epoch. FFCV's ``ToTorchImage`` and
 ``NormalizeImage`` are not used either: in 1.0.2 ``ToTorchImage(channels_last=False)`` after
 ``ToDevice`` allocates its output on the CPU, and ``NormalizeImage`` needs cupy on a GPU.
@@ -32,7 +32,7 @@ sees the same batches whether its loader was just built or taken from the cache.
 epoch ``e``, set ``loader.next_epoch = e`` before iterating. Eval loaders read in file order
 with no randomness.
 
-Cache: building a Loader is cheap but its first batch JIT-compiles the decoders (about 1 s).
+Cache: building a Loader is cheap but its first batch JIT-compiles the decoders.
 ``make_loader`` keeps one Loader per (file, batch size, train, normalisation, device, workers,
 augmentation, drop_last, layout) in a module-level dict, so a process that runs several trials
 (Ray reuses actors) compiles once per distinct loader. A cached loader is reset (epoch counter
@@ -138,7 +138,7 @@ class _SeededEpochIterator(EpochIterator):
         # once a block the host freed while kernels queued on it have yet to run (validation starts
         # behind the last training step's backward). FFCV's own events make every later copy wait
         # for the consumer's stream, but not the first batch's: without this wait, that batch was
-        # overwritten by the queued kernels on an H100 (labels of -1: CUDA's label-range assert).
+        # overwritten by the queued kernels (labels of -1: CUDA's label-range assert).
         self.started: torch.cuda.Event | None = None
         if IS_CUDA:
             self.started = torch.cuda.Event()

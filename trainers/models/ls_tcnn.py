@@ -66,6 +66,8 @@ from timm.models import adapt_input_conv, generate_default_cfgs, register_model
 from timm.models._helpers import load_state_dict
 from timm.models.resnet import BasicBlock, Bottleneck, ResNet
 
+from trainers.hooks import ConvertsDuringTraining
+
 from ._common import _build_without_weights, _cfg, _check_real, _fashion_mnist_cfg, _gated_param_groups
 from ._linear import Linear, linear
 
@@ -212,7 +214,7 @@ def _check_optional_int(name: str, value: Any) -> None:
         raise ValueError(f'{name}={value!r}: expected an int >= 0 (or leave it out)')
 
 
-class TransformedResNet(ResNet):
+class TransformedResNet(ResNet, ConvertsDuringTraining):
     """timm's ResNet, plus `reparametrise()`: last-stage 3x3 convs -> GPSA (see module docstring)."""
 
     family = 'tcnn'
