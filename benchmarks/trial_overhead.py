@@ -156,8 +156,9 @@ def _compute(cfg, batches: dict) -> float:
     from torch import nn
 
     from trainers._memory_format import place_model
-    from trainers.train import (adamw, autocast_for, build_model, capture_step, default_param_groups, graphs_steps,
-                                lr_at, pick_device, runner_for_batches, set_lr, training_dtype)
+    from trainers.train import (adamw, autocast_for, build_model, capture_step, graphs_steps,
+                                lr_at, pick_device, runner_for_batches, set_lr, training_dtype,
+                                trial_param_groups)
 
     torch.manual_seed(cfg.seed)
     device = pick_device(cfg.device)
@@ -165,8 +166,7 @@ def _compute(cfg, batches: dict) -> float:
     place_model(model, device)  # as train_trial
     autocast = autocast_for(cfg.train.precision, device)
     scaler = torch.amp.GradScaler(device.type, enabled=training_dtype(cfg.train.precision, device) == torch.float16)
-    groups = model.param_groups(weight_decay=cfg.train.weight_decay) if hasattr(model, "param_groups") \
-        else default_param_groups(model, cfg.train.weight_decay)
+    groups = trial_param_groups(model, weight_decay=cfg.train.weight_decay)  # as train_trial
     graphed_steps = graphs_steps(cfg.train, device)
     optimizer = adamw(groups, lr=cfg.train.lr, capturable=graphed_steps)
     runner = runner_for_batches(model, cfg.train, device)  # as train_trial's

@@ -12,6 +12,7 @@ import yaml
 import trainers.models  # noqa: F401  (registers the ls_* families)
 from trainers import throughput
 from trainers._cuda_graph import CaptureError, capture_inference
+from trainers.hooks import ConvertsDuringTraining
 from trainers.throughput import measure_model, measure_throughput
 
 
@@ -59,7 +60,7 @@ def _model(name: str) -> tuple[torch.nn.Module, tuple[int, ...]]:
     if name.startswith("deit"):
         return timm.create_model(name, img_size=32, patch_size=4, num_classes=10), (3, 32, 32)
     model = timm.create_model(name)
-    if hasattr(model, "reparametrise"):
+    if isinstance(model, ConvertsDuringTraining):
         model.reparametrise()
     return model, (model.in_chans if hasattr(model, "in_chans") else 1, 28, 28)
 

@@ -7,6 +7,7 @@ import timm
 import torch
 
 import trainers.models  # noqa: F401  (registers the families)
+from trainers.hooks import ConvertsDuringTraining
 from trainers._memory_format import has_overlapping_convs, runs_channels_last
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")  # only the device's type is read: no GPU needed
@@ -23,7 +24,7 @@ def test_vision_transformers_stay_nchw_on_the_cpu(name):
 def test_cnns_run_channels_last_on_the_cpu_before_and_after_the_conversion(name):
     model = timm.create_model(name)
     assert runs_channels_last(model, CPU) and runs_channels_last(model, CUDA)
-    if hasattr(model, "reparametrise"):
+    if isinstance(model, ConvertsDuringTraining):
         model.reparametrise()  # the last stage's 3x3s become attention; the earlier stages stay convs
         assert runs_channels_last(model, CPU)
 
