@@ -11,7 +11,7 @@ import textwrap
 import pytest
 import torch
 
-from trainers.models import _gpsa_triton
+from trainers.kernels import _gpsa, _gpsa_triton
 
 _triton_missing = _gpsa_triton._triton() is None
 
@@ -77,7 +77,7 @@ def test_rejects_a_qkv_whose_tokens_are_not_contiguous():
 def test_kernel_matches_reference_in_triton_interpreter():
     script = textwrap.dedent(f"""
         import torch
-        from trainers.models import _gpsa_triton
+        from trainers.kernels import _gpsa_triton
         from tests.test_gpsa_triton import _inputs, reference
         for B, N, H, d in {SHAPES!r}:
             for dtype, tol in ((torch.float16, 2e-3),):  # the interpreter's numpy has no bfloat16
@@ -148,7 +148,7 @@ def test_cuda_model_with_and_without_the_kernel(monkeypatch):
     with torch.inference_mode(), torch.autocast('cuda', torch.bfloat16):
         fused = model(x).float()
         assert len(calls) == model.local_up_to_layer
-        monkeypatch.setattr(ls_convit, 'USE_FUSED_CUDA_KERNEL', False)
+        monkeypatch.setattr(_gpsa, '_USE_TRITON', False)
         unfused = model(x).float()
         assert len(calls) == model.local_up_to_layer
     with torch.inference_mode():

@@ -64,12 +64,12 @@ from timm.layers import LayerNorm, PatchEmbed, calculate_drop_path_rates, trunc_
 from timm.models import generate_default_cfgs, register_model
 from timm.models._features_fx import register_notrace_module
 
-from trainers.models._attention_core import masked_attention, masked_core_usable
+from trainers import kernels
 from trainers.models._common import (
     GridSize, PreNormBlock, _build_without_weights, _cfg, _check_bool, _check_int, _check_real, _check_vit_args,
     _fashion_mnist_cfg, _init_vit_weights, _param_groups, _patch_tokens,
 )
-from trainers.models._linear import Linear
+from trainers.kernels import Linear
 
 __all__ = ['gmm_mask', 'grid_sq_distances', 'GMMAttention', 'Block', 'LocalityGMMViT']
 
@@ -221,8 +221,8 @@ class GMMAttention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, N, C = x.shape
         qkv = self._qkv(x)
-        if masked_core_usable(qkv) and not (self.training and self.attn_drop.p > 0.):
-            out = masked_attention(qkv, self._scaled_mask(N), 1.)  # (B, H, N, d), on a fused kernel
+        if kernels.enabled() and kernels.masked_attention_usable(qkv) and not (self.training and self.attn_drop.p > 0.):
+            out = kernels.masked_attention(qkv, self._scaled_mask(N), 1.)  # (B, H, N, d), on a fused kernel
         else:
             scores, v = self._scores(qkv)
             out = self.attn_drop(scores.softmax(dim=-1)) @ v

@@ -84,12 +84,12 @@ import torch.nn.functional as F
 from timm.layers import LayerNorm, PatchEmbed, calculate_drop_path_rates, trunc_normal_
 from timm.models import generate_default_cfgs, register_model
 
-from trainers.models import _attention_kernel
+from trainers import kernels
 from trainers.models._common import (
     MHSA, GridSize, PreNormBlock, _build_without_weights, _cfg, _check_int, _check_vit_args, _fashion_mnist_cfg,
     _init_vit_weights, _param_groups,
 )
-from trainers.models._linear import Linear, linear
+from trainers.kernels import Linear, linear
 
 __all__ = ['Refiner', 'RefinedAttention', 'MHSA', 'Block', 'LocalityRefinerViT']
 
@@ -166,7 +166,7 @@ class Refiner(nn.Module):
         path = self.choose_path(gh * gw, backward=backward, on_kernel=self._kernel_usable(maps),
                                 low_precision_gemms=_under_cpu_autocast(maps))
         if path == 'kernel':  # (H, M, N) in and out, fused per row
-            return _RefineOnKernel.apply(maps.contiguous(), self.expand, self.kernel, self.reduce, gh, gw)
+            return kernels.refine_maps(maps, self.expand, self.kernel, self.reduce, gh, gw)
         if path == 'dense':  # one GEMM over (head, key) pairs: (M, H*N) @ (H*N, H*N)
             rows = maps.permute(1, 0, 2).reshape(M, H * N)  # (M, H*N): [m, (i, key)]
             out = linear(rows, self.dense_operator().t())  # (M, H*N): [m, (o, key)], rows @ W
@@ -189,13 +189,11 @@ class Refiner(nn.Module):
 
     def _kernel_usable(self, maps: torch.Tensor) -> bool:
         """Whether `maps` and the weights can go to the float32 kernel: CPU float32, the kernel built
-        here (`_attention_kernel.available`: also off under torch.compile and USE_FUSED_KERNEL)."""
+        here (`_library.available`: also off under torch.compile and _USE_LIBRARIES)."""
         return maps.dtype == torch.float32 and self._kernel_usable_on(maps.device, maps.shape[-1])
 
     def _kernel_usable_on(self, device: torch.device, tokens: int) -> bool:
-        return (device.type == 'cpu' and all(p.dtype == torch.float32 for p in (self.expand, self.kernel, self.reduce))
-                and max(self.num_heads, self.expanded_heads) <= _MAX_KERNEL_HEADS
-                and _attention_kernel.available(torch.float32, tokens))
+        return kernels.refine_maps_usable(device, tokens, self.expand, self.kernel, self.reduce)
 
     def takes_float32_maps(self, device: torch.device, *, backward: bool) -> bool:
         """Under CPU autocast, whether the attention should hand this refiner its maps in float32
@@ -281,7 +279,6 @@ class Refiner(nn.Module):
         return mixed.reshape(H * N, H * N)
 
 
-_MAX_KERNEL_HEADS = 64  # the kernel's per-vector arrays (kMaxRefinerHeads)
 _KERNEL_COST_FACTOR = 4  # the kernel's loops vs MKL's GEMMs, per multiply-add (`Refiner.choose_path`)
 _KERNEL_COST_FACTOR_VS_BF16_TRAINING = 8  # vs the bf16 GEMMs of the torch paths under CPU autocast, fwd + bwd
 
@@ -289,26 +286,6 @@ _KERNEL_COST_FACTOR_VS_BF16_TRAINING = 8  # vs the bf16 GEMMs of the torch paths
 def _under_cpu_autocast(maps: torch.Tensor) -> bool:
     """Whether the torch paths' GEMMs on these CPU maps run in a low precision (CPU autocast on)."""
     return maps.device.type == 'cpu' and torch.is_autocast_enabled('cpu')
-
-
-class _RefineOnKernel(torch.autograd.Function):
-    """`Refiner.refine_rows` on the float32 kernel: (H, M, N) maps -> refined maps, and back the
-    gradients of the maps and of expand, kernel and reduce (summed over rows in double)."""
-
-    @staticmethod
-    def forward(ctx, maps: torch.Tensor, expand: torch.Tensor, kernel: torch.Tensor, reduce: torch.Tensor,
-                grid_h: int, grid_w: int) -> torch.Tensor:
-        ctx.save_for_backward(maps, expand, kernel, reduce)
-        ctx.grid = (grid_h, grid_w)
-        return _attention_kernel.kernels(torch.float32).refine_forward(maps, expand.contiguous(), kernel.contiguous(),
-                                                                      reduce.contiguous(), grid_h, grid_w)
-
-    @staticmethod
-    def backward(ctx, d_out: torch.Tensor):
-        maps, expand, kernel, reduce = ctx.saved_tensors
-        d_maps, d_expand, d_kernel, d_reduce = _attention_kernel.kernels(torch.float32).refine_backward(
-            d_out.contiguous(), maps, expand.contiguous(), kernel.contiguous(), reduce.contiguous(), *ctx.grid)
-        return d_maps, d_expand, d_kernel, d_reduce, None, None
 
 
 class RefinedAttention(nn.Module):

@@ -67,7 +67,7 @@ from timm.models._helpers import load_state_dict
 from timm.models.resnet import BasicBlock, Bottleneck, ResNet
 
 from ._common import _build_without_weights, _cfg, _check_real, _fashion_mnist_cfg, _gated_param_groups
-from ._linear import Linear, linear
+from trainers.kernels import Linear, linear
 
 __all__ = ['TransformedResNet', 'ReparamGPSA', 'inverse_softplus']
 

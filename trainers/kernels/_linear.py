@@ -15,13 +15,13 @@ stay on MKL. Results differ from MKL's by float32 rounding only (another summati
 
 The weight gradient (grad^T input) runs best on neither library: oneDNN first copies one operand
 into its transpose, MKL runs AVX2 code. Where the float32 attention kernel is built
-(`_attention_kernel`), it runs on that library's `linear_weight_grad` (`csrc/linear_fp32.h`: the
+(`_library`), it runs on that library's `linear_weight_grad` (`csrc/linear_fp32.h`: the
 kernel's broadcast-FMA GEMM, which reads the transposed operand through its strides, over a fixed
 split of the rows), where out_features or in_features is a multiple of 16. Side by side with the
 rule above on the 2-core Zen 5 EPYC: 12,544 rows 96 -> 288 1.62 vs 2.43 ms, 96 -> 96 0.48 vs 1.18
 (MKL), 384 -> 96 2.49 vs 2.82; 1,576 rows 192 -> 768 0.94 vs 1.21, 192 -> 192 0.24 vs 0.54 (MKL);
 at larger widths 1.14-1.21x (ViT-B's 768 -> 3072 at 12,608 rows: 216 vs 245 ms), the one shape not
-ahead 12,544 rows 768 -> 192 (11.0 vs 10.9 ms). `USE_WEIGHT_GRAD_KERNEL = False` turns it off.
+ahead 12,544 rows 768 -> 192 (11.0 vs 10.9 ms). `_USE_WEIGHT_GRAD_KERNEL = False` turns it off.
 
 On Zen 4, whose 512-bit FMAs run as two 256-bit halves (so AVX2 code could reach the same peak),
 oneDNN still wins: on a 2-core Zen 4 EPYC (2026-11-27, whole models, the two paths alternating in one
@@ -31,7 +31,7 @@ ls_gmm_micro 1.25x / 1.15x, ls_refiner_micro 1.20x / 1.11x, ls_convit_tiny (224 
 Where MKL's AVX-512 code runs (Intel) and where neither library has AVX-512, torch's path is kept:
 those were not measured to gain; except float32 inference on Intel's AVX-512 CPUs, where the packed
 weights and the fused GELU below gain a little (`onednn_inference_beats_mkl_here`). Under CPU autocast `F.linear` runs in bf16 on oneDNN already, so
-this rule is for float32 only. `USE_ONEDNN_FP32 = False` turns it off (the benchmarks' side-by-side
+this rule is for float32 only. `_USE_ONEDNN_FP32 = False` turns it off (the benchmarks' side-by-side
 rows). The trials' `flops` count the oneDNN op as the `F.linear` it replaces.
 
 bf16 inference (CPU autocast to bf16, or bf16 tensors, with autograd not recording) runs on
@@ -41,7 +41,7 @@ casts, same result bit for bit. `linear(..., gelu=True)` also fuses the exact GE
 applied to the float32 sums before they are rounded to bf16, not after. On the 2-core Zen 5 EPYC at
 ls_convit_tiny's fc1 (1,576 x 192 -> 768): F.linear + in-place GELU 642 us, fused bias 516 -> 492
 (without the GELU), fused bias and GELU 592 us; ls_convit_tiny's bf16 inference at 224 px, batch 8,
-35.3 -> 34.5 ms (bias) -> 34.0 ms (and GELU), 15 alternating repeats. `USE_ONEDNN_BF16 = False`
+35.3 -> 34.5 ms (bias) -> 34.0 ms (and GELU), 15 alternating repeats. `_USE_ONEDNN_BF16 = False`
 turns it off (and with it the bf16 kernel's linear below). With autograd recording (training), `F.linear` runs as before.
 
 On Zen 4 (AMD family 25 with AVX512-BF16 and no AMX), bf16 inference runs on the bf16 attention
@@ -52,13 +52,13 @@ than oneDNN's (so not bit for bit: within one bf16 step of the float64 product, 
 2-core Zen 4 EPYC, side by side: at ls_convit_tiny's shapes (1,568 rows) 192 -> 576 762 vs 807 us,
 192 -> 192 253 vs 282, 768 -> 192 1,006 vs 1,060, fc1 with its GELU 1,194 vs 1,293 us (oneDNN's
 fused GELU costs 240 us, the kernel's 185). Not measured elsewhere, so other CPUs keep oneDNN (on
-AMX it runs tiles these dot products cannot match). `USE_BF16_KERNEL_LINEAR = False` turns it off.
+AMX it runs tiles these dot products cannot match). `_USE_BF16_KERNEL_LINEAR = False` turns it off.
 
 float32 inference on oneDNN (the rule above) fuses fc1's GELU into the product too: oneDNN's
 float32 GELU is the one torch's own F.gelu runs on a contiguous float32 tensor, so the output is
 bit for bit the same (tested). On the 2-core Zen 5 EPYC at ls_convit_micro's fc1 (12,800 x 96 ->
 384) 2.33 vs 2.68 ms alone; inside the model (profiled) 2.86 vs 2.31 + 0.81 ms, with the fc2 after
-it 0.1-0.2 ms slower, so the model gains about 1% at most. `FUSE_GELU = False` applies the GELU
+it 0.1-0.2 ms slower, so the model gains about 1% at most. `_FUSE_GELU = False` applies the GELU
 after the product instead, in either precision.
 
 Both inference paths hand oneDNN the weight already in its blocked layout (and, under autocast,
@@ -70,7 +70,7 @@ ls_convit_tiny inference (224 px, batch 8) 1.03-1.15x in float32 and in bf16; ls
 bimodal: about 1.02-1.03x in some processes and 1.14-1.15x in others, where the plain weights' product
 ran slow (ls_convit_tiny bf16 31 vs 38 ms) and the packed one much less so. Packing on every call
 loses (a reorder per call, 130 us at 192 -> 768), so training, whose weights change every step,
-keeps the plain weights. `PACK_WEIGHTS = False` turns it off.
+keeps the plain weights. `_PACK_WEIGHTS = False` turns it off.
 """
 from __future__ import annotations
 
@@ -86,22 +86,22 @@ from torch.utils.flop_counter import flop_registry, register_flop_formula
 from timm.models._features_fx import register_notrace_function
 
 from trainers._cpu import cpu_family, cpuinfo_field
-from trainers.models import _attention_kernel
-from trainers.models._kept import parameters_key
+from trainers.kernels import _library
+from trainers.kernels._kept import parameters_key
+from trainers.kernels._switch import enabled
 
-__all__ = ["FUSE_GELU", "Linear", "PACK_WEIGHTS", "USE_BF16_KERNEL_LINEAR", "USE_ONEDNN_BF16", "USE_ONEDNN_FP32",
-           "USE_WEIGHT_GRAD_KERNEL", "linear", "cpu_autocast_to_bf16", "kernel_bf16_linear_beats_onednn_here",
+__all__ = ["Linear", "linear", "cpu_autocast_to_bf16", "kernel_bf16_linear_beats_onednn_here",
            "onednn_beats_mkl_here", "onednn_inference_beats_mkl_here", "onednn_runs_bf16_here", "records_autograd"]
 
-USE_ONEDNN_FP32 = True
-USE_ONEDNN_BF16 = True
+_USE_ONEDNN_FP32 = True
+_USE_ONEDNN_BF16 = True
 # False: linear(..., gelu=True) applies the GELU after oneDNN's product, not inside it (the benchmarks' side-by-side rows)
-FUSE_GELU = True
+_FUSE_GELU = True
 # False: the inference paths hand oneDNN the plain weight on every call (see _packed_weight)
-PACK_WEIGHTS = True
-USE_WEIGHT_GRAD_KERNEL = True
+_PACK_WEIGHTS = True
+_USE_WEIGHT_GRAD_KERNEL = True
 # False: bf16 inference runs on oneDNN where the bf16 kernel's linear would (see the module doc)
-USE_BF16_KERNEL_LINEAR = True
+_USE_BF16_KERNEL_LINEAR = True
 # the float32 kernel's lanes where this module's path runs (AVX-512: onednn_beats_mkl_here asks for it)
 _KERNEL_LANES = 16
 _BF16_KERNEL_COLUMNS = 16  # the bf16 kernel's linear: its tiles' columns, N a multiple of them (csrc/linear_bf16.h)
@@ -189,7 +189,7 @@ def _packed_weight(weight: torch.Tensor, dtype: torch.dtype, rows: int) -> torch
     (`_kept_derived`) where it can be tracked; else the plain cast. Inference only (the callers').
     `rows` is oneDNN's hint for the layout."""
     packed = None
-    if PACK_WEIGHTS:
+    if _PACK_WEIGHTS:
         packed = _kept_derived(weight, dtype, lambda w: torch.ops.mkldnn._reorder_linear_weight(
             w.to(dtype).contiguous(), rows))
     return weight.to(dtype) if packed is None else packed
@@ -232,8 +232,8 @@ def _weight_grad(grad: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     """grad^T (N, M) @ rows (M, K) -> (N, K): on the float32 kernel where it is built and N or K fills
     whole vectors, else on oneDNN or MKL (see the module doc)."""
     out_features, in_features = grad.shape[1], rows.shape[1]
-    if USE_WEIGHT_GRAD_KERNEL and (out_features % _KERNEL_LANES == 0 or in_features % _KERNEL_LANES == 0):
-        kernel = _attention_kernel.kernels(torch.float32)
+    if _USE_WEIGHT_GRAD_KERNEL and (out_features % _KERNEL_LANES == 0 or in_features % _KERNEL_LANES == 0):
+        kernel = _library.kernels(torch.float32)
         if kernel is not None:
             return kernel.linear_weight_grad(grad.contiguous(), rows.contiguous())
     if max(out_features, in_features) < GRAD_WEIGHT_MIN_WIDTH:
@@ -266,7 +266,7 @@ def _takes_onednn_bf16(x: torch.Tensor, weight: torch.Tensor, bias: Optional[tor
         bf16 = cpu_autocast_to_bf16() and x.dtype in _LINEAR_DTYPES and weight.dtype in _LINEAR_DTYPES
     else:
         bf16 = x.dtype == weight.dtype == torch.bfloat16 and (bias is None or bias.dtype == torch.bfloat16)
-    return (bf16 and USE_ONEDNN_BF16 and x.device.type == "cpu" and weight.device.type == "cpu"
+    return (bf16 and enabled() and _USE_ONEDNN_BF16 and x.device.type == "cpu" and weight.device.type == "cpu"
             and x.dim() >= 2 and not records_autograd(x, weight, bias)
             and not torch.compiler.is_compiling() and torch.backends.mkldnn.enabled and onednn_runs_bf16_here()
             and x.numel() * weight.shape[0] >= BF16_MIN_MULTIPLY_ADDS)
@@ -280,9 +280,9 @@ def _bf16_inference(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.
     rows = x.reshape(-1, x.shape[-1]).to(bf16)  # (M, K)
     bias_bf16 = None if bias is None else bias.to(bf16)
     out_features, in_features = weight.shape
-    if (USE_BF16_KERNEL_LINEAR and out_features % _BF16_KERNEL_COLUMNS == 0 and in_features % 2 == 0
+    if (_USE_BF16_KERNEL_LINEAR and out_features % _BF16_KERNEL_COLUMNS == 0 and in_features % 2 == 0
             and kernel_bf16_linear_beats_onednn_here()):
-        kernel = _attention_kernel.kernels(bf16)
+        kernel = _library.kernels(bf16)
         packed = None if kernel is None else _kernel_weight(weight)
         if packed is not None:
             if not (rows.is_contiguous() and rows.data_ptr() % 4 == 0):  # the kernel reads bf16 pairs as words
@@ -293,7 +293,7 @@ def _bf16_inference(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.
 
 
 def _takes_onednn(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> bool:
-    return (USE_ONEDNN_FP32 and x.dtype == torch.float32 and weight.dtype == torch.float32
+    return (enabled() and _USE_ONEDNN_FP32 and x.dtype == torch.float32 and weight.dtype == torch.float32
             and x.device.type == "cpu" and x.dim() >= 2 and not torch.is_autocast_enabled("cpu")
             and not torch.compiler.is_compiling()
             and (onednn_beats_mkl_here()
@@ -307,8 +307,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
     """`F.linear` (then the exact `F.gelu` if `gelu`): bf16 inference on oneDNN's linear op (on Zen
     4 the bf16 kernel's), float32 on oneDNN's where it beats MKL (see the module doc), else
     `F.linear` itself. Without autograd recording, the GELU runs inside the product where the
-    product runs on oneDNN or the kernel (unless FUSE_GELU is off), else in place on the product."""
-    fused_gelu = gelu and FUSE_GELU
+    product runs on oneDNN or the kernel (unless _FUSE_GELU is off), else in place on the product."""
+    fused_gelu = gelu and _FUSE_GELU
     if _takes_onednn_bf16(x, weight, bias):
         out = _bf16_inference(x, weight, bias, gelu=fused_gelu)
     elif not _takes_onednn(x, weight, bias):

@@ -1,7 +1,7 @@
 // The CPU attention core in float32 as one fused kernel per direction: the float32 sibling of
 // attention_core.cpp (bf16, AVX512-BF16), same algorithm, same ops, for any x86-64 CPU with AVX2
 // and FMA. Written with GCC vector extensions, W lanes wide: 16 where the build has AVX-512F, else
-// 8. trainers/models/_attention_kernel.py builds and loads this file. It also holds the Refiner's map
+// 8. trainers/kernels/_build.py builds and loads this file. It also holds the Refiner's map
 // refinement (refiner_fp32.h), a linear layer's weight gradient (linear_fp32.h) and GPSA's whole layer
 // (gpsa_layer_fp32.h), included at the end.
 //
@@ -537,4 +537,3 @@ void check_dims(const Dims& D) { TORCH_CHECK(D.dim >= 1, "qkv: a head dim of at 
 #include "linear_fp32.h"
 #include "layer_norm_fp32.h"
 #include "gpsa_layer_fp32.h"
-#include "multiply_add_peak.h"

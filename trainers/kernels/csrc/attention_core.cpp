@@ -420,5 +420,3 @@ void check_dims(const Dims& D) { TORCH_CHECK(D.dim >= 2 && D.dim % 2 == 0, "qkv:
 #include "attention_ops.h"
 #include "layer_norm_bf16.h"
 #include "linear_bf16.h"
-#define MULTIPLY_ADD_PEAK_BF16
-#include "multiply_add_peak.h"
