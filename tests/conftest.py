@@ -14,7 +14,20 @@ import os
 import pytest
 import torch
 
+from tests import _hardware
+
 _XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+
+
+def pytest_collection_modifyitems(config, items):
+    """A test marked with hardware this machine lacks (cuda, triton, avx2, avx512, avx512_bf16,
+    chromium) is skipped, saying what it needs; the markers are the only hardware gates."""
+    for item in items:
+        for name in dict.fromkeys(mark.name for mark in item.iter_markers()):
+            reason = name in _hardware.MARKERS and _hardware.missing(name)
+            if reason:
+                item.add_marker(pytest.mark.skip(reason=reason))
+                break
 
 
 @pytest.fixture(autouse=True)

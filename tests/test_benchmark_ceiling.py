@@ -99,7 +99,8 @@ def test_the_convit_pair_groups_time_the_peaks_beside_the_models_and_bound_ours_
                                       precisions=("fp32",))
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("precision", [pytest.param("fp32", marks=pytest.mark.avx2),
+                                       pytest.param("bf16", marks=pytest.mark.avx512_bf16)])
 def test_the_multiply_add_peak_counts_what_it_did_on_every_thread(precision):
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[precision]
     if _library.kernels(dtype) is None:

@@ -54,10 +54,10 @@ def test_arguments_set_the_process_up_unless_the_default_malloc_is_asked_for(mon
     assert asked == [True, False]
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the machines without CUDA")
 @pytest.mark.parametrize("device_kwargs, argv", [(dict(default="cpu"), ["--device", "cuda"]),
                                                  (dict(action="append"), ["--device", "cpu", "--device", "cuda"])])
-def test_cuda_asked_for_where_there_is_none_is_a_usage_error(device_kwargs, argv, capsys):
+def test_cuda_asked_for_where_there_is_none_is_a_usage_error(device_kwargs, argv, capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # a machine without CUDA, also on a GPU
     with pytest.raises(SystemExit) as exit_info:
         parse_and_set_up(_parser(**device_kwargs), argv)
     assert exit_info.value.code == 2

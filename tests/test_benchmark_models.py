@@ -45,7 +45,8 @@ def test_a_timm_model_with_onednn_linears_has_every_linear_swapped_and_the_same_
         torch.testing.assert_close(out, reference(x), atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("precision", [pytest.param("fp32", marks=pytest.mark.avx2),
+                                       pytest.param("bf16", marks=pytest.mark.avx512_bf16)])
 def test_the_torch_inference_ops_twin_runs_inference_on_torch_ops_and_switches_back(monkeypatch, precision):
     """The "torch-inference-ops" model the convit and micro groups time: the same weights with the
     inference norms on torch's ops and fc1's GELU (and in bf16 the linears) off oneDNN's fused op,

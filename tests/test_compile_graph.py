@@ -14,7 +14,7 @@ import torch._dynamo as dynamo
 import trainers.models  # noqa: F401  (registers the ls_* families)
 
 FAMILIES = ["ls_convit_nano", "ls_gmm_nano", "ls_refiner_nano", "ls_tcnn_nano"]
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -14,8 +14,6 @@ from trainers import throughput
 from trainers._cuda_graph import CaptureError, capture_inference
 from trainers.throughput import measure_model, measure_throughput
 
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-
 
 def test_capture_needs_a_cuda_input():
     with pytest.raises(ValueError, match="CUDA input"):
@@ -66,7 +64,7 @@ def _model(name: str) -> tuple[torch.nn.Module, tuple[int, ...]]:
     return model, (model.in_chans if hasattr(model, "in_chans") else 1, 28, 28)
 
 
-@needs_cuda
+@pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [None, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("name", FAMILIES)
 def test_a_replay_computes_what_the_eager_forward_does(name, dtype):
@@ -97,7 +95,7 @@ class _SyncsWithTheHost(torch.nn.Module):
         return y * float(y.abs().max())
 
 
-@needs_cuda
+@pytest.mark.cuda
 def test_a_forward_that_cannot_be_captured_is_timed_eagerly_and_says_so():
     model = _SyncsWithTheHost().cuda()
     stream = torch.cuda.current_stream()

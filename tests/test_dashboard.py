@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 import search
-from dashboards.browser import Browser, BrowserError, find_chromium
+from dashboards.browser import Browser, BrowserError
 from search._cli import main
 from search._dashboard import is_loopback_host, make_server, render_page, studies_payload, study_payload
 from search._report import write_report
@@ -246,8 +246,6 @@ def _artifact(path: Path, request) -> Path:
 
 @pytest.fixture(scope="module")
 def browser():
-    if find_chromium() is None:
-        pytest.skip("no chromium: install Debian's chromium (./with-deps installs it) to test the page in a browser")
     try:
         b = Browser(width=1400, height=1500)
     except BrowserError as exc:
@@ -257,6 +255,7 @@ def browser():
     b.close()
 
 
+@pytest.mark.chromium
 def test_page_draws_the_store_updates_live_and_shows_a_clicked_trial(tmp_path, serve, browser, request):
     store = make_study(tmp_path / "fixture")
     make_study(tmp_path / "other", name="other", trials=[("b0", "gmm", "COMPLETE", 0.88, 3000.0),
@@ -304,6 +303,7 @@ def test_page_draws_the_store_updates_live_and_shows_a_clicked_trial(tmp_path, s
     assert urls and all(u.startswith(server.url) for u in urls), urls
 
 
+@pytest.mark.chromium
 def test_report_opens_offline_in_the_browser(tmp_path, browser, request):
     make_study(tmp_path / "fixture")
     report = write_report(tmp_path / "fixture", out=tmp_path / "report.html")

@@ -407,7 +407,7 @@ def test_eval_loader_round_trips_every_image(synthetic):
 
 
 @pytest.mark.ffcv
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.cuda
 def test_cuda_loader_epoch_started_under_inference_mode(synthetic):
     """Validation starts its epoch under inference_mode; FFCV's thread then copies each batch
     into the buffers that epoch allocated (ToDevice), which must be normal tensors."""
@@ -425,7 +425,7 @@ def test_cuda_loader_epoch_started_under_inference_mode(synthetic):
 
 
 @pytest.mark.ffcv
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.cuda
 def test_cuda_batches_stay_right_when_the_gpu_runs_behind(synthetic):
     """A GPU-bound consumer (a CUDA-graphed training step) lets the host run many batches ahead
     of the GPU; FFCV's pinned host buffers must not be decoded over before their copies ran."""
@@ -455,7 +455,7 @@ def _spans(tensors) -> set[tuple[int, int]]:
 
 
 @pytest.mark.ffcv
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.cuda
 def test_cuda_epoch_waits_for_work_queued_on_the_memory_it_reuses(synthetic):
     """An epoch's GPU buffers come from the current stream's pool, which hands out at once a block
     the host freed while kernels queued on it have yet to run (validation starting behind the last

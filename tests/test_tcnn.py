@@ -353,7 +353,7 @@ def test_model_is_a_timm_resnet():
     assert model(torch.randn(2, 1, 32, 32)).shape == (2, 10)  # any input size
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.cuda
 def test_converted_network_trains_under_cuda_autocast():
     """CUDA autocast runs softmax in float32 (CPU autocast does not): the content/positional mix
     must not meet two dtypes."""

@@ -46,8 +46,7 @@ def test_lr_schedule():
     assert lr_at(0, total_steps=10, warmup_steps=0, peak_lr=1.0, min_lr=0.0) == pytest.approx(1.0)
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="needs a CUDA GPU"))])
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
 def test_evaluate_matches_a_per_image_reference(device):
     # The same mean loss and accuracy as scoring each image on its own, over uneven batches;
     # nothing for no batches.
@@ -276,7 +275,7 @@ def test_compile_takes_true_false_or_a_torch_compile_mode(synthetic, monkeypatch
     assert modes == ["max-autotune-no-cudagraphs"]
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.cuda
 def test_cuda_graphed_trial_trains_like_the_eager_one(synthetic):
     """train.compile: reduce-overhead on a GPU (torch.compile's CUDA graphs, 2.8x eager for
     ls_convit_micro's trial on an H200): the same training up to bf16 rounding."""

@@ -22,7 +22,6 @@ from trainers.config import SettingError, ThroughputSettings, TrainSettings, Tri
 from trainers.data import DatasetRequest, prepare_dataset
 from trainers.train import adamw, capture_step, default_param_groups, graphs_steps, set_lr, train_trial
 
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 FAST_THROUGHPUT = ThroughputSettings(batch_size=8, warmup=1, repeats=2)
 
 
@@ -105,7 +104,7 @@ def _batches(n: int, shape: tuple[int, ...], classes: int = 10) -> list[tuple[to
             for _ in range(n)]
 
 
-@needs_cuda
+@pytest.mark.cuda
 @pytest.mark.parametrize("grad_clip", [None, 0.5], ids=["no-clip", "clip"])
 @pytest.mark.parametrize("name", ["ls_convit_nano", "ls_tcnn_nano"])  # attention; a CNN with BatchNorm
 def test_replays_update_the_weights_as_eager_steps_do(name, grad_clip, monkeypatch):
@@ -146,7 +145,7 @@ def test_replays_update_the_weights_as_eager_steps_do(name, grad_clip, monkeypat
         step(batches[0][0][:8], batches[0][1][:8])
 
 
-@needs_cuda
+@pytest.mark.cuda
 def test_a_step_that_cannot_be_captured_trains_eagerly_and_says_so():
     model = _SyncsWithTheHost().cuda()
     before = [p.clone() for p in model.parameters()]
@@ -166,14 +165,14 @@ def test_a_step_that_cannot_be_captured_trains_eagerly_and_says_so():
     assert not all(torch.equal(p, b) for p, b in zip(model.parameters(), before))
 
 
-@needs_cuda
+@pytest.mark.cuda
 def test_fp16_trains_eagerly_and_says_so():
     with pytest.warns(UserWarning, match="fp16's loss scaling"):
         assert not graphs_steps(TrainSettings(cuda_graph=True, precision="fp16"), torch.device("cuda"))
     assert graphs_steps(TrainSettings(cuda_graph=True, precision="bf16"), torch.device("cuda"))
 
 
-@needs_cuda
+@pytest.mark.cuda
 def test_a_graphed_trial_trains_like_the_eager_one_and_resumes(synthetic):
     eager = train_trial(_config(synthetic, device="cuda"))
     states = []
@@ -189,7 +188,7 @@ def test_a_graphed_trial_trains_like_the_eager_one_and_resumes(synthetic):
         assert resumed.history[-1]["train_loss"] == pytest.approx(graphed.history[-1]["train_loss"], rel=1e-2)
 
 
-@needs_cuda
+@pytest.mark.cuda
 def test_a_graphed_trial_runs_the_compiled_model(synthetic):
     """compile: true with cuda_graph: the captured step launches the compiled kernels."""
     eager = train_trial(_config(synthetic, device="cuda", epochs=1))
@@ -200,7 +199,7 @@ def test_a_graphed_trial_runs_the_compiled_model(synthetic):
     assert graphed.history[0]["val_acc"] == pytest.approx(eager.history[0]["val_acc"], abs=0.05)
 
 
-@needs_cuda
+@pytest.mark.cuda
 @pytest.mark.parametrize("reparam_optimizer", ["fresh", "keep"])
 def test_a_graphed_t_cnn_is_captured_again_after_its_conversion(synthetic, reparam_optimizer):
     """The T-CNN recast as GPSA at epoch 1: another model and optimizer, so another captured step;
