@@ -340,7 +340,7 @@ def test_compiled_inference_traces_the_cached_maps_into_one_graph():
     assert not torch.equal(after, before)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.cuda
 @pytest.mark.parametrize('dtype', [None, torch.bfloat16])
 def test_cuda_path_matches_timm_and_follows_weight_updates(dtype):
     """The GPU path (fused SDPA + s * P @ V, the mixing terms kept for inference) against timm's

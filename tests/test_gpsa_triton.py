@@ -118,7 +118,7 @@ def test_benchmark_refuses_without_a_gpu(capsys):
     assert exit_info.value.code == 2 and 'needs a CUDA GPU' in capsys.readouterr().err
 
 
-@pytest.mark.skipif(not torch.cuda.is_available() or _triton_missing, reason="needs a CUDA GPU and Triton")
+@pytest.mark.triton
 @pytest.mark.parametrize('dtype', [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize('shape', SHAPES + [(64, 196, 4, 48)])
 def test_cuda_kernel_matches_reference(shape, dtype):
@@ -129,7 +129,7 @@ def test_cuda_kernel_matches_reference(shape, dtype):
     assert (out.double() - reference(qkv, pos, cw, d ** -0.5)).abs().max().item() < tol
 
 
-@pytest.mark.skipif(not torch.cuda.is_available() or _triton_missing, reason="needs a CUDA GPU and Triton")
+@pytest.mark.triton
 def test_cuda_model_with_and_without_the_kernel(monkeypatch):
     """ls_convit_tiny in bf16 inference with the kernel against the same model on fused SDPA + P @ V,
     and the kernel's layer in use (the switch changes the path taken)."""
@@ -160,7 +160,7 @@ def test_cuda_model_with_and_without_the_kernel(monkeypatch):
     assert len(calls) == model.local_up_to_layer
 
 
-@pytest.mark.skipif(not torch.cuda.is_available() or _triton_missing, reason="needs a CUDA GPU and Triton")
+@pytest.mark.triton
 def test_cuda_launch_settings_tuned_per_batch_size():
     """Timed at the first call per batch size rounded up to a power of two (a model's first call,
     at batch 2, no longer decides batch 256's blocks), kept for later calls, which give the same

@@ -193,7 +193,7 @@ class Refiner(nn.Module):
         return maps.dtype == torch.float32 and self._kernel_usable_on(maps.device, maps.shape[-1])
 
     def _kernel_usable_on(self, device: torch.device, tokens: int) -> bool:
-        return kernels.refine_maps_usable(device, tokens, self.expand, self.kernel, self.reduce)
+        return kernels.enabled() and kernels.refine_maps_usable(device, tokens, self.expand, self.kernel, self.reduce)
 
     def takes_float32_maps(self, device: torch.device, *, backward: bool) -> bool:
         """Under CPU autocast, whether the attention should hand this refiner its maps in float32
