@@ -4,11 +4,10 @@ with a hand-written backward. On the fused kernels also with the scores multipli
 shared by the batch (GMM attention: softmax((Q K^T * scale) * M) @ V, `masked_attention`).
 
 At the token counts of these models (N <= 197) the maps are small and the GEMMs batched, so on a
-2-core CPU this beats torch's fused attention kernels where its GEMMs can run in bf16 (CPU autocast
-on bf16 hardware; benchmarks/README.md): the whole attention layer, forward + backward, 1.3-1.4x;
-and in float32 on the float32 kernel (1.33x forward + backward, 1.14x inference on an AVX2 EPYC).
-Only in float32 on torch ops are the two even, so plain attention keeps torch's fused kernel there
-(`use_explicit_core`). GPSA runs this core on the CPU in every dtype: fused kernels have no
+small CPU this beats torch's fused attention kernels where its GEMMs can run in bf16 (CPU autocast
+on bf16 hardware) and in float32 on the float32 library; only in float32 on torch ops are the two
+even, so plain attention keeps torch's fused kernel there (`use_explicit_core`;
+benchmarks/attention_blocks.py times them side by side). GPSA runs this core on the CPU in every dtype: fused kernels have no
 positional term.
 
 Precision follows CPU autocast: for bfloat16/float16 qkv the softmax, the mixing with P and the
@@ -69,8 +68,8 @@ _register_cpu_sdpa_flop_formulas()
 def gemm_dtype(dtype: torch.dtype) -> torch.dtype:
     """The dtype of the core's batched GEMMs: float32/64 as given; bfloat16 as given on a CPU that
     multiplies it natively (as autocast's own matmuls do; there its batched GEMMs at GPSA's sizes
-    run 3-5x faster than float32 ones: 1024 x 49 x 49 scores in 0.29 vs 1.57 ms on a 2-core AMD
-    EPYC with AVX512-BF16); float32 otherwise (emulated bf16 or fp16, slower than float32)."""
+    are several times quicker than float32 ones); float32 otherwise (emulated bf16 or fp16, slower
+    than float32)."""
     if dtype in FULL_PRECISION or (dtype == torch.bfloat16 and cpu_has_native_bf16()):
         return dtype
     return torch.float32
@@ -92,7 +91,7 @@ def compiled_away() -> bool:
     inductor fuses around, instead of this core. The fused kernels are opaque to it, and the
     hand-written backward (its products written out= into one buffer) did not survive AOT
     autograd: a bf16 training step under CPU autocast with two GPSA layers failed to compile
-    ("expected scalar type float32 but found bfloat16" in the traced backward, torch 2.14)."""
+    ("expected scalar type float32 but found bfloat16" in the traced backward)."""
     return torch.compiler.is_compiling()
 
 

@@ -7,14 +7,11 @@ C 96) or its gradient through memory before the next one starts.
 Same values as the layer's ops apart (the projections, `_attention_core.gated_attention`), up to
 the order of float32 sums: the kernel's broadcast-FMA tiles run the projections instead of MKL or
 oneDNN, and the weight gradients are summed over parts of the batch, one per thread, so the
-result does not depend on scheduling (it does on the thread count). Side by
-side on the 2-core Xeon (Sapphire Rapids), B 256, N 49, C 96, 4 heads, forward + backward: 21.0
-against 24.4 ms apart (timm's layer: 58.9 ms); at ConViT-Ti's shape (B 8, N 196, C 192) 1.07x;
-with torch, MKL and the kernel on AVX2 code there (standing in for an AVX2-only CPU) 1.12x
-(benchmarks/README.md; `gpsa_layer` times both, `ratio_fused_layer_gain`). Wider layers lose:
-each chunk passes over the whole weights (see `_MAX_QKV_WEIGHT_BYTES`), so they run apart.
+result does not depend on scheduling (it does on the thread count). benchmarks/gpsa_layer.py times
+it against the layer apart (`ratio_fused_layer_gain`). Wider layers lose: each chunk passes over
+the whole weights (see `_MAX_QKV_WEIGHT_BYTES`), so they run apart.
 
-`GPSA` takes it where `usable` says so; `_USE_FUSED_LAYER = False` turns it off.
+`kernels.gated_attention` takes it where `usable` says so.
 """
 from __future__ import annotations
 
@@ -31,9 +28,8 @@ __all__ = ["gpsa_layer", "usable"]
 _USE_FUSED_LAYER = True
 _WIDTH_MULTIPLE = 16  # the kernel's products run whole vectors along C (16 lanes with AVX-512, 8 with AVX2)
 # Every chunk's products pass over the whole q/k/v and output weights, and the backward adds into
-# their gradients: they must stay in cache. Side by side on the Xeon (gpsa_layer, fp32), the fused
-# layer against the layer apart: C 96 1.13-1.16x, C 192 1.05-1.07x (N 49 and N 196, B 8-256),
-# C 288 0.95x, C 384 0.89-0.90x, C 768 0.62x. So up to C 192: a q/k/v weight of 432 KiB.
+# their gradients: they must stay in cache. Side by side (benchmarks/gpsa_layer.py, fp32) the fused
+# layer gains up to C 192 and loses from C 288 on: so up to C 192, a q/k/v weight of 432 KiB.
 _MAX_QKV_WEIGHT_BYTES = 3 * 192 * 192 * 4
 
 

@@ -41,7 +41,7 @@ def _patch_tokens(patch_embed: nn.Module, x: torch.Tensor) -> torch.Tensor:
     PatchEmbed returns the conv output flattened and transposed: a view of a (B, C, N) tensor.
     Element-wise ops keep their input's layout, so the position-embedding add and every residual
     add after it would carry that layout through the blocks, and each LayerNorm and linear would
-    copy its input first (about 9% of ls_convit_tiny's CPU inference at 224 px). One copy here.
+    copy its input first. One copy here.
     """
     return patch_embed(x).contiguous()
 
@@ -214,13 +214,10 @@ class Mlp(_TimmMlp):
     as `Linear` (float32 on oneDNN where MKL is the slower, `_linear`).
 
     That output is a fresh (B, N, hidden) tensor nothing else holds, so overwriting it is safe and
-    bit for bit the same; a new tensor for the GELU's result costs an allocation of the block's
-    hidden width per token, which glibc's default thresholds hand back to the OS and fault in again
-    on every call: there about 4% of ls_convit_tiny's CPU inference at 224 px, batch 8 (37.6 vs 39.1
-    img/s, 39.4 with no activation at all; 2-core AVX2 EPYC). In a process that keeps freed memory
-    (`trainers._malloc`, as trials and the benchmarks run) the gain is within noise (38.3 vs 38.3,
-    41.9 vs 41.1 img/s). With autograd recording, the GELU's backward needs its input: out of place.
-    In bf16 inference fc1 and the GELU are one oneDNN op (`_linear`), the GELU on the float32 sums.
+    bit for bit the same, and saves an allocation of the block's hidden width per token (which
+    glibc's default thresholds hand back to the OS and fault in again on every call; see
+    `trainers._malloc`). With autograd recording, the GELU's backward needs its input: out of place.
+    With the kernels on, in inference fc1 and the GELU are one op (`kernels.linear(..., gelu=True)`).
     """
 
     def __init__(self, in_features: int, hidden_features: int, drop: float = 0.):
