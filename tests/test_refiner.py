@@ -202,27 +202,6 @@ def test_the_kernel_refuses_bad_inputs_with_a_message():
             ops.refine_forward(*args)
 
 
-@pytest.mark.parametrize('train', [False, True])
-def test_the_refiner_model_on_the_kernel_matches_its_torch_ops(train, monkeypatch):
-    """ls_refiner_nano end to end, float32 on the CPU: the kernel path (its default there) and the torch
-    path (_USE_LIBRARIES off) give the same logits and gradients to float32 rounding."""
-    float32_kernel_or_skip()
-    torch.manual_seed(0)
-    model = timm.create_model('ls_refiner_nano', **NANO).train(train)
-    x = torch.randn(4, 1, 28, 28)
-    results = []
-    for fused in (True, False):
-        monkeypatch.setattr(_library, '_USE_LIBRARIES', fused)
-        model.zero_grad()
-        logits = model(x)
-        logits.square().sum().backward()
-        results.append((logits.detach(), [p.grad.clone() for p in model.parameters()]))
-    (logits_k, grads_k), (logits_t, grads_t) = results
-    torch.testing.assert_close(logits_k, logits_t, atol=2e-5 * logits_t.abs().max().item(), rtol=0)
-    for g_k, g_t in zip(grads_k, grads_t):
-        torch.testing.assert_close(g_k, g_t, atol=5e-5 * g_t.abs().max().item() + 1e-12, rtol=0)
-
-
 class _RefineOps(torch.utils._python_dispatch.TorchDispatchMode):
     """Counts the float32 kernel's refine ops."""
 

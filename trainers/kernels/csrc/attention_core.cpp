@@ -2,7 +2,7 @@
 // N x N maps are formed, used and dropped in the core's cache-sized buffers, the GEMMs run on
 // AVX512-BF16 dot products, and q, k, v, the output and the gradients are read and written in
 // whatever strides the caller has (the projection's (B, N, 3, H, d) output, permuted), so there is
-// no layout copy either. trainers/models/_attention_kernel.py builds and loads this file.
+// no layout copy either. trainers/kernels/_library.py builds and loads this file.
 //
 // Forward, per (batch b, head h), with q, k, v (N x d, bf16):
 //     S = scale q k^T                             (float32, from bf16 products)
@@ -32,7 +32,7 @@
 #include "attention_views.h"
 
 #if !defined(__AVX512F__) || !defined(__AVX512BW__) || !defined(__AVX512VL__) || !defined(__AVX512BF16__)
-#error "attention_core.cpp needs AVX-512 (F, BW, VL, BF16); _attention_kernel.py builds it only where the CPU has them"
+#error "attention_core.cpp needs AVX-512 (F, BW, VL, BF16); _library.py builds it only where the CPU has them"
 #endif
 
 namespace {

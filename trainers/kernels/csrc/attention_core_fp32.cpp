@@ -44,7 +44,7 @@
 #include "attention_views.h"
 
 #if !defined(__AVX2__) || !defined(__FMA__)
-#error "attention_core_fp32.cpp needs AVX2 and FMA; _attention_kernel.py builds it only where the CPU has them"
+#error "attention_core_fp32.cpp needs AVX2 and FMA; _library.py builds it only where the CPU has them"
 #endif
 
 namespace {

@@ -1,4 +1,4 @@
-// GPSA's whole layer in float32, one op per direction, for trainers/models/_gpsa_layer.py: the q, k, v
+// GPSA's whole layer in float32, one op per direction, for trainers/kernels/_gpsa_layer.py: the q, k, v
 // projection, the attention core (forward_map / backward_map) and the output projection, a few
 // images at a time, so that a chunk's q, k, v, its core's output, dO and d_qkv are still in the
 // core's L2 when the next product reads them. Apart, each product streams the whole batch's

@@ -1,4 +1,4 @@
-// A linear layer's forward in bf16 for bf16 inference, for trainers/models/_linear.py: y = x W^T + b,
+// A linear layer's forward in bf16 for bf16 inference, for trainers/kernels/_linear.py: y = x W^T + b,
 // optionally then the exact GELU (the MLP's fc1), on the kernel's dot-product tiles (gemm_stored),
 // the bias and the GELU applied to each tile's float32 sums in registers before they are rounded to
 // bf16, as oneDNN's fused linear does. attention_core.cpp includes it after its GEMM and registers

@@ -1,4 +1,4 @@
-// A linear layer's weight gradient in float32, grad^T input, for trainers/models/_linear.py: the
+// A linear layer's weight gradient in float32, grad^T input, for trainers/kernels/_linear.py: the
 // product both BLAS libraries run poorly at a linear's shapes on the CPUs where _linear puts the
 // float32 linears on oneDNN (oneDNN first copies one operand into its transpose, MKL runs AVX2
 // code). attention_core_fp32.cpp includes it after its GEMM (gemm: broadcast-FMA tiles with A read
