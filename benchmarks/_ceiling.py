@@ -35,18 +35,21 @@ PEAK_SIZE = {"cpu": 1024, "cuda": 8192}
 
 class MultiplyAddPeak:
     """`peak(precision)`: every torch thread running `ITERATIONS` steps of independent multiply-add
-    chains on the attention kernels' library of that precision (`csrc/multiply_add_peak.h`);
+    chains of the attention kernels' library's instruction of that precision (`benchmarks/peak`);
     `flops[precision]` what one call does, for the `precisions` asked whose kernel is built here
     (asking only for those: a kernel that cannot be built warns)."""
 
     ITERATIONS = 1 << 20  # 4.4-4.7 ms a call on the Zen 4 VM, fp32 and bf16
 
     def __init__(self, precisions: Sequence[str]) -> None:
-        from trainers.models import _attention_kernel
+        from benchmarks.peak import peak_ops
+        from trainers.kernels import _library
 
         dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
+        # where the models' library of that precision is built: its instruction runs here
         self._ops = {precision: ops for precision in precisions
-                     if (ops := _attention_kernel.kernels(dtypes[precision])) is not None}
+                     if _library.kernels(dtypes[precision]) is not None
+                     and (ops := peak_ops(dtypes[precision])) is not None}
         # the op counts what it did: one iteration's flops, on as many threads as the timed calls
         self.flops = {precision: int(ops.multiply_add_peak(1)) * self.ITERATIONS for precision, ops in self._ops.items()}
 

@@ -9,15 +9,15 @@ Layers (all dim 96, 4 heads, the width of the *_micro models):
              with bf16 GEMMs under bf16 autocast, or in float32 on the float32 kernel, the explicit
              core (`_attention_core`)
   plain_fused  (where plain runs on the explicit core) the same layer on torch's fused kernel
-             (PLAIN_ATTENTION_ON_EXPLICIT_CORE off)
+             (_PLAIN_ATTENTION_ON_EXPLICIT_CORE off)
   gmm_K      Gaussian Mixture Mask attention with K kernels per head: on a CPU in float32, or under
              bf16 autocast with bf16 hardware, on that dtype's kernel (`masked_attention`);
              elsewhere explicit scores, mask, softmax
-  gmm_K3_ops (where gmm runs on the kernel) gmm_K3 on its torch ops (USE_FUSED_KERNEL off)
+  gmm_K3_ops (where gmm runs on the kernel) gmm_K3 on its torch ops (_USE_LIBRARIES off)
   refiner_r  Refiner attention with expansion ratio r, 3x3 kernel (plus a class token, as in the model):
              on a CPU with the float32 kernel, its maps refined there where `Refiner.choose_path` takes
              it (in float32 r <= 2 here; under bf16 autocast, forward + backward, r = 1)
-  refiner_r2_ops (where the refiner runs on the kernel) refiner_r2 on its torch ops (USE_FUSED_KERNEL off)
+  refiner_r2_ops (where the refiner runs on the kernel) refiner_r2 on its torch ops (_USE_LIBRARIES off)
   gpsa       ConViT's GPSA, for reference
 Each is timed alternately with the others after a warm-up (so load drifts hit all alike), each
 round in its own seeded order (`_env.shuffled_rounds`: none always follows the same other); the
@@ -35,7 +35,7 @@ import time
 import torch
 
 from benchmarks._env import add_malloc_option, autocast, parse_and_set_up, shuffled_rounds, sync, write_result
-from trainers.models import _attention_core, _attention_kernel
+from trainers.kernels import _attention_core, _library
 from trainers.models.ls_convit import GPSA, MHSA
 from trainers.models.ls_gmm import GMMAttention
 from trainers.models.ls_refiner import RefinedAttention
@@ -72,9 +72,9 @@ def run(*, batch: int, tokens: int, dim: int, heads: int, repeats: int, warmup: 
     probe = torch.zeros(3, 1, heads, tokens, dim // heads, dtype=torch.bfloat16 if bf16 else torch.float32, device=dev)
     plain_fused = _attention_core.use_explicit_core(probe)
     # and GMM on a kernel (float32, or bf16 under autocast on bf16 hardware)
-    gmm_ops = _attention_core.masked_core_usable(probe)
+    gmm_ops = _attention_core.masked_attention_usable(probe)
     # and the Refiner's maps on it (float32: r 2 is on the kernel; under bf16 autocast only r 1 is, fwd+bwd)
-    refiner_ops = not bf16 and dev.type == "cpu" and _attention_kernel.available(torch.float32, tokens + 1)
+    refiner_ops = not bf16 and dev.type == "cpu" and _library.available(torch.float32, tokens + 1)
     layers = {name: (layer.to(dev), extra)
               for name, (layer, extra) in _layers(dim, heads, tokens, plain_fused, gmm_ops, refiner_ops).items()}
     inputs = {name: torch.randn(batch, tokens + extra, dim, device=dev, requires_grad=True)
@@ -84,8 +84,8 @@ def run(*, batch: int, tokens: int, dim: int, heads: int, repeats: int, warmup: 
         layer, x = layers[name][0], inputs[name]
         layer.zero_grad(set_to_none=True)
         x.grad = None
-        _attention_core.PLAIN_ATTENTION_ON_EXPLICIT_CORE = name != "plain_fused"
-        _attention_kernel.USE_FUSED_KERNEL = name not in _ON_TORCH_OPS
+        _attention_core._PLAIN_ATTENTION_ON_EXPLICIT_CORE = name != "plain_fused"
+        _library._USE_LIBRARIES = name not in _ON_TORCH_OPS
         try:
             sync(dev)
             start = time.perf_counter()
@@ -95,8 +95,8 @@ def run(*, batch: int, tokens: int, dim: int, heads: int, repeats: int, warmup: 
             sync(dev)
             return time.perf_counter() - start
         finally:
-            _attention_core.PLAIN_ATTENTION_ON_EXPLICIT_CORE = True
-            _attention_kernel.USE_FUSED_KERNEL = True
+            _attention_core._PLAIN_ATTENTION_ON_EXPLICIT_CORE = True
+            _library._USE_LIBRARIES = True
 
     for _ in range(warmup):
         for name in layers:

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks._env import setup_process, shuffled_rounds, write_result
-from trainers.models import _gpsa_triton
+from trainers.kernels import _gpsa_triton
 
 # (label, batch, tokens, heads, head width): ConViT-Ti (dim 192, 4 heads) at its default batches
 SHAPES = (("224 px (14 x 14 tokens)", 256, 196, 4, 48), ("32 px, patch 4 (8 x 8 tokens)", 1024, 64, 4, 48))

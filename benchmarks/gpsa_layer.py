@@ -18,13 +18,13 @@ bf16`), timed in the same rounds as the fp32 steps (timm and ours in each precis
   ratio_timm_fp32_over_ours_bf16  timm in fp32 vs ours in bf16: a PRECISION CHANGE, not like for like
 
 Ours apart (same rotation, fp32, CPU, where the float32 kernel is built): the same layer with its
-projections and its core as separate ops instead of the fused layer (`trainers/models/_gpsa_layer.py`,
+projections and its core as separate ops instead of the fused layer (`trainers/kernels/_gpsa_layer.py`,
 which runs them a few images at a time in one op per direction): `ratio_fused_layer_gain` = apart /
 ours.
 
 Ours on torch ops (same rotation, each precision, CPU, where a kernel is built): the same layer
 with its attention core on torch ops instead of the fused kernels
-(`trainers/models/_attention_kernel.py`: float32, and bf16 on bf16 hardware):
+(`trainers/models/_library.py`: float32, and bf16 on bf16 hardware):
 `ratio_fused_kernel_gain[_bf16]` = torch ops / the kernel (in fp32 against ours apart: the core's
 gain alone).
 
@@ -32,12 +32,12 @@ Ours recomputing its maps (same rotation, fp32, where the float32 kernel is buil
 with the kernel's forward keeping no softmax maps for the backward (`KEPT_MAPS_BYTES` 0), so the
 backward recomputes them as it does over that budget: `ratio_kept_maps_gain` = recomputing / ours.
 
-Ours with MKL's float32 projections (same rotation, fp32, on a CPU where `trainers/models/_linear.py`
+Ours with MKL's float32 projections (same rotation, fp32, on a CPU where `trainers/kernels/_linear.py`
 puts them on oneDNN: AVX-512 where MKL runs AVX2 code, AMD's Zen 4 and 5): the same layer apart with torch's
 `F.linear` for its projections, `ratio_onednn_linear_gain` = MKL / oneDNN (both apart), and
 `ratio_timm_over_ours_mkl_linear` (timm / ours on the GEMM library timm uses). There too, where the
 float32 kernel is built, ours with the weight gradients of its projections on oneDNN or MKL instead of
-the kernel's `linear_weight_grad` (`_linear.USE_WEIGHT_GRAD_KERNEL` off): `ratio_weight_grad_kernel_gain`.
+the kernel's `linear_weight_grad` (`_linear._USE_WEIGHT_GRAD_KERNEL` off): `ratio_weight_grad_kernel_gain`.
 
 The floor (same rotation, each precision): our layer's projections alone, forward + backward (the
 q/k/v matmul and the output projection, with the shapes and upstream gradients the layer has), as
@@ -70,7 +70,7 @@ from timm.models.convit import GPSA as TimmGPSA
 from benchmarks._ceiling import PEAK_SIZE, MultiplyAddPeak, PeakMatmul, ceilings, counted_flops, describe
 from benchmarks._env import (add_malloc_option, autocast, bf16_by_default, parse_and_set_up, shuffled_rounds, sync,
                             write_result)
-from trainers.models import _attention_kernel, _gpsa_layer, _linear
+from trainers.kernels import _gpsa, _gpsa_layer, _library, _linear
 from trainers.models.ls_convit import GPSA
 
 
@@ -97,13 +97,13 @@ def _step_with(*settings: tuple[ModuleType, str, object]) -> Callable[[GPSA, tor
     return step
 
 
-_APART = (_gpsa_layer, "USE_FUSED_LAYER", False)  # the projections and the core as separate ops
+_APART = (_gpsa_layer, "_USE_FUSED_LAYER", False)  # the projections and the core as separate ops
 _apart_step = _step_with(_APART)
-_torch_ops_step = _step_with((_attention_kernel, "USE_FUSED_KERNEL", False))  # the core on torch ops (so apart)
-_recomputing_step = _step_with((_attention_kernel, "KEPT_MAPS_BYTES", 0))  # the float32 kernel keeping no maps
+_torch_ops_step = _step_with((_library, "_USE_LIBRARIES", False))  # the core on torch ops (so apart)
+_recomputing_step = _step_with((_library, "KEPT_MAPS_BYTES", 0))  # the float32 kernel keeping no maps
 # apart, the float32 projections on MKL (torch's default), and their weight grads on oneDNN/MKL
-_mkl_linear_step = _step_with(_APART, (_linear, "USE_ONEDNN_FP32", False))
-_library_weight_grad_step = _step_with(_APART, (_linear, "USE_WEIGHT_GRAD_KERNEL", False))
+_mkl_linear_step = _step_with(_APART, (_linear, "_USE_ONEDNN_FP32", False))
+_library_weight_grad_step = _step_with(_APART, (_linear, "_USE_WEIGHT_GRAD_KERNEL", False))
 
 
 def _projections_step(layer: GPSA, x: torch.Tensor, z: torch.Tensor, precision: str = "fp32") -> None:
@@ -112,7 +112,7 @@ def _projections_step(layer: GPSA, x: torch.Tensor, z: torch.Tensor, precision: 
     layer.zero_grad(set_to_none=True)
     x.grad = z.grad = None
     with autocast(x.device, precision):
-        qkv = layer._qkv(x)  # (B, N, 3C)
+        qkv = _gpsa._qkv(x, layer.qk, layer.v, layer._frozen_cache)  # (B, N, 3C)
         out = layer.proj(z)  # (B, N, C)
     torch.autograd.backward((qkv, out), (torch.ones_like(qkv), torch.ones_like(out)))
 
@@ -158,7 +158,7 @@ def run(*, batch: int, tokens: int, dim: int, heads: int, repeats: int, warmup: 
     if multiply_add_peak.flops:
         steps["multiply_add_peak"] = multiply_add_peak
     kernel_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}
-    fused_kernel = {precision: dev.type == "cpu" and _attention_kernel.kernels(kernel_dtype[precision]) is not None
+    fused_kernel = {precision: dev.type == "cpu" and _library.kernels(kernel_dtype[precision]) is not None
                     for precision in precisions}
     if any(fused_kernel.values()):
         steps["ours_torch_ops"] = lambda precision: _torch_ops_step(ours, x, precision)
@@ -206,7 +206,7 @@ def run(*, batch: int, tokens: int, dim: int, heads: int, repeats: int, warmup: 
         "max_abs_output_diff": max_abs_diff,
         "fused_kernel": fused_kernel if dev.type == "cpu" else None,
         "fused_kernel_unavailable_because": None if dev.type != "cpu" else {
-            precision: _attention_kernel.build_error(kernel_dtype[precision]) for precision in precisions},
+            precision: _library.build_error(kernel_dtype[precision]) for precision in precisions},
     }
     if fused_kernel["fp32"]:
         out["ratio_fused_layer_gain"] = med["fp32"]["ours_apart"] / med["fp32"]["ours"]

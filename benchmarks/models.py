@@ -55,20 +55,20 @@ over without; only fp16/bf16 inference takes the kernel, so the other columns re
 On the CPU the convit and micro groups add "fused-MHSA ls_convit_*": the same model with its plain
 attention blocks on torch's fused kernel instead of the explicit core (which they take under bf16
 autocast on a CPU with bf16 GEMMs, and in float32 where the float32 kernel is built,
-`trainers/models/_attention_core.py`), and `explicit_core_gain` (with over without; about 1 where
+`trainers/kernels/_attention_core.py`), and `explicit_core_gain` (with over without; about 1 where
 neither holds). They also add "torch-ops-core ls_convit_*" (and in the micro group
 "torch-ops-core ls_gmm_micro"): the same model with its attention core on torch ops instead of the
-fused CPU kernels (`trainers/models/_attention_kernel.py`, where they are built: float32, and bf16
+fused CPU kernels (`trainers/models/_library.py`, where they are built: float32, and bf16
 on bf16 hardware, GMM attention's masked core included), and `cpu_kernel_gain` (with over
 without).
 Where our inference runs the blocks' norms (and the residual add before norm2) on a kernel and
-fuses fc1's GELU (and in bf16 the linears' bias) into oneDNN's op (`_common.PreNorm`, `_linear`:
+fuses fc1's GELU (and in bf16 the linears' bias) into oneDNN's op (`kernels.LayerNorm`, `_linear`:
 float32 where the float32 kernel is built, bf16 on a bf16 CPU) in a timed precision, the convit
 and micro groups add "torch-inference-ops ls_convit_*": the same model with those on torch's ops
 (F.linear, the GELU, the add, layer_norm and in bf16 the cast) and oneDNN's products given the
-plain weights (not the kept packed ones, `_linear.PACK_WEIGHTS`), and `inference_ops_gain` (with
+plain weights (not the kept packed ones, `_linear._PACK_WEIGHTS`), and `inference_ops_gain` (with
 over without; only the inference columns take those paths, training reads about 1).
-On a CPU where our float32 linears run on oneDNN (`trainers/models/_linear.py`: full-width
+On a CPU where our float32 linears run on oneDNN (`trainers/kernels/_linear.py`: full-width
 AVX-512 where MKL runs AVX2 code, AMD's Zen 4 and 5) and fp32 is timed, the convit and tiny groups add "MKL-linear
 ls_convit_tiny" (the same model on torch's `F.linear`, MKL: `onednn_linear_gain`, with over
 without) and "oneDNN-linear <the DeiT>" (timm's DeiT with its nn.Linear layers swapped for ours,
@@ -81,7 +81,7 @@ peak's rate, the most any ConViT doing that arithmetic could reach over it here 
 share of the peak ours runs it at.
 Where bf16 inference's linears run on the bf16 kernel instead of oneDNN (`_linear`: Zen 4) and bf16
 is timed, the convit and micro groups add "oneDNN-bf16-linear ls_convit_*": the same model with
-them on oneDNN (`_linear.USE_BF16_KERNEL_LINEAR` off), and `kernel_linear_gain` (with over without;
+them on oneDNN (`_linear._USE_BF16_KERNEL_LINEAR` off), and `kernel_linear_gain` (with over without;
 only the bf16 inference column takes the path, the others read about 1).
 """
 
@@ -98,7 +98,7 @@ import torch
 import trainers.models  # noqa: F401  (registers the ls_* families)
 from trainers._cuda_graph import GraphedInference, capture_inference
 from trainers._memory_format import runs_channels_last
-from trainers.models import _attention_core, _attention_kernel, _common, _linear, ls_convit
+from trainers.kernels import _attention_core, _gpsa, _library, _linear, _norm
 from benchmarks._ceiling import PEAK_SIZE, MultiplyAddPeak, PeakMatmul, ceilings, counted_flops, describe
 from benchmarks._env import (add_malloc_option, autocast, bf16_by_default, parse_and_set_up, shuffled_rounds, sync,
                             write_result)
@@ -123,8 +123,8 @@ PRECISION_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 def _any_cpu_kernel(precisions: tuple[str, ...]) -> bool:
     """Whether the attention core has a fused CPU kernel here in a timed precision's dtype (asking
     only for those: a kernel that cannot be built warns, which an fp32-only run should not print)."""
-    dtypes = [PRECISION_DTYPES[p] for p in precisions if PRECISION_DTYPES[p] in _attention_kernel.DTYPES]
-    return any(_attention_kernel.kernels(dtype) is not None for dtype in dtypes)
+    dtypes = [PRECISION_DTYPES[p] for p in precisions if PRECISION_DTYPES[p] in _library.DTYPES]
+    return any(_library.kernels(dtype) is not None for dtype in dtypes)
 
 
 def _converted(name: str, **kwargs) -> torch.nn.Module:
@@ -169,28 +169,28 @@ class _WithPathOff(torch.nn.Module):
 
 
 def _without_fused_cuda_kernel(model: torch.nn.Module) -> torch.nn.Module:
-    return _WithPathOff(model, (ls_convit, "USE_FUSED_CUDA_KERNEL"))
+    return _WithPathOff(model, (_gpsa, "_USE_TRITON"))
 
 
 def _with_fused_mhsa(model: torch.nn.Module) -> torch.nn.Module:
-    return _WithPathOff(model, (_attention_core, "PLAIN_ATTENTION_ON_EXPLICIT_CORE"))
+    return _WithPathOff(model, (_attention_core, "_PLAIN_ATTENTION_ON_EXPLICIT_CORE"))
 
 
 def _with_torch_ops_core(model: torch.nn.Module) -> torch.nn.Module:
-    return _WithPathOff(model, (_attention_kernel, "USE_FUSED_KERNEL"))
+    return _WithPathOff(model, (_library, "_USE_LIBRARIES"))
 
 
 def _with_mkl_linears(model: torch.nn.Module) -> torch.nn.Module:
-    return _WithPathOff(model, (_linear, "USE_ONEDNN_FP32"))
+    return _WithPathOff(model, (_linear, "_USE_ONEDNN_FP32"))
 
 
 def _with_torch_inference_ops(model: torch.nn.Module) -> torch.nn.Module:
-    return _WithPathOff(model, (_linear, "USE_ONEDNN_BF16"), (_linear, "FUSE_GELU"), (_linear, "PACK_WEIGHTS"),
-                        (_common, "USE_NORM_KERNEL"))
+    return _WithPathOff(model, (_linear, "_USE_ONEDNN_BF16"), (_linear, "_FUSE_GELU"), (_linear, "_PACK_WEIGHTS"),
+                        (_norm, "_USE_NORM_KERNEL"))
 
 
 def _with_onednn_bf16_linears(model: torch.nn.Module) -> torch.nn.Module:
-    return _WithPathOff(model, (_linear, "USE_BF16_KERNEL_LINEAR"))
+    return _WithPathOff(model, (_linear, "_USE_BF16_KERNEL_LINEAR"))
 
 
 def _with_onednn_linears(model: torch.nn.Module) -> torch.nn.Module:
@@ -203,18 +203,18 @@ def _with_onednn_linears(model: torch.nn.Module) -> torch.nn.Module:
 
 def _inference_ops_timed(cuda: bool, precisions: tuple[str, ...]) -> bool:
     """Whether our inference takes, in a timed precision, paths the "torch-inference-ops" twin turns
-    off: the norms on a kernel (`_common.PreNorm`), and with them fc1's fused GELU and the packed
+    off: the norms on a kernel (`kernels.LayerNorm`), and with them fc1's fused GELU and the packed
     weights on oneDNN (`_linear`; in bf16 its linears on oneDNN's op too)."""
     bf16 = ("bf16" in precisions and _linear.onednn_runs_bf16_here()
-            and _attention_kernel.kernels(torch.bfloat16) is not None)
-    return not cuda and (bf16 or "fp32" in precisions and _attention_kernel.kernels(torch.float32) is not None)
+            and _library.kernels(torch.bfloat16) is not None)
+    return not cuda and (bf16 or "fp32" in precisions and _library.kernels(torch.float32) is not None)
 
 
 def _kernel_linears_timed(cuda: bool, precisions: tuple[str, ...]) -> bool:
     """Whether bf16 inference's linears run on the bf16 kernel here, bf16 timed (`_linear`)."""
-    return (not cuda and "bf16" in precisions and _linear.USE_BF16_KERNEL_LINEAR
+    return (not cuda and "bf16" in precisions and _linear._USE_BF16_KERNEL_LINEAR
             and _linear.onednn_runs_bf16_here() and _linear.kernel_bf16_linear_beats_onednn_here()
-            and _attention_kernel.kernels(torch.bfloat16) is not None)
+            and _library.kernels(torch.bfloat16) is not None)
 
 
 def _onednn_linears_timed(cuda: bool, precisions: tuple[str, ...]) -> bool:

@@ -4,12 +4,7 @@ a record of the ops a call dispatched (which path it took), and the float32 CPU 
 build, or its 8-lane AVX2 build on an AVX-512 CPU) or a skip."""
 from __future__ import annotations
 
-import atexit
 import functools
-import shutil
-import subprocess
-import tempfile
-from pathlib import Path
 
 import pytest
 import torch
@@ -43,13 +38,13 @@ class OpCalls(TorchDispatchMode):
 
 
 def float32_kernel_or_skip():
-    """The float32 CPU kernel's ops (`_attention_kernel`), or a skip where it is not built here (no
+    """The float32 CPU kernel's ops (`trainers.kernels._library`), or a skip where it is not built here (no
     compiler, no AVX2)."""
-    from trainers.models import _attention_kernel
+    from trainers.kernels import _library
 
-    if not _attention_kernel.available(torch.float32, 1):
-        pytest.skip(f"the float32 CPU kernel is not built here: {_attention_kernel.build_error(torch.float32)}")
-    return _attention_kernel.kernels(torch.float32)
+    if not _library.available(torch.float32, 1):
+        pytest.skip(f"the float32 CPU kernel is not built here: {_library.build_error(torch.float32)}")
+    return _library.kernels(torch.float32)
 
 
 AVX2_NAMESPACE = "locality_search_fp32_avx2"
@@ -59,24 +54,15 @@ AVX2_NAMESPACE = "locality_search_fp32_avx2"
 def _float32_avx2_build() -> tuple[object | None, str]:
     """(ops, "") for the float32 kernel compiled with the AVX2 flags alone (8 lanes) under its own op
     namespace, or (None, why not)."""
-    from trainers.models import _attention_kernel
+    from trainers.kernels import _library
 
     if torch.backends.cpu.get_cpu_capability() == "AVX2":
         return None, "this CPU's own float32 kernel is the 8-lane AVX2 build"
     if not torch.backends.cpu.get_cpu_capability().startswith("AVX512"):
         return None, "this CPU runs neither AVX2 nor AVX-512 code"
-    compiler = shutil.which("g++") or shutil.which("c++")
-    if compiler is None:
-        return None, "no C++ compiler"
-    source = _attention_kernel._KERNELS[torch.float32].source
-    build_dir = tempfile.mkdtemp(prefix="fp32-avx2-")
-    atexit.register(shutil.rmtree, build_dir, ignore_errors=True)  # loaded by then: removing it is safe
-    output = Path(build_dir) / f"{AVX2_NAMESPACE}.so"
-    flags = [*_attention_kernel.FP32_AVX2_FLAGS, f"-DATTENTION_LIBRARY={AVX2_NAMESPACE}"]
-    done = subprocess.run(_attention_kernel._compile_command(compiler, source, output, flags), capture_output=True,
-                          text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
-    torch.ops.load_library(str(output))
+    source = _library._KERNELS[torch.float32].source
+    flags = [*_library.FP32_AVX2_FLAGS, f"-DATTENTION_LIBRARY={AVX2_NAMESPACE}"]
+    _library.load_library(source, "avx2_tests", flags)  # raises where the build fails: a test failure
     return getattr(torch.ops, AVX2_NAMESPACE), ""
 
 

@@ -1,4 +1,4 @@
-"""The fused CPU attention kernels (`trainers/models/_attention_kernel.py`, `csrc/attention_core.cpp`
+"""The fused CPU attention kernels (`trainers/models/_library.py`, `csrc/attention_core.cpp`
 in bf16, `csrc/attention_core_fp32.cpp` in float32), each where its CPU can run it: it builds; its
 outputs, gradients and the gate's sums (GPSA), or the score mask's gradient (GMM attention), match the papers' formulas in float64 for every token count its vector tails can meet,
 several head dims, the projection's strided layout and a contiguous one; the float32 backward gives
@@ -23,7 +23,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import trainers.models  # noqa: F401  (registers ls_convit_* with timm)
 
-from trainers.models import _attention_core, _attention_kernel
+from trainers.kernels import _attention_core, _library
 from trainers.throughput import count_flops
 
 from tests._layers import float32_avx2_kernel_or_skip, run_layer
@@ -56,8 +56,8 @@ def kernel(request):
         _skip_unless_built(torch.float32)
         return torch.float32, float32_avx2_kernel_or_skip()
     _skip_unless_built(request.param)
-    ops = _attention_kernel.kernels(request.param)
-    assert ops is not None, f"the {request.param} kernel did not build here: {_attention_kernel.build_error(request.param)}"
+    ops = _library.kernels(request.param)
+    assert ops is not None, f"the {request.param} kernel did not build here: {_library.build_error(request.param)}"
     return request.param, ops
 
 
@@ -239,7 +239,7 @@ def test_bad_inputs_are_refused_with_a_message(kernel):
 
 @pytest.fixture(params=[True, False], ids=["fused_kernel", "torch_ops"])
 def fused_kernel(request, monkeypatch):
-    monkeypatch.setattr(_attention_kernel, "USE_FUSED_KERNEL", request.param)
+    monkeypatch.setattr(_library, "_USE_LIBRARIES", request.param)
     return request.param
 
 
@@ -281,7 +281,7 @@ def test_core_outputs_and_gradients_match_float64_on_either_path(fused_kernel, g
 @pytest.mark.parametrize("gated", [True, False])
 def test_inference_on_the_kernel_matches_torch_ops(kernel, gated, monkeypatch):
     dtype, ops = kernel
-    if ops is not _attention_kernel.kernels(dtype):
+    if ops is not _library.kernels(dtype):
         pytest.skip("the core runs this CPU's own build")
     monkeypatch.setattr(_attention_core, "cpu_has_native_bf16", lambda: True)
     qkv, gate, pos, _ = _inputs(5, 4, 50, 8, gated, "projection", seed=2, dtype=dtype)
@@ -290,9 +290,9 @@ def test_inference_on_the_kernel_matches_torch_ops(kernel, gated, monkeypatch):
             lambda: _attention_core.attention(qkv, 0.3))
         with _CustomOps() as recorder:
             fused = run()
-        monkeypatch.setattr(_attention_kernel, "USE_FUSED_KERNEL", False)
+        monkeypatch.setattr(_library, "_USE_LIBRARIES", False)
         separate = run()
-    assert recorder.seen == {_attention_kernel._KERNELS[dtype].namespace + ".attention_forward"}
+    assert recorder.seen == {_library._KERNELS[dtype].namespace + ".attention_forward"}
     # the same up to where bf16 roundings land (torch's GEMM rounds S to bf16, the kernel keeps it
     # in float32); in float32 up to the order of the sums
     torch.testing.assert_close(fused.float(), separate.float(), atol=3e-2 if dtype == torch.bfloat16 else 2e-6, rtol=0)
@@ -344,7 +344,7 @@ def test_the_float32_core_keeps_small_maps_and_recomputes_large_ones_to_the_same
     padded_bytes = B * H * N * 64 * 4  # N rows padded to 64 floats (upper bound: 16 lanes)
 
     def run(budget):
-        monkeypatch.setattr(_attention_kernel, "KEPT_MAPS_BYTES", budget)
+        monkeypatch.setattr(_library, "KEPT_MAPS_BYTES", budget)
         qkv, gate, pos, mask = (t.clone().requires_grad_() for t in (qkv0, gate0, pos0, mask0))
         with _KeptMaps() as recorder:
             if mix == "gated":
@@ -382,7 +382,7 @@ def test_convit_runs_the_kernel_of_its_gemms_dtype(precision, train, monkeypatch
             loss = model(x).float().sum()
         if train:
             loss.backward()
-    namespace = _attention_kernel._KERNELS[dtype].namespace
+    namespace = _library._KERNELS[dtype].namespace
     blocks = len(model.blocks)
     gpsa = model.local_up_to_layer if precision == "fp32" else 0  # blocks on the fused layer
     attention_calls = {op: n for op, n in recorder.calls.items()
@@ -416,7 +416,7 @@ def test_flops_are_the_same_on_the_kernel_as_on_torch_ops(name, monkeypatch):
     _skip_unless_built(torch.float32)
     counts = {}
     for fused in (False, True):
-        monkeypatch.setattr(_attention_kernel, "USE_FUSED_KERNEL", fused)
+        monkeypatch.setattr(_library, "_USE_LIBRARIES", fused)
         counts[fused] = count_flops(timm.create_model(name), (1, 28, 28))
     assert counts[True] == counts[False]
     # and in a fresh process, where the kernel is loaded by the counted model's forward
@@ -455,17 +455,17 @@ def test_gmm_attention_on_the_float32_kernel_matches_its_torch_ops(train, monkey
 
     with _CustomOps() as recorder:
         fused, fused_grads = run()
-    namespace = _attention_kernel._KERNELS[torch.float32].namespace
+    namespace = _library._KERNELS[torch.float32].namespace
     assert recorder.calls == ({f"{namespace}.attention_forward": 1, f"{namespace}.attention_backward": 1}
                               if train else {f"{namespace}.attention_forward": 1})
-    monkeypatch.setattr(_attention_kernel, "USE_FUSED_KERNEL", False)
+    monkeypatch.setattr(_library, "_USE_LIBRARIES", False)
     separate, separate_grads = run()
     torch.testing.assert_close(fused, separate, atol=1e-6, rtol=1e-5)
     names = ["x"] + [name for name, _ in layer.named_parameters()] if train else []
     for name, a, b in zip(names, fused_grads, separate_grads):
         assert _relative(a, b.double()) < 2e-5, name
     if train:
-        monkeypatch.setattr(_attention_kernel, "USE_FUSED_KERNEL", True)
+        monkeypatch.setattr(_library, "_USE_LIBRARIES", True)
         layer.attn_drop.p = 0.1
         with _CustomOps() as recorder:
             run()
@@ -493,10 +493,10 @@ def test_gmm_attention_under_bf16_autocast_runs_the_bf16_kernel_as_close_to_floa
     reference = run(copy.deepcopy(layer).double(), torch.float64, False)
     with _CustomOps() as recorder:
         fused = run(layer, torch.float32, True)
-    namespace = _attention_kernel._KERNELS[torch.bfloat16].namespace
+    namespace = _library._KERNELS[torch.bfloat16].namespace
     assert recorder.core_calls == ({f"{namespace}.attention_forward": 1, f"{namespace}.attention_backward": 1}
                                    if train else {f"{namespace}.attention_forward": 1})
-    monkeypatch.setattr(_attention_kernel, "USE_FUSED_KERNEL", False)
+    monkeypatch.setattr(_library, "_USE_LIBRARIES", False)
     separate = run(layer, torch.float32, True)
     names = ["out", "x"] + [name for name, _ in layer.named_parameters()] if train else ["out"]
     for name, a, b, ref in zip(names, fused, separate, reference):
@@ -514,9 +514,9 @@ PROBE = """
     import warnings
     warnings.simplefilter("error")  # the fallback's warning would fail the probe
     import torch
-    from trainers.models import _attention_kernel
-    ops = _attention_kernel.kernels(torch.float32)
-    print("kernel" if ops is not None else "fallback", _attention_kernel.build_error(torch.float32))
+    from trainers.kernels import _library
+    ops = _library.kernels(torch.float32)
+    print("kernel" if ops is not None else "fallback", _library.build_error(torch.float32))
 """
 
 
@@ -532,7 +532,7 @@ def test_without_a_compiler_the_core_warns_once_and_falls_back(tmp_path):
         import shutil, warnings
         shutil.which = lambda name, *a, **k: None  # no g++ / c++ on PATH
         import torch
-        from trainers.models import _attention_core, _attention_kernel
+        from trainers.kernels import _attention_core, _library
         _attention_core.cpu_has_native_bf16 = lambda: True  # bf16 GEMMs: where the kernel would run
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -565,7 +565,8 @@ def test_concurrent_first_uses_build_once_and_both_load(tmp_path):
     outs = [p.communicate(timeout=600) for p in procs]
     for p, (out, err) in zip(procs, outs):
         assert p.returncode == 0 and out.split()[0] == "kernel", err
-    built = list((tmp_path / "locality-search" / "kernels").glob("*.so"))
+    kernels_dir = tmp_path / "locality-search" / "kernels"
+    built = list(kernels_dir.rglob("*.so"))
     assert len(built) == 1
-    leftovers = [p.name for p in built[0].parent.iterdir() if p.suffix not in (".so", ".lock")]
-    assert leftovers == []  # no half-written library or scratch folder left behind
+    # one build folder (cpp_extension's, its lock an OS-level lock on a file left in place), no other
+    assert [p.name for p in kernels_dir.iterdir()] == [built[0].parent.name]

@@ -11,7 +11,7 @@ import torch
 
 from benchmarks.models import NCHW, _with_onednn_linears, _with_torch_inference_ops, run_group
 from tests._layers import OpCalls
-from trainers.models import _attention_kernel, _common, _linear
+from trainers.kernels import _library, _linear, _norm
 
 TCNN = "ls_tcnn_resnet10_micro_s (converted)"
 
@@ -52,9 +52,9 @@ def test_the_torch_inference_ops_twin_runs_inference_on_torch_ops_and_switches_b
     inference norms on torch's ops and fc1's GELU (and in bf16 the linears) off oneDNN's fused op,
     and oneDNN's products on the plain weights (no packing), during its forward only; the flags
     come back on."""
-    if precision == "bf16" and (not _linear.onednn_runs_bf16_here() or _attention_kernel.kernels(torch.bfloat16) is None):
+    if precision == "bf16" and (not _linear.onednn_runs_bf16_here() or _library.kernels(torch.bfloat16) is None):
         pytest.skip("no bf16 oneDNN products or bf16 kernel here")
-    if precision == "fp32" and _attention_kernel.kernels(torch.float32) is None:
+    if precision == "fp32" and _library.kernels(torch.float32) is None:
         pytest.skip("no float32 kernel here")
     monkeypatch.setattr(_linear, "onednn_beats_mkl_here", lambda: True)  # fc1's GELU fuses on any CPU
     torch.manual_seed(0)
@@ -68,7 +68,7 @@ def test_the_torch_inference_ops_twin_runs_inference_on_torch_ops_and_switches_b
             slow = twin(x)
         assert not fused_ops & set(ops.calls) and torch_norms & set(ops.calls) and "aten.gelu_" in ops.calls
         assert "mkldnn._reorder_linear_weight" not in ops.calls
-        assert _linear.USE_ONEDNN_BF16 and _linear.FUSE_GELU and _linear.PACK_WEIGHTS and _common.USE_NORM_KERNEL
+        assert _linear._USE_ONEDNN_BF16 and _linear._FUSE_GELU and _linear._PACK_WEIGHTS and _norm._USE_NORM_KERNEL
         with OpCalls() as ops:
             fast = model(x)
         assert fused_ops <= set(ops.calls) and not {"aten.gelu_", "aten.gelu"} & set(ops.calls)

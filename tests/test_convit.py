@@ -9,7 +9,9 @@ from timm.models.convit import GPSA as TimmGPSA
 from timm.models.convit import ConVit as TimmConVit
 
 import trainers.models  # noqa: F401  (registers ls_convit_* with timm)
-from trainers.models.ls_convit import GPSA, LocalityConViT, gated_attention, rel_indices
+from trainers.kernels import _gpsa
+from trainers.kernels._attention_core import gated_attention
+from trainers.models.ls_convit import GPSA, LocalityConViT, rel_indices
 
 NANO = dict(img_size=28, patch_size=4, in_chans=1, num_classes=10)  # 7 x 7 = 49 patches
 
@@ -154,7 +156,7 @@ def test_gpsa_explicit_core_and_fused_path_agree(dtype, monkeypatch):
     with torch.no_grad():
         y_core_no_grad = layer(x)  # the CPU path without autograd
     with monkeypatch.context() as m:  # the CUDA / autocast path, forced on the CPU
-        m.setattr(GPSA, '_use_gated_attention', lambda self, x: False)
+        m.setattr(_gpsa, 'takes_cpu_core', lambda x: False)
         y_fused = layer(x)
         assert y_fused.grad_fn is not None
         y_fused = y_fused.detach()
@@ -195,19 +197,25 @@ def test_positional_attention_is_reused_without_grad_until_the_parameters_change
     assert p.requires_grad and 'pos' not in layer._frozen_cache
 
 
+def _mixing_terms(layer: GPSA, grid: tuple, dtype: torch.dtype) -> tuple:
+    """GPSA's s * P and 1 - s as `kernels.gated_attention` computes and keeps them for `layer`."""
+    return _gpsa.mixing_terms(layer.gating_param, layer.positional_attention(grid),
+                              (layer.pos_proj.weight, layer.pos_proj.bias), grid, dtype, layer._frozen_cache)
+
+
 def test_mixing_terms_kept_per_dtype():
     """s * P and 1 - s (the CUDA path's) kept for inference in each dtype asked for: alternating
     bf16 and fp32 calls reuse both instead of recomputing at every switch; an update recomputes."""
     layer = GPSA(16, num_heads=4).eval()
     with torch.inference_mode():
-        fp32, bf16 = layer._mixing_terms((7, 7), torch.float32), layer._mixing_terms((7, 7), torch.bfloat16)
+        fp32, bf16 = _mixing_terms(layer, (7, 7), torch.float32), _mixing_terms(layer, (7, 7), torch.bfloat16)
         assert fp32[0].dtype == torch.float32 and bf16[0].dtype == torch.bfloat16
-        assert layer._mixing_terms((7, 7), torch.float32)[0] is fp32[0]
-        assert layer._mixing_terms((7, 7), torch.bfloat16)[0] is bf16[0]
+        assert _mixing_terms(layer, (7, 7), torch.float32)[0] is fp32[0]
+        assert _mixing_terms(layer, (7, 7), torch.bfloat16)[0] is bf16[0]
     with torch.no_grad():
         layer.gating_param.add_(1.)
     with torch.inference_mode():
-        again = layer._mixing_terms((7, 7), torch.float32)
+        again = _mixing_terms(layer, (7, 7), torch.float32)
     assert again[0] is not fp32[0]
     gate = torch.sigmoid(layer.gating_param.detach())
     torch.testing.assert_close(again[1], (1 - gate).view(-1, 1))

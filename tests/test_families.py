@@ -117,7 +117,7 @@ def test_mhsa_trains_in_bf16_with_a_float32_core_and_infers_with_the_bf16_kernel
     # CPU training under bf16 autocast on a CPU without bf16 hardware (with it, the explicit core:
     # tests/test_gpsa_fast.py): the fused core runs in float32 (torch's bf16 CPU kernel is several
     # times slower with a backward); inference keeps the bf16 kernel (faster there).
-    from trainers.models import _attention_core
+    from trainers.kernels import _attention_core
 
     monkeypatch.setattr(_attention_core, "cpu_has_native_bf16", lambda: False)
     _, layer = _mhsa_pair()

@@ -16,9 +16,9 @@ from timm.models.convit import ConVit as TimmConVit
 
 import trainers.models  # noqa: F401  (registers ls_convit_* with timm)
 import trainers.models.ls_convit as ls_convit
-from trainers.models import _attention_core, _attention_kernel
-from trainers.models._attention_core import attention
-from trainers.models.ls_convit import GPSA, MHSA, LocalityConViT, gated_attention
+from trainers.kernels import _attention_core, _gpsa, _library
+from trainers.kernels._attention_core import attention, gated_attention
+from trainers.models.ls_convit import GPSA, MHSA, LocalityConViT
 
 NANO = dict(img_size=28, patch_size=4, in_chans=1, num_classes=10)
 
@@ -60,7 +60,7 @@ def native_bf16(request, monkeypatch):
     """Run the test as on a CPU without (False) and with (True) bf16 hardware, the core on its torch
     ops (the fused kernel that replaces them with bf16 GEMMs: tests/test_attention_kernel.py)."""
     monkeypatch.setattr(_attention_core, 'cpu_has_native_bf16', lambda: request.param)
-    monkeypatch.setattr(_attention_kernel, 'USE_FUSED_KERNEL', False)
+    monkeypatch.setattr(_library, '_USE_LIBRARIES', False)
     return request.param
 
 
@@ -83,7 +83,7 @@ def test_gpsa_under_autocast_matches_timm_under_autocast(dtype, native_bf16):
     exact = copy.deepcopy(ref).double()
     x = torch.randn(8, 49, 96)
     w = torch.randn(8, 49, 96, dtype=torch.float64)
-    assert ours._use_gated_attention(x)  # the CPU core under autocast, not the fused fallback
+    assert _gpsa.takes_cpu_core(x)  # the CPU core under autocast, not the fused fallback
     y_ref, gx_ref, gp_ref = _run(ref, x, w, dtype)
     y_ours, gx_ours, gp_ours = _run(ours, x, w, dtype)
     y_64, gx_64, gp_64 = _run(exact, x.double(), w, None)
@@ -224,7 +224,7 @@ def test_mhsa_under_bf16_autocast_runs_the_explicit_core_where_gemms_are_bf16(tr
         assert _rel(gx, gx_64) < 3e-2
         for name, g in gp.items():
             assert _rel(g, gp_64[name]) < 6e-2, name
-    monkeypatch.setattr(_attention_core, 'PLAIN_ATTENTION_ON_EXPLICIT_CORE', False)  # the switch: fused kernel
+    monkeypatch.setattr(_attention_core, '_PLAIN_ATTENTION_ON_EXPLICIT_CORE', False)  # the switch: fused kernel
     (y_fused, _, _), seen = run()
     assert seen == set() and _rel(y_fused.double(), y_64) < 3e-2
 
@@ -340,7 +340,7 @@ def test_compiled_inference_traces_the_cached_maps_into_one_graph():
     assert not torch.equal(after, before)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.cuda
 @pytest.mark.parametrize('dtype', [None, torch.bfloat16])
 def test_cuda_path_matches_timm_and_follows_weight_updates(dtype):
     """The GPU path (fused SDPA + s * P @ V, the mixing terms kept for inference) against timm's
@@ -386,7 +386,7 @@ def test_gpu_path_compiles_for_inference(monkeypatch):
     """GPSA's SDPA path (the GPU's, forced here on the CPU) under torch.compile in inference: the
     mix written through `out=` made AOT autograd's functionalisation fail ("Cannot view a tensor
     ..."), so the compiled path now mixes without it; same outputs as eager."""
-    monkeypatch.setattr(GPSA, '_use_gated_attention', lambda self, x: False)
+    monkeypatch.setattr(_gpsa, 'takes_cpu_core', lambda x: False)
     torch.manual_seed(0)
     model = LocalityConViT(**NANO).eval()
     _perturb(model, 0.02)

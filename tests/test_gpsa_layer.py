@@ -1,4 +1,4 @@
-"""GPSA's fused float32 layer (`trainers/models/_gpsa_layer.py`, `csrc/gpsa_layer_fp32.h`): its output
+"""GPSA's fused float32 layer (`trainers/kernels/_gpsa_layer.py`, `csrc/gpsa_layer_fp32.h`): its output
 and every gradient against timm's GPSA in float64 with the same weights, on this CPU's build and on
 the 8-lane AVX2 one, at shapes whose chunks and per-thread parts end unevenly, in training and in
 inference; the same bits run after run and whether the backward kept the softmax maps or
@@ -12,7 +12,7 @@ import torch
 from timm.models.convit import GPSA as TimmGPSA
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from trainers.models import _attention_kernel, _gpsa_layer
+from trainers.kernels import _gpsa_layer, _library
 from trainers.models.ls_convit import GPSA
 
 from tests._layers import float32_avx2_kernel_or_skip, float32_kernel_or_skip
@@ -45,8 +45,8 @@ def float32_ops(request, monkeypatch):
         return float32_kernel_or_skip()
     float32_kernel_or_skip()
     ops = float32_avx2_kernel_or_skip()
-    real = _attention_kernel.kernels
-    monkeypatch.setattr(_attention_kernel, "kernels",
+    real = _library.kernels
+    monkeypatch.setattr(_library, "kernels",
                         lambda dtype=torch.bfloat16: ops if dtype == torch.float32 else real(dtype))
     return ops
 
@@ -128,7 +128,7 @@ def test_kept_and_recomputed_maps_and_reruns_give_the_same_bits(monkeypatch):
 
     kept_sizes, kept = run()
     _, again = run()
-    monkeypatch.setattr(_attention_kernel, "KEPT_MAPS_BYTES", 0)
+    monkeypatch.setattr(_library, "KEPT_MAPS_BYTES", 0)
     recomputed_sizes, recomputed = run()
     assert len(kept_sizes) == 1 and kept_sizes[0] >= 6 * 4 * 49 * 49 and recomputed_sizes == [0]
     for a, b, c in zip(kept, again, recomputed, strict=True):
@@ -149,7 +149,7 @@ def test_the_layer_runs_apart_where_the_fused_op_cannot(case, monkeypatch):
     _, ours = _pair(width, 4, qkv_bias=case == "qkv bias")
     seen = _hooked(ours) if case == "hook on proj" else None
     if case == "switched off":
-        monkeypatch.setattr(_gpsa_layer, "USE_FUSED_LAYER", False)
+        monkeypatch.setattr(_gpsa_layer, "_USE_FUSED_LAYER", False)
     if case in ("output dropout", "eval with output dropout"):
         ours.proj_drop.p = 0.1
     ours.train(case != "eval with output dropout")
@@ -164,8 +164,9 @@ def test_the_layer_runs_apart_where_the_fused_op_cannot(case, monkeypatch):
 
 def test_the_ops_name_what_they_need():
     ops = float32_kernel_or_skip()
-    x, w_qkv, w_proj = torch.randn(2, 9, 40), torch.randn(120, 40), torch.randn(40, 40)
-    gate, pos, bias = torch.rand(4), torch.softmax(torch.randn(4, 9, 9), -1), torch.zeros(40)
+    # C 36: a multiple of the 4 heads, not of the 8 or 16 lanes of either build
+    x, w_qkv, w_proj = torch.randn(2, 9, 36), torch.randn(108, 36), torch.randn(36, 36)
+    gate, pos, bias = torch.rand(4), torch.softmax(torch.randn(4, 9, 9), -1), torch.zeros(36)
     with pytest.raises(RuntimeError, match="a multiple of the heads and of"):
         ops.gpsa_layer_forward(x, w_qkv, gate, pos, 0.3, w_proj, bias, False, False)
     x, w_qkv, w_proj, bias = torch.randn(2, 9, 32), torch.randn(96, 32), torch.randn(32, 32), torch.zeros(32)

@@ -11,7 +11,7 @@ import textwrap
 import pytest
 import torch
 
-from trainers.models import _gpsa_triton
+from trainers.kernels import _gpsa, _gpsa_triton
 
 _triton_missing = _gpsa_triton._triton() is None
 
@@ -77,7 +77,7 @@ def test_rejects_a_qkv_whose_tokens_are_not_contiguous():
 def test_kernel_matches_reference_in_triton_interpreter():
     script = textwrap.dedent(f"""
         import torch
-        from trainers.models import _gpsa_triton
+        from trainers.kernels import _gpsa_triton
         from tests.test_gpsa_triton import _inputs, reference
         for B, N, H, d in {SHAPES!r}:
             for dtype, tol in ((torch.float16, 2e-3),):  # the interpreter's numpy has no bfloat16
@@ -118,7 +118,7 @@ def test_benchmark_refuses_without_a_gpu(capsys):
     assert exit_info.value.code == 2 and 'needs a CUDA GPU' in capsys.readouterr().err
 
 
-@pytest.mark.skipif(not torch.cuda.is_available() or _triton_missing, reason="needs a CUDA GPU and Triton")
+@pytest.mark.triton
 @pytest.mark.parametrize('dtype', [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize('shape', SHAPES + [(64, 196, 4, 48)])
 def test_cuda_kernel_matches_reference(shape, dtype):
@@ -129,7 +129,7 @@ def test_cuda_kernel_matches_reference(shape, dtype):
     assert (out.double() - reference(qkv, pos, cw, d ** -0.5)).abs().max().item() < tol
 
 
-@pytest.mark.skipif(not torch.cuda.is_available() or _triton_missing, reason="needs a CUDA GPU and Triton")
+@pytest.mark.triton
 def test_cuda_model_with_and_without_the_kernel(monkeypatch):
     """ls_convit_tiny in bf16 inference with the kernel against the same model on fused SDPA + P @ V,
     and the kernel's layer in use (the switch changes the path taken)."""
@@ -148,7 +148,7 @@ def test_cuda_model_with_and_without_the_kernel(monkeypatch):
     with torch.inference_mode(), torch.autocast('cuda', torch.bfloat16):
         fused = model(x).float()
         assert len(calls) == model.local_up_to_layer
-        monkeypatch.setattr(ls_convit, 'USE_FUSED_CUDA_KERNEL', False)
+        monkeypatch.setattr(_gpsa, '_USE_TRITON', False)
         unfused = model(x).float()
         assert len(calls) == model.local_up_to_layer
     with torch.inference_mode():
@@ -160,7 +160,7 @@ def test_cuda_model_with_and_without_the_kernel(monkeypatch):
     assert len(calls) == model.local_up_to_layer
 
 
-@pytest.mark.skipif(not torch.cuda.is_available() or _triton_missing, reason="needs a CUDA GPU and Triton")
+@pytest.mark.triton
 def test_cuda_launch_settings_tuned_per_batch_size():
     """Timed at the first call per batch size rounded up to a power of two (a model's first call,
     at batch 2, no longer decides batch 256's blocks), kept for later calls, which give the same

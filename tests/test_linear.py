@@ -1,9 +1,9 @@
-"""`trainers.models._linear`: float32 linear layers on oneDNN where MKL runs AVX2 code, and bf16
+"""`trainers.kernels._linear`: float32 linear layers on oneDNN where MKL runs AVX2 code, and bf16
 inference on oneDNN or on the bf16 kernel's linear.
 
 The oneDNN float32 path is forced on here (`onednn_beats_mkl_here` patched True), so it is checked
 on every CPU, not only the AMD AVX-512 ones where models take it by default: oneDNN runs on any x86
-CPU. bf16 inference is tested on oneDNN everywhere (`USE_BF16_KERNEL_LINEAR` off but in the bf16
+CPU. bf16 inference is tested on oneDNN everywhere (`_USE_BF16_KERNEL_LINEAR` off but in the bf16
 kernel's own section, which forces that path on wherever the kernel is built)."""
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 import trainers.models  # noqa: F401  (registers the ls_* families)
-from trainers.models import _gpsa_layer, _linear
+from trainers.kernels import _gpsa_layer, _linear
 from trainers.models.ls_refiner import Refiner
 from trainers.throughput import count_flops
 from tests._layers import OpCalls, float32_avx2_kernel_or_skip, float32_kernel_or_skip, run_layer
@@ -37,7 +37,7 @@ def onednn_here(monkeypatch):
 @pytest.fixture(autouse=True)
 def bf16_inference_on_onednn(monkeypatch):
     """bf16 inference on oneDNN, whatever the CPU (the bf16 kernel's section turns its path back on)."""
-    monkeypatch.setattr(_linear, "USE_BF16_KERNEL_LINEAR", False)
+    monkeypatch.setattr(_linear, "_USE_BF16_KERNEL_LINEAR", False)
 
 
 def _float64_reference(x, weight, bias, upstream):
@@ -60,7 +60,7 @@ def test_output_and_all_gradients_match_float64(onednn_here, monkeypatch, shape,
     kernel_on = weight_grad_on == "kernel" or in_features % 16 != 0 and out_features % 16 != 0
     if weight_grad_on == "kernel":
         float32_kernel_or_skip()
-    monkeypatch.setattr(_linear, "USE_WEIGHT_GRAD_KERNEL", kernel_on)
+    monkeypatch.setattr(_linear, "_USE_WEIGHT_GRAD_KERNEL", kernel_on)
     torch.manual_seed(0)
     x = torch.randn(*shape, requires_grad=True)
     weight = torch.randn(out_features, in_features, requires_grad=True)
@@ -142,7 +142,7 @@ def test_only_the_gradients_asked_for_are_computed(onednn_here):
 @pytest.mark.parametrize("case", ["small", "float64", "autocast", "switched off", "1-d"])
 def test_where_torch_linear_is_kept(onednn_here, monkeypatch, case):
     """Products under MIN_MULTIPLY_ADDS (oneDNN's per-call cost loses there), other dtypes, CPU
-    autocast with autograd recording (F.linear runs bf16 on oneDNN already) and USE_ONEDNN_FP32 off
+    autocast with autograd recording (F.linear runs bf16 on oneDNN already) and _USE_ONEDNN_FP32 off
     take F.linear."""
     rows = {"small": 100, "1-d": None}.get(case, 4096)
     x = torch.randn(96) if rows is None else torch.randn(rows, 96)
@@ -150,7 +150,7 @@ def test_where_torch_linear_is_kept(onednn_here, monkeypatch, case):
     if case == "float64":
         x, weight, bias = x.double(), weight.double(), bias.double()
     if case == "switched off":
-        monkeypatch.setattr(_linear, "USE_ONEDNN_FP32", False)
+        monkeypatch.setattr(_linear, "_USE_ONEDNN_FP32", False)
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=case == "autocast"):
         with OpCalls() as ops:
             out = _linear.linear(x, weight, bias)
@@ -167,13 +167,13 @@ def test_where_torch_linear_is_kept(onednn_here, monkeypatch, case):
 def test_float32_inference_fuses_the_gelu_into_the_onednn_product_bit_for_bit(onednn_here, monkeypatch, mode):
     """`linear(..., gelu=True)` in float32 inference on oneDNN is one op: oneDNN's GELU, which is the
     float32 GELU torch runs on a contiguous tensor, so bit for bit the product then F.gelu. With
-    autograd recording, or FUSE_GELU off, the GELU runs after the product (F.gelu, or in place)."""
+    autograd recording, or _FUSE_GELU off, the GELU runs after the product (F.gelu, or in place)."""
     torch.manual_seed(0)
     x, weight, bias = torch.randn(2, 700, 96), 0.3 * torch.randn(384, 96), torch.randn(384)
     if mode == "autograd":
         x.requires_grad_()
     if mode == "switched off":
-        monkeypatch.setattr(_linear, "FUSE_GELU", False)
+        monkeypatch.setattr(_linear, "_FUSE_GELU", False)
     with OpCalls() as ops:
         out = _linear.linear(x, weight, bias, gelu=True)
     with torch.no_grad():
@@ -282,7 +282,7 @@ def test_models_on_onednn_linears_are_as_close_to_float64_as_on_torch_linears(on
                           upstream=upstream)
     errors, flops = {}, {}
     for on in (True, False):
-        monkeypatch.setattr(_linear, "USE_ONEDNN_FP32", on)
+        monkeypatch.setattr(_linear, "_USE_ONEDNN_FP32", on)
         with OpCalls() as ops:
             results = run_layer(model, x, dtype=torch.float32, bf16=False, train=True, upstream=upstream)
         assert (ONEDNN in ops.calls) is on
@@ -395,17 +395,17 @@ def test_bf16_inference_gelu_is_fused_and_rounds_once(onednn_bf16, case):
 
 @pytest.mark.parametrize("case", ["autograd", "switched off", "small", "no bf16 here", "float32"])
 def test_where_bf16_products_keep_f_linear(onednn_bf16, monkeypatch, case):
-    """With autograd recording (training), USE_ONEDNN_BF16 off, products under torch's own oneDNN
+    """With autograd recording (training), _USE_ONEDNN_BF16 off, products under torch's own oneDNN
     size rule, CPUs where torch runs no bf16 oneDNN products, and float32 outside autocast (the
     float32 rule's business): F.linear (then F.gelu), as before."""
     rows = 10 if case == "small" else 512
     x = torch.randn(rows, 32 if case == "small" else 96, requires_grad=case == "autograd")
     weight, bias = torch.randn(8 if case == "small" else 128, x.shape[1]), None
     if case == "switched off":
-        monkeypatch.setattr(_linear, "USE_ONEDNN_BF16", False)
+        monkeypatch.setattr(_linear, "_USE_ONEDNN_BF16", False)
     if case == "no bf16 here":
         monkeypatch.setattr(_linear, "onednn_runs_bf16_here", lambda: False)
-    monkeypatch.setattr(_linear, "USE_ONEDNN_FP32", False)  # only the bf16 path may call oneDNN here
+    monkeypatch.setattr(_linear, "_USE_ONEDNN_FP32", False)  # only the bf16 path may call oneDNN here
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=case != "float32"):
         with OpCalls() as ops:
             out = _linear.linear(x, weight, bias, gelu=True)
@@ -436,11 +436,11 @@ def test_mlp_fuses_fc1_and_gelu_in_bf16_inference_unless_fc1_has_hooks(onednn_bf
         finally:
             handle.remove()
         assert ops.calls.get("aten.gelu_") == 1  # only the hooked block's MLP unfused
-        _linear.USE_ONEDNN_BF16 = False
+        _linear._USE_ONEDNN_BF16 = False
         try:
             unfused = model(x)
         finally:
-            _linear.USE_ONEDNN_BF16 = True
+            _linear._USE_ONEDNN_BF16 = True
     assert len(seen) == 1 and seen[0].min() < 0  # fc1's output, not the GELU's (>= -0.17)
     with torch.inference_mode():
         full = model(x)
@@ -472,7 +472,7 @@ def test_inference_packs_each_weight_once_and_follows_its_changes(onednn_here, m
     layer, x = _linear.Linear(96, 384), torch.randn(2, 700, 96)
 
     def infer(pack: bool = True) -> tuple[torch.Tensor, int]:
-        monkeypatch.setattr(_linear, "PACK_WEIGHTS", pack)
+        monkeypatch.setattr(_linear, "_PACK_WEIGHTS", pack)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16), torch.inference_mode():
             with OpCalls() as ops:
                 out = layer(x)
@@ -525,12 +525,12 @@ def test_float32_and_bf16_inference_in_turn_keep_one_packed_weight_each(onednn_h
 def test_weights_not_tracked_are_not_kept_packed(onednn_here, monkeypatch, case):
     """A weight made in inference mode has no version counter (an in-place change would go unseen)
     and a view is a new object on every call (`w.t()`): neither is kept; they run with the plain
-    weight, as everything does with PACK_WEIGHTS off."""
+    weight, as everything does with _PACK_WEIGHTS off."""
     torch.manual_seed(0)
     x = torch.randn(1400, 96)
     weight = torch.randn(96, 384).t() if case == "view" else torch.randn(384, 96)  # normal tensors
     if case == "switched off":
-        monkeypatch.setattr(_linear, "PACK_WEIGHTS", False)
+        monkeypatch.setattr(_linear, "_PACK_WEIGHTS", False)
     with torch.inference_mode():
         if case == "inference tensor":
             weight = torch.randn(384, 96)
@@ -566,13 +566,13 @@ def test_models_keep_every_large_weight_packed_for_inference(onednn_here, monkey
     logits equal the plain weights' bit for bit, and after an optimizer step they follow it. (GPSA
     apart: in float32 it runs its projections inside its fused layer, `_gpsa_layer`, where it can.)"""
     bf16 = _packing_precision_or_skip(precision)
-    monkeypatch.setattr(_gpsa_layer, "USE_FUSED_LAYER", False)
+    monkeypatch.setattr(_gpsa_layer, "_USE_FUSED_LAYER", False)
     torch.manual_seed(0)
     model = timm.create_model("ls_convit_micro", num_classes=10)
     x = torch.randn(8, 1, 28, 28)
 
     def infer(pack: bool = True) -> tuple[torch.Tensor, int]:
-        monkeypatch.setattr(_linear, "PACK_WEIGHTS", pack)
+        monkeypatch.setattr(_linear, "_PACK_WEIGHTS", pack)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16), torch.inference_mode():
             with OpCalls() as ops:
                 out = model.eval()(x)
@@ -606,11 +606,11 @@ KERNEL_LINEAR = "locality_search.linear_bf16"
 @pytest.fixture
 def kernel_linear(monkeypatch, onednn_bf16):
     """The bf16 kernel's linear forced on (where the bf16 kernel is built: AVX512-BF16)."""
-    from trainers.models import _attention_kernel
+    from trainers.kernels import _library
 
-    if _attention_kernel.kernels(torch.bfloat16) is None:
-        pytest.skip(f"the bf16 CPU kernel is not built here: {_attention_kernel.build_error(torch.bfloat16)}")
-    monkeypatch.setattr(_linear, "USE_BF16_KERNEL_LINEAR", True)
+    if _library.kernels(torch.bfloat16) is None:
+        pytest.skip(f"the bf16 CPU kernel is not built here: {_library.build_error(torch.bfloat16)}")
+    monkeypatch.setattr(_linear, "_USE_BF16_KERNEL_LINEAR", True)
     monkeypatch.setattr(_linear, "kernel_bf16_linear_beats_onednn_here", lambda: True)
 
 
@@ -673,7 +673,7 @@ def test_where_bf16_inference_keeps_onednn(kernel_linear, monkeypatch, case):
     x = torch.randn(300, in_features)
     weight = torch.randn(in_features, out_features).t() if case == "view" else torch.randn(out_features, in_features)
     if case == "switched off":
-        monkeypatch.setattr(_linear, "USE_BF16_KERNEL_LINEAR", False)
+        monkeypatch.setattr(_linear, "_USE_BF16_KERNEL_LINEAR", False)
     if case == "not measured here":
         monkeypatch.setattr(_linear, "kernel_bf16_linear_beats_onednn_here", lambda: False)
     with torch.autocast("cpu", dtype=torch.bfloat16), torch.inference_mode():
@@ -717,9 +717,9 @@ def test_kernel_linear_keeps_its_weight_and_follows_its_changes(kernel_linear):
 
 
 def test_kernel_linear_op_refuses_what_it_cannot_take(kernel_linear):
-    from trainers.models import _attention_kernel
+    from trainers.kernels import _library
 
-    op = _attention_kernel.kernels(torch.bfloat16).linear_bf16
+    op = _library.kernels(torch.bfloat16).linear_bf16
     x, packed = torch.randn(10, 96).bfloat16(), torch.zeros(48, 64, dtype=torch.int32)
     with pytest.raises(RuntimeError, match="packed contiguous int32"):
         op(x, torch.zeros(47, 64, dtype=torch.int32), None, False)  # K / 2 rows
@@ -754,7 +754,7 @@ def test_models_on_the_kernel_linear_are_as_close_to_float32_as_on_onednn(kernel
             with OpCalls() as ops:
                 kernel = model(x)
             assert ops.calls.get(KERNEL_LINEAR, 0) >= 4 * len(model.blocks) - 1  # GPSA's fused qkv too
-            monkeypatch.setattr(_linear, "USE_BF16_KERNEL_LINEAR", False)
+            monkeypatch.setattr(_linear, "_USE_BF16_KERNEL_LINEAR", False)
             onednn = model(x)
     torch.testing.assert_close(kernel.float(), onednn.float(), atol=0.05, rtol=0.05)
     assert (kernel.float() - full).abs().max() <= 1.5 * (onednn.float() - full).abs().max()

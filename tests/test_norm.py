@@ -12,7 +12,9 @@ import torch.nn.functional as F
 from timm.layers import LayerNorm
 
 import trainers.models  # noqa: F401  (registers the ls_* families)
-from trainers.models import _attention_kernel, _common, _linear
+from trainers.kernels import _library, _linear, _norm
+from trainers.kernels import _norm as norm_module
+from trainers.models import _common
 from trainers.models._common import PreNorm, add_and_norm, add_residual
 from tests._layers import OpCalls, float32_avx2_kernel_or_skip, float32_kernel_or_skip
 
@@ -23,9 +25,9 @@ TORCH_NORMS = {"aten.layer_norm", "aten.native_layer_norm"}
 
 @pytest.fixture(scope="module")
 def ops():
-    if not _linear.onednn_runs_bf16_here() or _attention_kernel.kernels(torch.bfloat16) is None:
-        pytest.skip(f"the bf16 kernel is not built here: {_attention_kernel.build_error(torch.bfloat16)}")
-    return _attention_kernel.kernels(torch.bfloat16)
+    if not _linear.onednn_runs_bf16_here() or _library.kernels(torch.bfloat16) is None:
+        pytest.skip(f"the bf16 kernel is not built here: {_library.build_error(torch.bfloat16)}")
+    return _library.kernels(torch.bfloat16)
 
 
 @pytest.fixture(scope="module")
@@ -178,7 +180,7 @@ def test_pre_norm_in_bf16_inference_returns_what_the_next_linear_casts_to(ops, m
     ("bf16", "float16 autocast"),
 ])
 def test_where_the_norms_keep_torch_ops(request, monkeypatch, precision, case):
-    """USE_NORM_KERNEL off, a hook on the norm (it must see the call), tokens the kernel cannot read
+    """_USE_NORM_KERNEL off, a hook on the norm (it must see the call), tokens the kernel cannot read
     in place, a norm that is not a PreNorm, no kernel library built, and autocast to another dtype:
     torch's ops, as before, in bf16 inference (autocast) and in float32 inference."""
     request.getfixturevalue("ops" if precision == "bf16" else "ops32")
@@ -188,13 +190,13 @@ def test_where_the_norms_keep_torch_ops(request, monkeypatch, precision, case):
         branch = branch.bfloat16()
     seen = []
     if case == "switched off":
-        monkeypatch.setattr(_common, "USE_NORM_KERNEL", False)
+        monkeypatch.setattr(norm_module, "_USE_NORM_KERNEL", False)
     if case == "hooked":
         norm.register_forward_hook(lambda module, args, out: seen.append(out))
     if case == "not contiguous":
         x = torch.randn(2, 64, 30).transpose(1, 2)
     if case == "no kernel built":
-        monkeypatch.setattr(_attention_kernel, "kernels", lambda dtype=torch.bfloat16: None)
+        monkeypatch.setattr(_library, "kernels", lambda dtype=torch.bfloat16: None)
     dtype = torch.float16 if case == "float16 autocast" else torch.bfloat16
     with torch.inference_mode(), torch.autocast("cpu", dtype=dtype, enabled=precision == "bf16"), OpCalls() as calls:
         normed = norm(x)
@@ -259,7 +261,7 @@ def test_models_in_bf16_inference_norm_on_the_kernel_and_agree_with_torch_ops(op
         with torch.autocast("cpu", dtype=torch.bfloat16):
             with OpCalls() as calls:
                 fused = model(x).float()
-            monkeypatch.setattr(_common, "USE_NORM_KERNEL", False)
+            monkeypatch.setattr(norm_module, "_USE_NORM_KERNEL", False)
             plain = model(x).float()
     torch_norms = calls.calls.get("aten.layer_norm", 0) + calls.calls.get("aten.native_layer_norm", 0)
     assert calls.calls.get(NORM_KERNEL) == 2 * blocks and torch_norms == 1
@@ -278,7 +280,7 @@ def test_models_in_float32_inference_norm_on_the_float32_kernel_and_agree_with_t
     with torch.inference_mode():
         with OpCalls() as calls:
             fused = model(x)
-        monkeypatch.setattr(_common, "USE_NORM_KERNEL", False)
+        monkeypatch.setattr(norm_module, "_USE_NORM_KERNEL", False)
         plain = model(x)
     torch_norms = calls.calls.get("aten.layer_norm", 0) + calls.calls.get("aten.native_layer_norm", 0)
     assert calls.calls.get(NORM_KERNEL_FP32) == 2 * len(model.blocks) and torch_norms == 1

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 import trainers.models  # noqa: F401  (registers ls_refiner_* with timm)
-from trainers.models import _attention_kernel
+from trainers.kernels import _library
 from trainers.models.ls_refiner import LocalityRefinerViT, RefinedAttention, Refiner
 from trainers.throughput import count_flops
 
@@ -202,27 +202,6 @@ def test_the_kernel_refuses_bad_inputs_with_a_message():
             ops.refine_forward(*args)
 
 
-@pytest.mark.parametrize('train', [False, True])
-def test_the_refiner_model_on_the_kernel_matches_its_torch_ops(train, monkeypatch):
-    """ls_refiner_nano end to end, float32 on the CPU: the kernel path (its default there) and the torch
-    path (USE_FUSED_KERNEL off) give the same logits and gradients to float32 rounding."""
-    float32_kernel_or_skip()
-    torch.manual_seed(0)
-    model = timm.create_model('ls_refiner_nano', **NANO).train(train)
-    x = torch.randn(4, 1, 28, 28)
-    results = []
-    for fused in (True, False):
-        monkeypatch.setattr(_attention_kernel, 'USE_FUSED_KERNEL', fused)
-        model.zero_grad()
-        logits = model(x)
-        logits.square().sum().backward()
-        results.append((logits.detach(), [p.grad.clone() for p in model.parameters()]))
-    (logits_k, grads_k), (logits_t, grads_t) = results
-    torch.testing.assert_close(logits_k, logits_t, atol=2e-5 * logits_t.abs().max().item(), rtol=0)
-    for g_k, g_t in zip(grads_k, grads_t):
-        torch.testing.assert_close(g_k, g_t, atol=5e-5 * g_t.abs().max().item() + 1e-12, rtol=0)
-
-
 class _RefineOps(torch.utils._python_dispatch.TorchDispatchMode):
     """Counts the float32 kernel's refine ops."""
 
@@ -278,9 +257,9 @@ def test_flops_count_what_the_kernel_computes(monkeypatch):
     float32_kernel_or_skip()
     model = timm.create_model('ls_refiner_nano', **NANO)
     refiner = model.blocks[0].attn.refiner
-    monkeypatch.setattr(_attention_kernel, 'USE_FUSED_KERNEL', False)
+    monkeypatch.setattr(_library, '_USE_LIBRARIES', False)
     on_torch_ops, torch_path = count_flops(model, (1, 28, 28)), refiner.choose_path(49, backward=False)
-    monkeypatch.setattr(_attention_kernel, 'USE_FUSED_KERNEL', True)
+    monkeypatch.setattr(_library, '_USE_LIBRARIES', True)
     on_kernel = count_flops(model, (1, 28, 28))
     H, eh, k, N, patches = refiner.num_heads, refiner.expanded_heads, refiner.kernel_size, 50, 49
     rows = N  # one image: a query row per token

@@ -68,22 +68,9 @@ _HOME = {
     "folder_problem": "trainers._atomic",
     "PROJECT_ROOT": "trainers._source",
     "git_commit": "trainers._source",
+    "prebuild_cpu_kernels": "trainers.kernels",
     "cpu_has_native_bf16": "trainers._cpu",
 }
-
-
-def prebuild_cpu_kernels() -> None:
-    """Build (or load from the cache) the fused CPU attention kernels this CPU runs: float32
-    everywhere, bf16 where the CPU has bf16 hardware; where one cannot be built, one warning says
-    why and the models run those ops on torch."""
-    import torch
-
-    from trainers._cpu import cpu_has_native_bf16
-    from trainers.models import _attention_kernel
-
-    _attention_kernel.kernels(torch.float32)
-    if cpu_has_native_bf16():
-        _attention_kernel.kernels(torch.bfloat16)
 
 
 def __getattr__(name: str) -> Any:

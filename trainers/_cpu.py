@@ -1,5 +1,5 @@
 """What the CPU can do that changes how a trial computes: bf16 in hardware or not; its
-/proc/cpuinfo facts (vendor, family), which pick the float32 GEMM library (`models/_linear.py`);
+/proc/cpuinfo facts (vendor, family), which pick the float32 GEMM library (`trainers/kernels/_linear.py`);
 and how many CPUs this process was given."""
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def cpus_given() -> int:
 
 
 def cpu_family() -> int | None:
-    """The x86 CPU family (AMD: 25 for Zen 3 and 4, 26 for Zen 5), or None where /proc/cpuinfo has none."""
+    """The x86 CPU family (/proc/cpuinfo's "cpu family", e.g. 25 or 26 on AMD), or None where it has none."""
     family = cpuinfo_field("cpu family")
     return int(family) if family and family.isdigit() else None
 
@@ -61,13 +61,13 @@ def _hardware_bf16() -> bool:
 
 @torch.compiler.assume_constant_result  # torch.compile: a fact of the machine, not traced
 def cpu_has_native_bf16() -> bool:
-    """Whether this CPU multiplies bf16 in hardware (AVX512-BF16 dot products, e.g. AMD Zen 4 and
-    Intel Cooper Lake; or AMX tiles, Intel Sapphire Rapids and later) and oneDNN may use it
+    """Whether this CPU multiplies bf16 in hardware (AVX512-BF16 dot products or AMX tiles) and
+    oneDNN may use it
     (``ONEDNN_MAX_CPU_ISA``, when set, names such a level).
 
     With it, bf16 matmuls run faster than float32 ones, so `train.precision: auto` trains in bf16
     and GPSA's attention core multiplies in bf16 under autocast; without it oneDNN emulates bf16,
-    about 16x slower than float32 (benchmarks/README.md)."""
+    far slower than float32 (benchmarks/training_precision.py measures both)."""
     cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "").strip().upper()
     if cap and cap not in _ONEDNN_BF16_LEVELS:
         return False

@@ -11,26 +11,22 @@ import torch.nn.functional as F
 from torch import nn
 
 from timm.layers import DropPath
-from timm.layers import LayerNorm as _TimmLayerNorm
 from timm.layers import Mlp as _TimmMlp
 from timm.layers import trunc_normal_
 from timm.models import build_model_with_cfg
 from timm.models._features_fx import register_notrace_function, register_notrace_module
 
-from trainers.models import _attention_kernel
-from trainers.models._attention_core import attention, use_explicit_core
-from trainers.models._linear import Linear, cpu_autocast_to_bf16, linear, records_autograd
+from trainers import kernels
+from trainers.kernels import LayerNorm as PreNorm
+from trainers.kernels import Linear, add_and_norm, add_residual, linear, records_autograd
+from trainers.kernels._hooks import has_hooks
 
 __all__ = [
     'IMAGENET_DEFAULT_MEAN', 'IMAGENET_DEFAULT_STD', 'FASHION_MNIST_MEAN', 'FASHION_MNIST_STD', 'GridSize',
     '_pair', '_check_int', '_check_real', '_check_bool', '_check_vit_args', '_init_vit_weights', '_cfg',
     '_fashion_mnist_cfg', '_build_without_weights',
     '_gated_param_groups', '_param_groups', '_patch_tokens', 'MHSA', 'Mlp', 'PreNorm', 'PreNormBlock',
-    'USE_NORM_KERNEL', 'add_and_norm', 'add_residual', 'has_hooks', 'scaled_dot_product_attention',
 ]
-
-# False: PreNorm and add_and_norm run on torch ops only (the benchmarks' side-by-side rows)
-USE_NORM_KERNEL = True
 
 IMAGENET_DEFAULT_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_DEFAULT_STD = (0.229, 0.224, 0.225)
@@ -45,7 +41,7 @@ def _patch_tokens(patch_embed: nn.Module, x: torch.Tensor) -> torch.Tensor:
     PatchEmbed returns the conv output flattened and transposed: a view of a (B, C, N) tensor.
     Element-wise ops keep their input's layout, so the position-embedding add and every residual
     add after it would carry that layout through the blocks, and each LayerNorm and linear would
-    copy its input first (about 9% of ls_convit_tiny's CPU inference at 224 px). One copy here.
+    copy its input first. One copy here.
     """
     return patch_embed(x).contiguous()
 
@@ -186,28 +182,6 @@ def _gated_param_groups(model: nn.Module, weight_decay: float, *, gate_lr_mult: 
                          special=lambda name, p: name.endswith('gating_param'), special_lr_scale=gate_lr_mult)
 
 
-_LOW_PRECISION = (torch.bfloat16, torch.float16)
-
-
-def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                                 dropout_p: float = 0.) -> torch.Tensor:
-    """`F.scaled_dot_product_attention`, computed in float32 when a CPU backward in bf16/fp16 follows.
-
-    q, k, v: (B, H, N, d). torch's CPU kernel for bf16/fp16 is fast forward only: with autograd,
-    fwd + bwd of a micro model's attention layer (B 256, 50 tokens, 4 heads of 24, projections
-    included) took 105 ms in bf16 against 29 ms in float32, and 25 ms with the core cast up to
-    float32 (autocast off) and its output cast back, which is what this does. Inference keeps the
-    low-precision kernel, which is the faster one there (6.0 vs 6.6 ms). (`MHSA` runs neither where
-    the CPU multiplies bf16 in hardware: `_attention_core` is quicker still there.)
-    """
-    if (q.device.type == 'cpu' and q.dtype in _LOW_PRECISION and torch.is_grad_enabled()
-            and (q.requires_grad or k.requires_grad or v.requires_grad)):
-        with torch.autocast('cpu', enabled=False):
-            out = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), dropout_p=dropout_p)
-        return out.to(q.dtype)
-    return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
-
-
 class MHSA(nn.Module):
     """Plain multi-head self-attention (parameter names as timm's `Attention`: qkv, proj)."""
 
@@ -224,13 +198,12 @@ class MHSA(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, N, C = x.shape
         qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # (3, B, H, N, d)
-        if use_explicit_core(qkv) and not (self.training and self.attn_drop_p > 0.):
-            # CPU bf16 (autocast on bf16 hardware), or float32 on the float32 kernel: the explicit
-            # core beats the fused kernel forward and backward (`_attention_core`)
-            x = attention(qkv, self.head_dim ** -0.5)  # (B, H, N, d)
+        dropout_p = self.attn_drop_p if self.training else 0.
+        if kernels.enabled():
+            x = kernels.attention(qkv, self.head_dim ** -0.5, dropout_p=dropout_p)  # (B, H, N, d)
         else:
             q, k, v = qkv.unbind(0)
-            x = scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop_p if self.training else 0.)
+            x = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
         return self.proj_drop(self.proj(x.transpose(1, 2).reshape(B, N, C)))
 
 
@@ -241,13 +214,10 @@ class Mlp(_TimmMlp):
     as `Linear` (float32 on oneDNN where MKL is the slower, `_linear`).
 
     That output is a fresh (B, N, hidden) tensor nothing else holds, so overwriting it is safe and
-    bit for bit the same; a new tensor for the GELU's result costs an allocation of the block's
-    hidden width per token, which glibc's default thresholds hand back to the OS and fault in again
-    on every call: there about 4% of ls_convit_tiny's CPU inference at 224 px, batch 8 (37.6 vs 39.1
-    img/s, 39.4 with no activation at all; 2-core AVX2 EPYC). In a process that keeps freed memory
-    (`trainers._malloc`, as trials and the benchmarks run) the gain is within noise (38.3 vs 38.3,
-    41.9 vs 41.1 img/s). With autograd recording, the GELU's backward needs its input: out of place.
-    In bf16 inference fc1 and the GELU are one oneDNN op (`_linear`), the GELU on the float32 sums.
+    bit for bit the same, and saves an allocation of the block's hidden width per token (which
+    glibc's default thresholds hand back to the OS and fault in again on every call; see
+    `trainers._malloc`). With autograd recording, the GELU's backward needs its input: out of place.
+    With the kernels on, in inference fc1 and the GELU are one op (`kernels.linear(..., gelu=True)`).
     """
 
     def __init__(self, in_features: int, hidden_features: int, drop: float = 0.):
@@ -258,7 +228,7 @@ class Mlp(_TimmMlp):
             fc.__class__ = Linear
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self._fc1_takes_gelu(x):
+        if kernels.enabled() and self._fc1_takes_gelu(x):
             x = linear(x, self.fc1.weight, self.fc1.bias, gelu=True)  # (B, N, hidden)
         else:
             x = self.fc1(x)  # (B, N, hidden)
@@ -292,84 +262,10 @@ class PreNormBlock(nn.Module):
         self.mlp = Mlp(in_features=dim, hidden_features=int(dim * mlp_ratio), drop=proj_drop)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x, h = add_and_norm(x, self.drop_path(self.attn(self.norm1(x))), self.norm2)  # x + attn, norm2 of it
-        return add_residual(x, self.drop_path(self.mlp(h)), self.norm2)  # x + mlp, in place where it can be
+        if kernels.enabled():  # each residual add fused with the norm after it where it can be
+            x, h = add_and_norm(x, self.drop_path(self.attn(self.norm1(x))), self.norm2)  # x + attn, norm2 of it
+            return add_residual(x, self.drop_path(self.mlp(h)), self.norm2)  # x + mlp, in place where it can be
+        x = x + self.drop_path(self.attn(self.norm1(x)))
+        return x + self.drop_path(self.mlp(self.norm2(x)))
 
 
-def has_hooks(module: nn.Module) -> bool:
-    """Whether calling `module` runs forward hooks (its own or global ones): a fused path that
-    bypasses the call must not, or the hooks would miss it."""
-    return bool(module._forward_hooks or module._forward_pre_hooks
-                or nn.modules.module._global_forward_hooks or nn.modules.module._global_forward_pre_hooks)
-
-
-@register_notrace_module  # reason: branches on dtype, device and autocast (timm's FX feature extraction)
-class PreNorm(_TimmLayerNorm):
-    """A block's norm before its attention or MLP: timm's `LayerNorm` (same parameters, state dict
-    and output), run in CPU inference (autograd not recording) as one pass over the tokens on the
-    kernel libraries' `layer_norm` (`csrc/layer_norm_op.h`), where torch runs layer_norm (and, in
-    bf16, then the cast):
-      - float32 (no autocast): the same values but for the last bits (the float32 sums' order);
-        2-core Zen 5 EPYC, ls_convit_tiny's tokens (8 x 197 x 192) 26 vs 57 us, ls_convit_micro's
-        batch (256 x 50 x 96) 108 vs 275 us; the AVX2 build there 40 and 150 us.
-      - CPU autocast to bf16: returns the normalised tokens in bf16, which is what autocast casts
-        them to at the linear that every such norm feeds (the qkv projection, fc1), bit for bit but
-        for the last bit of about 1 in 30,000; 34 vs 74 us, 152 vs 335 us.
-    Not for a model's last norm, whose float32 output the caller sees in the precision it asked for."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        ops = _norm_kernel(x, self)
-        if ops is None:
-            return super().forward(x)
-        return ops.layer_norm(x, None, self.weight, self.bias, self.eps)[0]
-
-
-@register_notrace_function  # reason: as PreNorm's
-def add_and_norm(x: torch.Tensor, branch: torch.Tensor, norm: nn.Module) -> Tuple[torch.Tensor, torch.Tensor]:
-    """(x + branch, norm(x + branch)): a block's residual add and the next norm. Where `norm` is a
-    `PreNorm` that runs on a kernel, both in one pass (the sum in float32, exactly x + branch; the
-    norm as `PreNorm` returns it). 2-core Zen 5 EPYC, 8 x 197 x 192 tokens: float32 34 vs 76 us,
-    with a bf16 branch in bf16 inference 43 vs 106 us; 256 x 50 x 96: 148 vs 358, 249 vs 477 us."""
-    ops = _norm_kernel(x, norm, branch)
-    if ops is None:
-        x = x + branch
-        return x, norm(x)
-    normed, x = ops.layer_norm(x, branch, norm.weight, norm.bias, norm.eps)
-    return x, normed
-
-
-@register_notrace_function  # reason: branches on autograd and hooks, as add_and_norm
-def add_residual(x: torch.Tensor, branch: torch.Tensor, norm: nn.Module) -> torch.Tensor:
-    """x + branch: a block's last residual add, where x is the sum `add_and_norm(..., norm)` returned
-    (no one else's tensor). In place on x where nothing can still hold it: autograd not recording
-    (norm's backward would need it), no hooks on `norm` (torch's path hands them x), and the sum
-    keeping x's dtype and shape. Then the bf16 branch of bf16 inference is converted and added in
-    one pass, where x + branch casts it to a new tensor first and adds into another. 2-core Zen 5
-    EPYC, in-process, alternating: ls_convit_micro's inference (batch 256) 1.013-1.029x in bf16,
-    1.015x in float32; ls_convit_tiny's (batch 8) 1.011x in bf16, 0.991x in float32 (noise)."""
-    if (records_autograd(x, branch) or has_hooks(norm) or branch.shape != x.shape
-            or torch.promote_types(x.dtype, branch.dtype) != x.dtype):
-        return x + branch
-    return x.add_(branch)
-
-
-def _norm_kernel(x: torch.Tensor, norm: nn.Module, branch: Optional[torch.Tensor] = None) -> Optional[Any]:
-    """The kernel library whose `layer_norm` runs `norm(x)` (with a branch: `norm(x + branch)` and
-    the sum; see `PreNorm`), else None: the bf16 one under CPU autocast to bf16, the float32 one
-    without autocast, where that library is built; a branch it reads as it is (contiguous, x's
-    shape, float32 or the library's dtype)."""
-    if not (USE_NORM_KERNEL and type(norm) is PreNorm and x.device.type == 'cpu' and x.dtype == torch.float32
-            and x.is_contiguous() and norm.normalized_shape == x.shape[-1:] and norm.weight is not None
-            and norm.bias is not None and norm.weight.dtype == norm.bias.dtype == torch.float32
-            and norm.weight.is_contiguous() and norm.bias.is_contiguous()
-            and (branch is None or branch.is_contiguous() and branch.shape == x.shape)
-            and not records_autograd(x, norm.weight, norm.bias, branch) and not torch.compiler.is_compiling()
-            and not has_hooks(norm)):
-        return None
-    if torch.is_autocast_enabled('cpu'):
-        dtype = torch.bfloat16 if cpu_autocast_to_bf16() else None
-    else:
-        dtype = torch.float32
-    if dtype is None or branch is not None and branch.dtype not in (torch.float32, dtype):
-        return None
-    return _attention_kernel.kernels(dtype)

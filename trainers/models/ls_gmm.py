@@ -1,58 +1,20 @@
 """ Gaussian Mixture Mask (GMM) attention ViT for locality-search
 
-Paper:
-* `Gaussian Mixture Mask Attention` (boosting ViTs on small datasets with a Gaussian mixture mask)
-  - code: https://github.com/CatworldLee/Gaussian-Mixture-Mask-Attention
+Paper: `Gaussian Mixture Mask Attention` (boosting ViTs on small datasets with a Gaussian mixture
+mask); code: https://github.com/CatworldLee/Gaussian-Mixture-Mask-Attention
 
-Attention per head h (eq. 9 of the paper), with the mask applied to the scaled scores BEFORE softmax:
-    B = (Q K^T / sqrt(d)) * M_h            (elementwise)
-    out = softmax(B) V
-    M_h(i, j) = sum_k alpha[h, k] * exp(-d2_ij / (2 sigma[h, k]^2 + eps))
-where d2_ij = dx^2 + dy^2 is the squared 2D Euclidean distance between patches i and j on the patch
-grid (row-major numbering, as Algorithm 1). Every layer has its own alpha and sigma, shape (H, K).
-Init (paper): alpha ~ N(0, 2^2), sigma ~ N(10, 10^2); knobs `alpha_init_mean/std`,
-`sigma_init_mean/std` and `num_kernels` (K).
-
-Implementation notes:
-
-* The mask multiplies the scores, so it cannot be an additive `attn_mask` of
-  `scaled_dot_product_attention`. On the CPU in float32, and under bf16 autocast on a CPU with bf16
-  hardware, attention runs on `_attention_core`'s fused kernel of that dtype (`masked_attention`:
-  the masked maps formed per (batch, head) in cache and in float32, the float32 softmax maps kept
-  for the backward where small, else recomputed; the mask's gradient summed over the batch in the
-  kernel), unless attention dropout is on while training. Elsewhere (CUDA, float64, fp16, emulated
-  bf16, no kernel) it is explicit torch ops (matmul, mask multiply, softmax, matmul) and
-  materialises B x H x N x N.
-  (FlexAttention could fuse `score * M[h, q, k]` on CUDA, but it cannot train on CPU; it is not used
-  here at all.) The mask itself does not depend on the input: it is computed once per forward
-  (H x N x N) and shared by the batch; 1/sqrt(d) is folded into it.
-* sigma <= 0 or tiny: sigma enters only through sigma^2 in `2 sigma^2 + eps` (eps = 1e-6), so the mask
-  is even in sigma (a negative sigma acts as |sigma|; no clamp, no abs) and the denominator is always
-  >= eps > 0, so no division by zero and no NaN. sigma = 0 gives exp(-d2 / eps): 1 on the diagonal
-  (d2 = 0), 0 elsewhere -- a "self only" kernel; its gradient w.r.t. sigma is 0 exactly at sigma = 0
-  (a measure-zero event under the random init), so it can still move away through the other pairs
-  once sigma != 0.
-* Underflow: the reference code computes the mask as a power of a precomputed exp(-d2 / 2), i.e.
-  exp(-d2/2) ** (1/sigma^2). In float32 exp(-x) underflows to 0 for x > ~103 (and is subnormal past
-  ~87), so on a 16x16 grid (d2 up to 450) or larger the base is already 0 for far pairs and the mask
-  entry is 0 whatever sigma is. Here the exponent -d2 / (2 sigma^2 + eps) is formed first and
-  exponentiated once (`gmm_mask`). "No underflow" means precisely: every kernel value whose exact
-  value exp(-d2 / (2 sigma^2 + eps)) is a normal number of the compute dtype (float32: exponent
-  >= -87.3, e.g. every pair of a 32x32 grid for sigma >= 3.4) is computed to a relative error of
-  about |exponent| * 2^-24 (a few 1e-6) and in particular is > 0. Values whose exact result is below
-  the dtype's range (e.g. sigma = 1 on a 32x32 grid, exp(-961)) are 0 in float32 and float64 alike:
-  that is the true value rounded, not an artefact. The mask is computed in the parameters' dtype
-  (float32 normally, also under autocast) and cast to the scores' dtype only for the multiply.
-* d2 (N x N) is cached per grid as a non-persistent buffer (rebuilt, never saved), per layer.
-* No class token (the mask needs a regular N x N patch grid): global average pooling over the patch
-  tokens, then LayerNorm (`fc_norm`, as timm's ViT with global_pool='avg') and the head
-  (mean -> LayerNorm -> Linear). `forward_features` returns the un-normalised tokens.
-  The attention works for any square patch grid (and rectangular ones when `grid_size` is given to
-  the attention module; the model always passes its own grid).
-* `drop_rate` is the DeiT-style dropout (after the position embedding, on the attention projection
-  and in the MLP), as in `ls_convit`.
-* Weight decay: alpha/sigma are (H, K) matrices that a "decay everything with ndim >= 2" rule would
-  decay; `mask_weight_decay` (default False) decides explicitly, through `param_groups()`.
+Per head h (eq. 9), the mask multiplies the scaled scores before the softmax:
+    out = softmax((Q K^T / sqrt(d)) * M_h) V,  M_h(i, j) = sum_k alpha[h, k] exp(-d2_ij / (2 sigma[h, k]^2 + eps))
+with d2_ij the squared distance of patches i and j on the grid (row-major, as Algorithm 1) and
+alpha, sigma (H, K) per layer. What differs from the reference code:
+* The mask's exponent is formed before exponentiating once (`gmm_mask`), so it does not underflow
+  on large grids; it is computed once per forward in the parameters' dtype, shared by the batch.
+* `GMMAttention.forward` is the formula; with `trainers.kernels` on it calls
+  `kernels.masked_attention` where that runs (the maps never materialised), except with dropout.
+* No class token (the mask needs a patch grid): average pooling, then `fc_norm` and the head.
+* `drop_rate` is DeiT-style dropout (position embedding, projections, MLP), as in `ls_convit`.
+Knobs: `num_kernels` (K), `alpha_init_mean/std` and `sigma_init_mean/std` (paper: alpha ~ N(0, 2^2),
+sigma ~ N(10, 10^2)), `mask_weight_decay` (whether alpha/sigma decay, through `param_groups()`).
 """
 import math
 from typing import Any, Dict, List, Optional, Set, Tuple, Union
@@ -64,12 +26,12 @@ from timm.layers import LayerNorm, PatchEmbed, calculate_drop_path_rates, trunc_
 from timm.models import generate_default_cfgs, register_model
 from timm.models._features_fx import register_notrace_module
 
-from trainers.models._attention_core import masked_attention, masked_core_usable
+from trainers import kernels
 from trainers.models._common import (
     GridSize, PreNormBlock, _build_without_weights, _cfg, _check_bool, _check_int, _check_real, _check_vit_args,
     _fashion_mnist_cfg, _init_vit_weights, _param_groups, _patch_tokens,
 )
-from trainers.models._linear import Linear
+from trainers.kernels import Linear
 
 __all__ = ['gmm_mask', 'grid_sq_distances', 'GMMAttention', 'Block', 'LocalityGMMViT']
 
@@ -99,6 +61,25 @@ def gmm_mask(d2: torch.Tensor, alpha: torch.Tensor, sigma: torch.Tensor, eps: fl
     value is below the dtype's range. Computed in the dtype of alpha/sigma (d2 is cast to it).
     sigma may be <= 0: it only enters as sigma^2 (the mask is even in sigma), and the denominator is
     >= eps > 0.
+
+    sigma <= 0 or tiny: sigma enters only through sigma^2 in `2 sigma^2 + eps` (eps = 1e-6), so the mask
+    is even in sigma (a negative sigma acts as |sigma|; no clamp, no abs) and the denominator is always
+    >= eps > 0, so no division by zero and no NaN. sigma = 0 gives exp(-d2 / eps): 1 on the diagonal
+    (d2 = 0), 0 elsewhere -- a "self only" kernel; its gradient w.r.t. sigma is 0 exactly at sigma = 0
+    (a measure-zero event under the random init), so it can still move away through the other pairs
+    once sigma != 0.
+
+    Underflow: the reference code computes the mask as a power of a precomputed exp(-d2 / 2), i.e.
+    exp(-d2/2) ** (1/sigma^2). In float32 exp(-x) underflows to 0 for x > ~103 (and is subnormal past
+    ~87), so on a 16x16 grid (d2 up to 450) or larger the base is already 0 for far pairs and the mask
+    entry is 0 whatever sigma is. Here the exponent -d2 / (2 sigma^2 + eps) is formed first and
+    exponentiated once (`gmm_mask`). "No underflow" means precisely: every kernel value whose exact
+    value exp(-d2 / (2 sigma^2 + eps)) is a normal number of the compute dtype (float32: exponent
+    >= -87.3, e.g. every pair of a 32x32 grid for sigma >= 3.4) is computed to a relative error of
+    about |exponent| * 2^-24 (a few 1e-6) and in particular is > 0. Values whose exact result is below
+    the dtype's range (e.g. sigma = 1 on a 32x32 grid, exp(-961)) are 0 in float32 and float64 alike:
+    that is the true value rounded, not an artefact. The mask is computed in the parameters' dtype
+    (float32 normally, also under autocast) and cast to the scores' dtype only for the multiply.
     """
     if alpha.shape != sigma.shape or alpha.ndim != 2:
         raise ValueError(f'gmm_mask: alpha {tuple(alpha.shape)} and sigma {tuple(sigma.shape)} must both be (H, K)')
@@ -221,8 +202,8 @@ class GMMAttention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, N, C = x.shape
         qkv = self._qkv(x)
-        if masked_core_usable(qkv) and not (self.training and self.attn_drop.p > 0.):
-            out = masked_attention(qkv, self._scaled_mask(N), 1.)  # (B, H, N, d), on a fused kernel
+        if kernels.enabled() and kernels.masked_attention_usable(qkv) and not (self.training and self.attn_drop.p > 0.):
+            out = kernels.masked_attention(qkv, self._scaled_mask(N), 1.)  # (B, H, N, d), on a fused kernel
         else:
             scores, v = self._scores(qkv)
             out = self.attn_drop(scores.softmax(dim=-1)) @ v

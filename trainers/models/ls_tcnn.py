@@ -4,53 +4,19 @@ Paper: `Transformed CNNs: recasting pre-trained convolutional layers with self-a
     - https://arxiv.org/abs/2106.05795  (d'Ascoli, Sagun, Biroli, Morcos, 2021)
 
 No reference code was published; the equivalence tests in tests/test_tcnn.py are the reference.
+Each converted k x k conv becomes a `ReparamGPSA` with k*k heads, one per filter tap, whose gated
+positional attention reproduces the convolution (paper Sec. 2, Eq. 4-7; details in `ReparamGPSA`).
+What differs from the paper: alpha is a standard softplus (the paper's footnote has the sign the
+other way), the padding is an explicit ring of zero tokens, and the last stage's strided conv stays
+a convolution (making it stride 1, as the paper does, changes the function and quadruples the cost).
 
-The reparametrisation (paper Sec. 2, Eq. 4-7), for a k x k conv with weight W (C_out, C_in, k, k):
-* N_h = k*k heads, one per filter tap h = (ky, kx) in row-major order, centred on the tap's
-  offset Delta^h = (ky - k//2, kx - k//2) relative to the query pixel.
-* Value projection W_val = I (C_in x C_in), shared by all heads (value dim = input channels).
-* Output projection of head h = the filter tap W[:, :, ky, kx]. The layer keeps the conv's weight
-  Parameter itself, so an optimizer's state for it carries over (the paper's starred rows).
-* Positional attention of head h: softmax_j(-alpha_h * |delta_ij - Delta^h|^2), which is
-  softmax(v_pos^h . r_ij) of Eq. 4 with v_pos^h = -alpha_h (1, -2 Delta^h) (the alpha_h |Delta^h|^2
-  term is constant over j). Three learnable numbers per head: Delta^h (2) and alpha_h.
-* alpha_h = softplus(alpha_raw_h, beta=5) = log(1 + exp(5 alpha_raw_h)) / 5, so it stays
-  positive. (The paper's footnote writes exp(-beta alpha_raw): with that sign alpha would fall
-  as alpha_raw grows; we use the usual softplus, which is what "rectified" means.)
-* Gate (Eq. 7): A^h = (1 - sigmoid(lambda_h)) softmax(Q K^T / sqrt(d)) + sigmoid(lambda_h) P^h.
-  W_qry, W_key: C_in x (N_h * d) with d = C_in // N_h, so the layer adds at most 3 C_in^2
-  weights (query, key, value) plus 4 numbers per head over the conv (the paper's bound).
-  Query/key start as small random matrices (std 0.02, as in ConViT), not zero: with both zero
-  neither gets a gradient.
-* Explicit zero padding: the feature map gets a ring of k//2 zero tokens before attention. The
-  queries are the H x W real pixels; the keys are all (H + 2p) x (W + 2p) tokens. The padding
-  tokens' values are 0 (W_val has no bias), so with alpha and lambda large the layer computes
-  exactly the zero-padded convolution, border pixels included. (`ReparamGPSA.forward` computes
-  this without materialising the ring's keys and values, which are all zero.) At alpha = 1, lambda = 1 (the
-  paper's init) it does not: each head spreads its attention over neighbouring pixels and 27%
-  of it goes to content; tests/test_tcnn.py measures how far the logits move.
-
-What is converted: every non-strided, non-dilated, ungrouped k x k conv (k odd, k > 1, padding
-k//2) of the last stage (`layer4`). The first block's strided conv stays a convolution: a
-stride-2 conv has no attention counterpart with one output per query pixel, and making it
-stride 1 (as the paper does, after BoTNet) changes the function and quadruples the stage's cost,
-which defeats "the converted network reproduces the CNN". So ResNet-18 converts 3 convs
-(BasicBlock: block0.conv2, block1.conv1, block1.conv2) and ResNet-26/50 convert 1/2 (Bottleneck:
-the conv2 of every block after the first).
-
-When to convert is part of the model's config, so a search can treat it as a knob: the trainer
-asks `reparam_epoch_for(total_epochs)` and calls `reparametrise()` before that epoch
-(`reparam_epoch` in epochs, or `reparam_fraction` of the trial's epoch budget; 0 = a hybrid
-from scratch, the budget = the plain CNN). `reparam_optimizer` picks a fresh AdamW after the
-conversion ('fresh', the paper's fine-tuning) or the same one ('keep', the paper's starred rows);
-`gate_lr_mult` scales the gates' learning rate (paper: 0.1 for the gates vs 1e-4, i.e. 1000).
-
-`pretrained_path` loads a timm ResNet checkpoint (or a converted T-CNN's) from a local file with
-`torch.load(weights_only=True)`; a classifier of another size is left freshly initialised.
-
-Variants: `ls_tcnn_resnet18/26/50` are timm's resnet18/26/50 (same state-dict keys). The `_s`
-("small input") variants replace the 7x7/2 stem conv and max-pool with a 3x3/1 conv, for 28-32 px
-images: at 28 px the last stage sees 4 x 4 pixels (6 x 6 tokens with the padding ring).
+When to convert is a knob: the trainer asks `reparam_epoch_for(total_epochs)` and calls
+`reparametrise()` before that epoch (`reparam_epoch`, or `reparam_fraction` of the trial's epochs;
+0 = a hybrid from scratch). Knobs: `reparam_optimizer` ('fresh' AdamW after the conversion, the
+paper's fine-tuning, or 'keep', its starred rows), `gate_lr_mult` (paper: 0.1 vs 1e-4 for the rest),
+`pretrained_path` (a local timm ResNet checkpoint, `torch.load(weights_only=True)`).
+Variants: `ls_tcnn_resnet18/26/50` are timm's resnet18/26/50 (same keys); the `_s` variants swap
+the 7x7/2 stem and max-pool for a 3x3/1 conv, for 28-32 px images.
 """
 import logging
 import math
@@ -69,7 +35,7 @@ from timm.models.resnet import BasicBlock, Bottleneck, ResNet
 from trainers.hooks import ConvertsDuringTraining
 
 from ._common import _build_without_weights, _cfg, _check_real, _fashion_mnist_cfg, _gated_param_groups
-from ._linear import Linear, linear
+from trainers.kernels import Linear, linear
 
 __all__ = ['TransformedResNet', 'ReparamGPSA', 'inverse_softplus']
 
@@ -91,6 +57,39 @@ class ReparamGPSA(nn.Module):
 
     Input and output are feature maps (B, C, H, W), like the conv it replaces. Build it with
     `from_conv()`; a fresh one (random filter) is only useful for shape tests.
+
+    The reparametrisation (paper Sec. 2, Eq. 4-7), for a k x k conv with weight W (C_out, C_in, k, k):
+    * N_h = k*k heads, one per filter tap h = (ky, kx) in row-major order, centred on the tap's
+      offset Delta^h = (ky - k//2, kx - k//2) relative to the query pixel.
+    * Value projection W_val = I (C_in x C_in), shared by all heads (value dim = input channels).
+    * Output projection of head h = the filter tap W[:, :, ky, kx]. The layer keeps the conv's weight
+      Parameter itself, so an optimizer's state for it carries over (the paper's starred rows).
+    * Positional attention of head h: softmax_j(-alpha_h * |delta_ij - Delta^h|^2), which is
+      softmax(v_pos^h . r_ij) of Eq. 4 with v_pos^h = -alpha_h (1, -2 Delta^h) (the alpha_h |Delta^h|^2
+      term is constant over j). Three learnable numbers per head: Delta^h (2) and alpha_h.
+    * alpha_h = softplus(alpha_raw_h, beta=5) = log(1 + exp(5 alpha_raw_h)) / 5, so it stays
+      positive. (The paper's footnote writes exp(-beta alpha_raw): with that sign alpha would fall
+      as alpha_raw grows; we use the usual softplus, which is what "rectified" means.)
+    * Gate (Eq. 7): A^h = (1 - sigmoid(lambda_h)) softmax(Q K^T / sqrt(d)) + sigmoid(lambda_h) P^h.
+      W_qry, W_key: C_in x (N_h * d) with d = C_in // N_h, so the layer adds at most 3 C_in^2
+      weights (query, key, value) plus 4 numbers per head over the conv (the paper's bound).
+      Query/key start as small random matrices (std 0.02, as in ConViT), not zero: with both zero
+      neither gets a gradient.
+    * Explicit zero padding: the feature map gets a ring of k//2 zero tokens before attention. The
+      queries are the H x W real pixels; the keys are all (H + 2p) x (W + 2p) tokens. The padding
+      tokens' values are 0 (W_val has no bias), so with alpha and lambda large the layer computes
+      exactly the zero-padded convolution, border pixels included. (`ReparamGPSA.forward` computes
+      this without materialising the ring's keys and values, which are all zero.) At alpha = 1, lambda = 1 (the
+      paper's init) it does not: each head spreads its attention over neighbouring pixels and 27%
+      of it goes to content; tests/test_tcnn.py measures how far the logits move.
+
+    What is converted: every non-strided, non-dilated, ungrouped k x k conv (k odd, k > 1, padding
+    k//2) of the last stage (`layer4`). The first block's strided conv stays a convolution: a
+    stride-2 conv has no attention counterpart with one output per query pixel, and making it
+    stride 1 (as the paper does, after BoTNet) changes the function and quadruples the stage's cost,
+    which defeats "the converted network reproduces the CNN". So ResNet-18 converts 3 convs
+    (BasicBlock: block0.conv2, block1.conv1, block1.conv2) and ResNet-26/50 convert 1/2 (Bottleneck:
+    the conv2 of every block after the first).
     """
 
     def __init__(

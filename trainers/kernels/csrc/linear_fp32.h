@@ -1,4 +1,4 @@
-// A linear layer's weight gradient in float32, grad^T input, for trainers/models/_linear.py: the
+// A linear layer's weight gradient in float32, grad^T input, for trainers/kernels/_linear.py: the
 // product both BLAS libraries run poorly at a linear's shapes on the CPUs where _linear puts the
 // float32 linears on oneDNN (oneDNN first copies one operand into its transpose, MKL runs AVX2
 // code). attention_core_fp32.cpp includes it after its GEMM (gemm: broadcast-FMA tiles with A read
@@ -17,9 +17,8 @@ namespace {
 constexpr int64_t kWeightGradRowsPerPart = 384;  // at least this many rows a part (fewer parts: fewer partial sums)
 constexpr int64_t kWeightGradMaxParts = 8;
 // a part's rows taken this many at a time (the tiles adding into the part's sums): B's rows for one
-// column block then stay in L1 while every row tile passes over them. 128 rows: 9-15% less time for
-// GPSA's qkv (12544 x 288 by 12544 x 96) and 15-19% for its proj (x 96) on Zen 5 than the whole part
-// (1,568 rows) at once; 64 and 256 rows were in between
+// column block then stay in L1 while every row tile passes over them. 128 rows: less time for GPSA's
+// qkv and proj weight gradients than the whole part at once; 64 and 256 rows were in between
 constexpr int64_t kWeightGradDepthBlock = 128;
 
 // (N, K) float32; a (K, N) buffer's transposed view where the lanes run along N

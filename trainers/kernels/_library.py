@@ -1,34 +1,24 @@
-"""The CPU attention core as one fused kernel per direction, in bf16 (`csrc/attention_core.cpp`,
-AVX512-BF16) and in float32 (`csrc/attention_core_fp32.cpp`, AVX2 + FMA, or AVX-512): per (batch,
-head) the scores (in float32 optionally times GMM attention's mask), softmax, GPSA's mix with its
-positional attention and the product with v forward; the maps' recomputation, the four products of
-the backward, the softmax backward and the gate's sums (or the mask's gradient) backward. The maps
-are formed in cache-sized buffers; the backward recomputes them from two numbers per row, except
-that in float32 the forward keeps the softmax maps for it where they are small (`keeps_maps`). Its
-GEMMs are register-tiled SIMD loops (AVX512-BF16 dot products in bf16, FMAs in float32), and it
-reads q, k, v and writes the output and the gradients in the caller's strides, so the projection's
-(B, N, 3, H, d) output needs no layout copy. The float32 library also refines the Refiner's maps
-(`csrc/refiner_fp32.h`, ops ``refine_forward`` and ``refine_backward``; `ls_refiner.Refiner`) and
-computes a float32 linear layer's weight gradient (`csrc/linear_fp32.h`, op ``linear_weight_grad``;
-`_linear`).
+"""The C++ kernel libraries: built with `torch.utils.cpp_extension.load` on first use, loaded as
+``torch.ops.locality_search_fp32`` (`csrc/attention_core_fp32.cpp`: float32, AVX2 + FMA in 8 lanes
+or AVX-512 in 16) and ``torch.ops.locality_search`` (`csrc/attention_core.cpp`: bf16, AVX512-BF16).
 
-The core (`_attention_core`) runs on it wherever its GEMMs run in bfloat16 (CPU autocast on a CPU
-with bf16 hardware, as `precision: auto` trains there) or in float32 (fp32 training and inference,
-as `auto` trains on CPUs without bf16 hardware): the GPSA layer and the whole models faster than on
-the core's torch ops (benchmarks/README.md; the benchmarks time both side by side).
+The float32 library holds the attention core (optionally GPSA's mix with a positional attention or
+GMM's score mask), GPSA's whole layer, the Refiner's map refinement, a linear layer's weight gradient
+and the blocks' layer norm; the bf16 one the attention core, the layer norm and bf16 inference's
+linear. Each op reads its inputs in the caller's strides (the projection's (B, N, 3, H, d) output
+needs no layout copy) and recomputes the maps in the backward from two numbers per row, except
+that in float32 the forward keeps the softmax maps where they are small (`keeps_maps`).
 
-Built on first use with the C++ compiler that FFCV's build needs too, into
-``$XDG_CACHE_HOME/locality-search/kernels`` (one file per source, torch and instruction set; built
-once per machine, ~15-25 s each, under a file lock so concurrent trials wait for one build), and
-loaded as ``torch.ops.locality_search`` (bf16) and ``torch.ops.locality_search_fp32``. Where one
-cannot be built (no compiler, another OS, a CPU without its instructions) the core runs on torch
-ops in that dtype, with one warning saying why; ``LOCALITY_SEARCH_CPU_KERNELS=0`` chooses that path
-outright.
+Built once per machine into ``$XDG_CACHE_HOME/locality-search/kernels/<name>``, the name holding
+the source, the variant and a hash of the sources, the -m flags and torch's version, so an edit
+rebuilds; cpp_extension's lock file makes concurrent trials wait for one build. Where a library
+cannot be built (no compiler, another OS, a CPU without its instructions) `kernels` returns None
+with one warning saying why, and the ops run on torch; ``LOCALITY_SEARCH_CPU_KERNELS=0`` chooses
+that outright (`_switch`).
 """
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import functools
 import hashlib
 import os
@@ -36,30 +26,27 @@ import platform
 import shutil
 import subprocess
 import sys
-import tempfile
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 from torch.utils.flop_counter import register_flop_formula
 
-from trainers._atomic import atomic_write
+from trainers.kernels._switch import DISABLE_ENV, enabled
 
 __all__ = [
-    "DTYPES", "FP32_AVX2_FLAGS", "KEPT_MAPS_BYTES", "MAX_TOKENS", "USE_FUSED_KERNEL", "available", "build_error",
-    "d_out_for_kernel", "kept_maps_fit", "keeps_maps", "kernels", "usable",
+    "DTYPES", "FP32_AVX2_FLAGS", "KEPT_MAPS_BYTES", "MAX_TOKENS", "available", "build_error", "d_out_for_kernel",
+    "kept_maps_fit", "keeps_maps", "kernels", "load_library", "prebuild_cpu_kernels", "usable",
 ]
 
 MAX_TOKENS = 1024  # the kernel's row buffer (kMaxTokens)
-# The most a float32 forward keeps of softmax maps for its backward, per call: keeping them instead
-# of recomputing saves the backward's scores product and exp, 2.0-2.3 of the kernel's 15.5-16 ms
-# fwd+bwd on an AVX2 EPYC at B 256, N 49, d 24, where they take 11 MiB (ConViT-Ti at 32 px; at
-# 224 px, N 197: 168 MiB)
+# The most a float32 forward keeps of softmax maps for its backward, per call: keeping them saves
+# the backward's scores product and exp (benchmarks/gpsa_layer.py: `ratio_kept_maps_gain`)
 KEPT_MAPS_BYTES = 256 << 20
-_DISABLE_ENV = "LOCALITY_SEARCH_CPU_KERNELS"
-# False: the core runs on torch ops (the benchmarks time both side by side)
-USE_FUSED_KERNEL = True
+# False: the ops run on torch where they would run on a library (the benchmarks' A/B rows only;
+# everything else turns every backend off with `set_enabled`)
+_USE_LIBRARIES = True
 
 
 def _cache_dir() -> Path:
@@ -96,6 +83,12 @@ class _Kernel:
     isa_flags: Callable[[], Optional[list[str]]]
     needs: str  # what isa_flags looks for, for the message where it finds none
 
+    def variant(self, isa: Sequence[str]) -> str:
+        """The build's name part: bf16, avx512 (16 float32 lanes) or avx2 (8)."""
+        if self.namespace == "locality_search":
+            return "bf16"
+        return "avx512" if "-mavx512f" in isa else "avx2"
+
 
 _CSRC = Path(__file__).with_name("csrc")
 _KERNELS = {
@@ -105,52 +98,50 @@ _KERNELS = {
 DTYPES = tuple(_KERNELS)  # the dtypes the core has a kernel for
 
 
-def _compile_command(compiler: str, source: Path, output: Path, isa: list[str]) -> list[str]:
-    torch_dir = Path(torch.__file__).parent
-    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
-    return [
-        compiler, str(source), "-o", str(output), "-shared", "-fPIC", "-O3", "-std=c++20", "-fopenmp", *isa,
-        f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
-        "-isystem", str(torch_dir / "include"), "-isystem", str(torch_dir / "include" / "torch" / "csrc" / "api" / "include"),
-        f"-L{torch_dir / 'lib'}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{torch_dir / 'lib'}",
-    ]
+def _source_key(source: Path, flags: Sequence[str]) -> str:
+    """A hash of what a build depends on: the source and every header beside it, the flags, torch."""
+    headers = b"".join(h.read_bytes() for h in sorted(source.parent.glob("*.h")))
+    return hashlib.sha256(b"\0".join([source.read_bytes(), headers, " ".join(flags).encode(),
+                                      torch.__version__.encode()])).hexdigest()[:16]
 
 
-def _build(kernel: _Kernel) -> Path:
-    """The compiled library's path, building it unless a build for this source, torch and
-    instruction set is cached. Raises RuntimeError saying why it cannot be built."""
-    if os.environ.get(_DISABLE_ENV, "1").strip() == "0":
-        raise RuntimeError(f"{_DISABLE_ENV}=0")
+def load_library(source: Path, variant: str, flags: Sequence[str]) -> None:
+    """Build `source` with `flags` (-m flags, defines) unless cached, and load it into torch.ops.
+    Raises RuntimeError saying why it cannot be built."""
+    import logging
+
+    # its import logs a warning on a machine without CUDA, which these CPU libraries do not need
+    logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
+    from torch.utils import cpp_extension
+
     if sys.platform != "linux" or platform.machine() not in ("x86_64", "AMD64"):
         raise RuntimeError(f"built for Linux on x86-64 only, not {sys.platform} on {platform.machine()}")
+    if not (os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")):
+        raise RuntimeError("no C++ compiler (install g++; ./with-deps does)")
+    name = f"{source.stem}_{variant}_{_source_key(source, flags)}"
+    build_directory = _cache_dir() / name
+    build_directory.mkdir(parents=True, exist_ok=True)
+    try:
+        cpp_extension.load(name=name, sources=[str(source)], build_directory=str(build_directory),
+                           extra_cflags=["-O3", "-std=c++20", "-fopenmp", *flags], extra_ldflags=["-fopenmp"],
+                           is_python_module=False, verbose=False)
+    except subprocess.CalledProcessError as error:  # (cpp_extension's own, wrapped in RuntimeError)
+        raise RuntimeError(f"compiling {source.name} failed: {error}") from error
+    except RuntimeError as error:
+        text = str(error)
+        first_error = next((line.strip() for line in text.splitlines() if "error" in line.lower()), text[-300:])
+        raise RuntimeError(f"compiling {source.name} failed: {first_error}") from error
+
+
+def _build(kernel: _Kernel) -> None:
+    """Build and load `kernel`'s library for this CPU, or raise RuntimeError saying why not."""
+    if os.environ.get(DISABLE_ENV, "1").strip() == "0":
+        raise RuntimeError(f"{DISABLE_ENV}=0")
     isa = kernel.isa_flags()
     if isa is None:
         raise RuntimeError(f"this CPU has no {kernel.needs} (torch dispatches "
                            f"{torch.backends.cpu.get_cpu_capability()})")
-    compiler = shutil.which("g++") or shutil.which("c++")
-    if compiler is None:
-        raise RuntimeError("no C++ compiler (install g++; ./with-deps does)")
-    source = kernel.source.read_bytes() + b"".join(h.read_bytes() for h in sorted(_CSRC.glob("*.h")))  # + includes
-    key = hashlib.sha256(b"\0".join([source, torch.__version__.encode(), " ".join(isa).encode(),
-                                     compiler.encode()])).hexdigest()[:16]
-    library = _cache_dir() / f"{kernel.source.stem}-{key}.so"
-    if library.exists():
-        return library
-    library.parent.mkdir(parents=True, exist_ok=True)
-    with open(library.with_suffix(".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # concurrent trials: one builds, the others wait and load
-        if library.exists():
-            return library
-        with tempfile.TemporaryDirectory(dir=library.parent) as scratch:
-            output = Path(scratch) / library.name
-            done = subprocess.run(_compile_command(compiler, kernel.source, output, isa), capture_output=True, text=True,
-                                  timeout=600)
-            if done.returncode != 0:
-                first_error = next((line for line in done.stderr.splitlines() if "error" in line),
-                                   done.stderr.strip()[-300:])
-                raise RuntimeError(f"compiling {kernel.source.name} failed: {first_error}")
-            atomic_write(library, lambda handle: handle.write(output.read_bytes()))
-    return library
+    load_library(kernel.source, kernel.variant(isa), isa)
 
 
 _build_errors: dict[torch.dtype, str] = {}
@@ -162,10 +153,10 @@ def kernels(dtype: torch.dtype = torch.bfloat16) -> Optional[Any]:
     None where it cannot be built here (`build_error` says why; warned once)."""
     kernel = _KERNELS[dtype]
     try:
-        torch.ops.load_library(str(_build(kernel)))
-    except (RuntimeError, OSError, subprocess.TimeoutExpired) as error:
+        _build(kernel)
+    except (RuntimeError, OSError, subprocess.SubprocessError) as error:
         _build_errors[dtype] = str(error)
-        if os.environ.get(_DISABLE_ENV, "1").strip() != "0":
+        if os.environ.get(DISABLE_ENV, "1").strip() != "0":
             warnings.warn(f"the fused CPU attention kernel ({str(dtype).removeprefix('torch.')}) is not used ({error}); "
                           "the attention core runs on torch ops, slower", RuntimeWarning, stacklevel=2)
         return None
@@ -211,6 +202,16 @@ def _register_flop_formulas(ops: Any) -> None:
             return 2 * rows * (expanded * heads * tokens + expanded * k * k * grid_h * grid_w + heads * expanded * tokens)
 
 
+def prebuild_cpu_kernels() -> dict:
+    """Build (or load from the cache) the libraries this CPU can run, before trials start, so they
+    do not wait for a build: {dtype: None where built, else why not}. The bf16 library only where
+    the CPU multiplies bf16 in hardware (elsewhere it could not run)."""
+    from trainers._cpu import cpu_has_native_bf16
+
+    dtypes = [torch.float32] + ([torch.bfloat16] if cpu_has_native_bf16() else [])
+    return {dtype: None if kernels(dtype) is not None else build_error(dtype) for dtype in dtypes}
+
+
 def build_error(dtype: torch.dtype = torch.bfloat16) -> Optional[str]:
     """Why `kernels(dtype)` is None (after it was called), else None."""
     return _build_errors.get(dtype)
@@ -226,7 +227,7 @@ def _kernel_layout(t: torch.Tensor) -> bool:
 def available(dtype: torch.dtype, tokens: int) -> bool:
     """Whether a CPU core in `dtype` over `tokens` tokens can run on a kernel here (as `usable`,
     before qkv exists: the layout and head dim aside)."""
-    return (USE_FUSED_KERNEL and dtype in _KERNELS and 1 <= tokens <= MAX_TOKENS
+    return (enabled() and _USE_LIBRARIES and dtype in _KERNELS and 1 <= tokens <= MAX_TOKENS
             and not torch.compiler.is_compiling() and kernels(dtype) is not None)
 
 

@@ -4,11 +4,10 @@ with a hand-written backward. On the fused kernels also with the scores multipli
 shared by the batch (GMM attention: softmax((Q K^T * scale) * M) @ V, `masked_attention`).
 
 At the token counts of these models (N <= 197) the maps are small and the GEMMs batched, so on a
-2-core CPU this beats torch's fused attention kernels where its GEMMs can run in bf16 (CPU autocast
-on bf16 hardware; benchmarks/README.md): the whole attention layer, forward + backward, 1.3-1.4x;
-and in float32 on the float32 kernel (1.33x forward + backward, 1.14x inference on an AVX2 EPYC).
-Only in float32 on torch ops are the two even, so plain attention keeps torch's fused kernel there
-(`use_explicit_core`). GPSA runs this core on the CPU in every dtype: fused kernels have no
+small CPU this beats torch's fused attention kernels where its GEMMs can run in bf16 (CPU autocast
+on bf16 hardware) and in float32 on the float32 library; only in float32 on torch ops are the two
+even, so plain attention keeps torch's fused kernel there (`use_explicit_core`;
+benchmarks/attention_blocks.py times them side by side). GPSA runs this core on the CPU in every dtype: fused kernels have no
 positional term.
 
 Precision follows CPU autocast: for bfloat16/float16 qkv the softmax, the mixing with P and the
@@ -17,7 +16,7 @@ that multiplies it natively (`cpu_has_native_bf16`), else in float32 (fp16, or e
 float32 GEMMs are the quicker ones). No map is rounded twice.
 
 With bf16 GEMMs, and in float32, the whole core, forward and backward, runs as one fused kernel
-per direction where it is built (`_attention_kernel`: the maps formed per (batch, head) in cache,
+per direction where it is built (`_library`: the maps formed per (batch, head) in cache,
 recomputed in the backward rather than kept, except the float32 softmax maps where they are small,
 q, k, v read in the projection's layout); elsewhere
 (float64, fp16, emulated bf16), and where the kernel cannot be built, on the torch ops below.
@@ -27,20 +26,22 @@ from typing import Optional, Tuple
 import torch
 from torch.utils.flop_counter import flop_registry, register_flop_formula, sdpa_backward_flop_count, sdpa_flop_count
 
+import torch.nn.functional as F
+
 from trainers._cpu import cpu_has_native_bf16
-from trainers.models import _attention_kernel
+from trainers.kernels import _library
+from trainers.kernels._switch import enabled
 
 __all__ = [
-    'CPU_CORE_DTYPES', 'FULL_PRECISION', 'PLAIN_ATTENTION_ON_EXPLICIT_CORE', 'attention', 'attention_inference',
-    'compiled_away', 'gate_and_pos_grads', 'gated_attention', 'masked_attention', 'masked_core_usable',
-    'use_explicit_core',
+    'CPU_CORE_DTYPES', 'FULL_PRECISION', 'attention', 'attention_inference', 'compiled_away', 'gate_and_pos_grads',
+    'gated_attention', 'masked_attention', 'masked_attention_usable', 'plain_attention', 'use_explicit_core',
 ]
 
 FULL_PRECISION = (torch.float32, torch.float64)
 CPU_CORE_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 # False: plain attention (`MHSA`) keeps torch's fused kernel on the CPU where `use_explicit_core`
 # would take this core (the benchmarks time both side by side); GPSA is not affected
-PLAIN_ATTENTION_ON_EXPLICIT_CORE = True
+_PLAIN_ATTENTION_ON_EXPLICIT_CORE = True
 
 
 def _register_cpu_sdpa_flop_formulas() -> None:
@@ -67,8 +68,8 @@ _register_cpu_sdpa_flop_formulas()
 def gemm_dtype(dtype: torch.dtype) -> torch.dtype:
     """The dtype of the core's batched GEMMs: float32/64 as given; bfloat16 as given on a CPU that
     multiplies it natively (as autocast's own matmuls do; there its batched GEMMs at GPSA's sizes
-    run 3-5x faster than float32 ones: 1024 x 49 x 49 scores in 0.29 vs 1.57 ms on a 2-core AMD
-    EPYC with AVX512-BF16); float32 otherwise (emulated bf16 or fp16, slower than float32)."""
+    are several times quicker than float32 ones); float32 otherwise (emulated bf16 or fp16, slower
+    than float32)."""
     if dtype in FULL_PRECISION or (dtype == torch.bfloat16 and cpu_has_native_bf16()):
         return dtype
     return torch.float32
@@ -78,11 +79,11 @@ def use_explicit_core(qkv: torch.Tensor) -> bool:
     """Whether plain attention on `qkv` (the projection's output) is quicker through this core than
     through torch's fused kernel: on the CPU when its GEMMs run in bf16, or in float32 on the float32
     kernel (see the module doc). Under torch.compile never: see `compiled_away`."""
-    if not (PLAIN_ATTENTION_ON_EXPLICIT_CORE and qkv.device.type == 'cpu') or compiled_away():
+    if not (enabled() and _PLAIN_ATTENTION_ON_EXPLICIT_CORE and qkv.device.type == 'cpu') or compiled_away():
         return False
     if qkv.dtype == torch.bfloat16:
         return cpu_has_native_bf16()
-    return qkv.dtype == torch.float32 and _attention_kernel.usable(qkv)
+    return qkv.dtype == torch.float32 and _library.usable(qkv)
 
 
 def compiled_away() -> bool:
@@ -90,7 +91,7 @@ def compiled_away() -> bool:
     inductor fuses around, instead of this core. The fused kernels are opaque to it, and the
     hand-written backward (its products written out= into one buffer) did not survive AOT
     autograd: a bf16 training step under CPU autocast with two GPSA layers failed to compile
-    ("expected scalar type float32 but found bfloat16" in the traced backward, torch 2.14)."""
+    ("expected scalar type float32 but found bfloat16" in the traced backward)."""
     return torch.compiler.is_compiling()
 
 
@@ -141,7 +142,7 @@ def _attention_forward(qkv: torch.Tensor, gate: Optional[torch.Tensor], pos: Opt
 def _on_kernel(qkv: torch.Tensor) -> bool:
     """Whether the core runs on a fused kernel for this qkv: its GEMMs in qkv's dtype (bf16 on
     bf16 hardware, or float32), that dtype's kernel usable."""
-    return gemm_dtype(qkv.dtype) == qkv.dtype and _attention_kernel.usable(qkv)
+    return gemm_dtype(qkv.dtype) == qkv.dtype and _library.usable(qkv)
 
 
 def _kernel_forward(qkv: torch.Tensor, gate: Optional[torch.Tensor], pos: Optional[torch.Tensor],
@@ -153,10 +154,37 @@ def _kernel_forward(qkv: torch.Tensor, gate: Optional[torch.Tensor], pos: Option
     buffer, so the caller's transpose + reshape to (B, N, C) is free."""
     _, B, H, N, d = qkv.shape
     out = qkv.new_empty(B, N, H, d).transpose(1, 2)
-    keep_maps = for_backward and _attention_kernel.keeps_maps(qkv)
-    row_max, row_inv, maps = _attention_kernel.kernels(qkv.dtype).attention_forward(qkv, gate, pos, mask, scale, out,
+    keep_maps = for_backward and _library.keeps_maps(qkv)
+    row_max, row_inv, maps = _library.kernels(qkv.dtype).attention_forward(qkv, gate, pos, mask, scale, out,
                                                                                     for_backward, keep_maps)
     return out, row_max, row_inv, maps
+
+
+_LOW_PRECISION = (torch.bfloat16, torch.float16)
+
+
+def _scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                                 dropout_p: float = 0.) -> torch.Tensor:
+    """`F.scaled_dot_product_attention`, computed in float32 when a CPU backward in bf16/fp16 follows:
+    torch's CPU kernel for bf16/fp16 is fast forward only, so with autograd the core is cast up to
+    float32 (autocast off) and its output cast back; inference keeps the low-precision kernel, the
+    quicker one there (benchmarks/attention_blocks.py times both). q, k, v: (B, H, N, d)."""
+    if (q.device.type == 'cpu' and q.dtype in _LOW_PRECISION and torch.is_grad_enabled()
+            and (q.requires_grad or k.requires_grad or v.requires_grad)):
+        with torch.autocast('cpu', enabled=False):
+            out = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), dropout_p=dropout_p)
+        return out.to(q.dtype)
+    return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
+
+
+def plain_attention(qkv: torch.Tensor, scale: float, *, dropout_p: float = 0.) -> torch.Tensor:
+    """softmax(Q K^T * scale) @ V per head for qkv (3, B, H, N, d) (any strides), with attention
+    dropout `dropout_p` (on the fused SDPA): on this core where it is the quicker
+    (`use_explicit_core`, no dropout), else on torch's fused attention. Returns (B, H, N, d)."""
+    if dropout_p == 0. and use_explicit_core(qkv):
+        return attention(qkv, scale)
+    q, k, v = qkv.unbind(0)
+    return _scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
 
 
 def gate_and_pos_grads(d_attn_sum: torch.Tensor, soft_dot: torch.Tensor, gate: torch.Tensor,
@@ -173,13 +201,13 @@ class _Attention(torch.autograd.Function):
     """The core with a hand-written backward (see `attention` and `gated_attention`).
 
     gate and pos (both None for plain attention) come in the map dtype (float32/64); mask (H, N, N),
-    float32, only on a fused kernel (`masked_core_usable`); qkv may be
+    float32, only on a fused kernel (`masked_attention_usable`); qkv may be
     bfloat16/float16 (from an autocast linear). The batched GEMMs run in `gemm_dtype(qkv.dtype)`
     (qkv cast on the way in when that differs, the output cast back on the way out), the softmax,
     the mixing and the maps' gradients in the map dtype; the qkv gradient comes back in qkv's dtype
     and memory layout. Autocast is off inside, so every op runs in the dtype chosen here. On the
     fused kernel (`_on_kernel`) qkv and two numbers per map row are kept for the backward, and in
-    float32 the softmax maps where they are small (`_attention_kernel.keeps_maps`).
+    float32 the softmax maps where they are small (`_library.keeps_maps`).
     """
 
     @staticmethod
@@ -194,7 +222,7 @@ class _Attention(torch.autograd.Function):
             out, row_max, row_inv, maps = _kernel_forward(qkv, gate, pos, mask, scale, for_backward=True)
             ctx.save_for_backward(qkv, gate, pos, mask, row_max, row_inv, maps)
             return out
-        assert mask is None, 'a score mask runs on the fused kernels only (masked_core_usable)'
+        assert mask is None, 'a score mask runs on the fused kernels only (masked_attention_usable)'
         with torch.autocast('cpu', enabled=False):
             qkv_gemm = as_gemm(qkv)
             out, soft, attn = _attention_forward(qkv_gemm, gate, pos, scale)
@@ -215,8 +243,8 @@ class _Attention(torch.autograd.Function):
         d_qkv = torch.empty_strided(qkv.shape, ctx.in_strides, dtype=qkv.dtype, device=qkv.device)
         coef = ctx.scale * (torch.ones(H) if gate is None else 1. - gate)  # dS's factor per head
         map_grads = any(ctx.needs_input_grad[1:4])
-        d_attn_sum, soft_dot = _attention_kernel.kernels(qkv.dtype).attention_backward(
-            _attention_kernel.d_out_for_kernel(d_out, qkv.dtype), qkv, gate, pos, mask, row_max, row_inv, maps,
+        d_attn_sum, soft_dot = _library.kernels(qkv.dtype).attention_backward(
+            _library.d_out_for_kernel(d_out, qkv.dtype), qkv, gate, pos, mask, row_max, row_inv, maps,
             coef, ctx.scale, d_qkv, map_grads)  # sum_b dA (H, N, N) and sum <dA, softmax(S)> per head, for the
         d_gate = d_pos = d_mask = None   # gate's grads; or the mask's gradient (H, N, N)
         if ctx.needs_input_grad[3]:
@@ -269,7 +297,7 @@ def _core(qkv: torch.Tensor, gate: Optional[torch.Tensor], pos: Optional[torch.T
     if not torch.is_grad_enabled() or not any(t is not None and t.requires_grad for t in (qkv, gate, pos, mask)):
         if _on_kernel(qkv):
             return _kernel_forward(qkv, gate, pos, mask, scale, for_backward=False)[0]
-        assert mask is None, 'a score mask runs on the fused kernels only (masked_core_usable)'
+        assert mask is None, 'a score mask runs on the fused kernels only (masked_attention_usable)'
         with torch.autocast('cpu', enabled=False):
             out = attention_inference(as_gemm(qkv.transpose(1, 2)), scale, gate, pos)  # (H, B, N, d)
             return _as_output(out.transpose(0, 1), qkv.dtype)
@@ -295,17 +323,17 @@ def gated_attention(qkv: torch.Tensor, gate: torch.Tensor, pos: torch.Tensor, sc
     return _core(qkv, gate.to(dtype).contiguous(), pos.to(dtype).contiguous(), scale)
 
 
-def masked_core_usable(qkv: torch.Tensor) -> bool:
+def masked_attention_usable(qkv: torch.Tensor) -> bool:
     """Whether `masked_attention` can run on `qkv` ((3, B, H, N, d), the projection's output
     permuted): on the CPU in float32, or in bf16 on bf16 hardware (under autocast), with that
     dtype's kernel usable (the torch ops path has no score mask; GMM attention keeps its own torch
     ops elsewhere)."""
-    return qkv.dtype in _attention_kernel.DTYPES and _on_kernel(qkv)
+    return qkv.dtype in _library.DTYPES and _on_kernel(qkv)
 
 
 def masked_attention(qkv: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
     """softmax((Q K^T * scale) * M) @ V per head (GMM attention's eq. 9), differentiable in qkv and
-    the mask, on a fused kernel: only where `masked_core_usable(qkv)`.
+    the mask, on a fused kernel: only where `masked_attention_usable(qkv)`.
 
     qkv: (3, B, H, N, d) float32 or bf16, any strides (q, k, v stacked); mask: M (H, N, N), shared
     by the batch, applied in float32 (as the softmax and the mask's gradient). Returns (B, H, N, d)

@@ -1,4 +1,4 @@
-// A linear layer's forward in bf16 for bf16 inference, for trainers/models/_linear.py: y = x W^T + b,
+// A linear layer's forward in bf16 for bf16 inference, for trainers/kernels/_linear.py: y = x W^T + b,
 // optionally then the exact GELU (the MLP's fc1), on the kernel's dot-product tiles (gemm_stored),
 // the bias and the GELU applied to each tile's float32 sums in registers before they are rounded to
 // bf16, as oneDNN's fused linear does. attention_core.cpp includes it after its GEMM and registers
@@ -14,7 +14,7 @@
 
 namespace {
 
-// 96: ls_convit_tiny's bf16 inference 1.066x over oneDNN, against 1.049x with 48 and 1.046x with 192 (Zen 4)
+// 96: ls_convit_tiny's bf16 inference gained most with it, of 48, 96 and 192 (benchmarks/models.py)
 constexpr int64_t kLinearBlockRows = 96;
 
 // 0.5 x (1 + erf(x / sqrt 2)), the exact GELU: erf as Eigen's rational approximation on [-4, 4]

@@ -1,4 +1,4 @@
-"""GPSA's attention core for CUDA inference as one Triton kernel (see `ls_convit`'s module doc).
+"""GPSA's attention core for CUDA inference as one Triton kernel (`kernels.gated_attention`'s CUDA inference backend).
 
 Per (batch, head, block of queries) it runs flash attention's loop over the keys and, in the same
 loop, multiplies the block of s * P (the gated positional attention, input-independent) with the
@@ -11,17 +11,14 @@ layout the output projection reads. Two things make it quicker than fused SDPA p
 P @ V at GPSA's shapes besides the saved passes: q, k and v are read straight from the qkv
 projection's (B, N, 3, H, d) output (no head-major copies), and a head width that is a sum of
 two powers of two (ConViT-Ti's 48 = 32 + 16) is multiplied as two exact pieces instead of being
-padded to the next power of two. Other widths keep the SDPA path. Measured on an H100 in bf16,
-GPU time per call (the timing `benchmarks/gpsa_cuda_core.py` repeats): 111-118 vs 164-166 us at
-224 px (batch 256, 196 tokens), 79 vs 174 us at 32 px (batch 1024, 64 tokens); on an H200
-118-119 vs 166-168 us and 44-47 vs 174-175 us. Its launch settings (`CONFIGS`) are timed at the
+padded to the next power of two. Other widths keep the SDPA path. `benchmarks/gpsa_cuda_core.py`
+times it against that path. Its launch settings (`CONFIGS`) are timed at the
 first call for a shape and batch size (rounded up to a power of two); `TUNE = False` launches the
 first of them untimed.
 
 A one-pass variant (each block's whole rows of scores at once, their exact softmax, the mixed map
-in registers, one product with V: two products instead of three) was built and measured on an
-H200: 217 vs 118 us at 224 px, the same at 32 px; dropped (and Triton 3.6 miscompiled two of its
-block settings, BLOCK_M 64 on 4 warps and 128 on 8, which returned wrong numbers).
+in registers, one product with V: two products instead of three) measured slower and was dropped
+(and Triton miscompiled two of its block settings, BLOCK_M 64 on 4 warps and 128 on 8).
 
 Inference only (no backward); fp16/bf16 only (fp32 inputs would run tl.dot in TF32, which
 changes the numbers; the module's fp32 path stays exact). `available()` says whether it can run.
@@ -151,7 +148,7 @@ def _kernel():
 # (batch rounded up to a power of two, N, H, d, dtype, device) -> the launch settings timed quickest
 # at the first call for those sizes; later calls launch the plain kernel with them (a batch of a
 # small model on a GPU can be host-bound, and Triton's autotuner costs as much host time per call
-# as the launch itself: 41 vs 26 us measured on an H100). The batch is in the key as the grid
+# as the launch itself). The batch is in the key as the grid
 # grows with it: Triton's autotuner, keyed on (N, H, d), kept what it timed at a model's first,
 # checking call at batch 2 for every batch after.
 _TUNED: dict[tuple, dict] = {}

@@ -2,7 +2,7 @@
 // N x N maps are formed, used and dropped in the core's cache-sized buffers, the GEMMs run on
 // AVX512-BF16 dot products, and q, k, v, the output and the gradients are read and written in
 // whatever strides the caller has (the projection's (B, N, 3, H, d) output, permuted), so there is
-// no layout copy either. trainers/models/_attention_kernel.py builds and loads this file.
+// no layout copy either. trainers/kernels/_library.py builds and loads this file.
 //
 // Forward, per (batch b, head h), with q, k, v (N x d, bf16):
 //     S = scale q k^T                             (float32, from bf16 products)
@@ -32,7 +32,7 @@
 #include "attention_views.h"
 
 #if !defined(__AVX512F__) || !defined(__AVX512BW__) || !defined(__AVX512VL__) || !defined(__AVX512BF16__)
-#error "attention_core.cpp needs AVX-512 (F, BW, VL, BF16); _attention_kernel.py builds it only where the CPU has them"
+#error "attention_core.cpp needs AVX-512 (F, BW, VL, BF16); _library.py builds it only where the CPU has them"
 #endif
 
 namespace {
@@ -63,7 +63,7 @@ inline __m512 load_bf16_as_float(const bf16* p, __mmask16 m) {
 // there (least squares on Chebyshev nodes, relative); 2^n put straight into the exponent bits of the
 // float that rounded x / ln 2 (its low mantissa bits hold n + 127 after adding 1.5 * 2^23 + 127).
 // 12 floating-point operations a vector, where Cephes' degree-7 polynomial with a round and a scalef
-// took 14: the bf16 forward's softmax passes are bound by them (Zen 4)
+// took 14: the bf16 forward's softmax passes are bound by them
 inline __m512 exp_nonpositive(__m512 x) {
   x = _mm512_max_ps(_mm512_set1_ps(-87.3f), x);  // NaN in, NaN out (max returns its second operand)
   const __m512 shifter = _mm512_set1_ps(12583039.f);  // 1.5 * 2^23 + 127
@@ -207,7 +207,7 @@ inline void transpose_16x16(__m512i r[16]) {
 
 // dst[p][j] = (x[j][2p], x[j][2p+1]) for p < pairs and j < n rounded up to 16 (zero past n): x^T as the
 // B operand of x^T products (S = q k^T, dA = dO v^T). In 16 x 16 register blocks (gathers, one per
-// word, took 7% of the kernel's time on a Zen 5 EPYC)
+// word, measured slower)
 void transpose_words(const bf16* x, int64_t stride, int64_t n, int64_t pairs, uint32_t* dst, int64_t ld) {
   const int* base = reinterpret_cast<const int*>(x);
   const int64_t row_words = stride / 2;
@@ -420,5 +420,3 @@ void check_dims(const Dims& D) { TORCH_CHECK(D.dim >= 2 && D.dim % 2 == 0, "qkv:
 #include "attention_ops.h"
 #include "layer_norm_bf16.h"
 #include "linear_bf16.h"
-#define MULTIPLY_ADD_PEAK_BF16
-#include "multiply_add_peak.h"

@@ -3,14 +3,14 @@
 // with nothing else in the loop, so no code doing that arithmetic on these cores runs faster.
 //   float32 library: a vector FMA (acc = acc * m + c), kLanes floats, 2 flops a lane
 //   bf16 library:    vdpbf16ps (acc += a0 b0 + a1 b1 per float32 lane), 16 lanes, 4 flops a lane
-// Both libraries include it after their own definitions; the bf16 one defines
-// MULTIPLY_ADD_PEAK_BF16 first.
+// peak.cpp includes it after the float32 library's definitions (kLanes, vec, splat), or with
+// MULTIPLY_ADD_PEAK_BF16 defined for the bf16 one.
 //
 //     multiply_add_peak(iterations) -> the flops done: threads x iterations x chains x flops an instruction
 //
 // 16 chains (12 with AVX2's 16 registers): each chain waits on its own last result, so the chains
 // must cover the instruction's latency times the pipes issuing it (FMA on Zen 4: 4 cycles x 2
-// pipes of 256 bits; vdpbf16ps: 6 x 2 at most on the CPUs this project meets).
+// pipes of 256 bits; vdpbf16ps: 6 x 2 at most).
 #pragma once
 
 namespace {

@@ -1,7 +1,7 @@
 // The CPU attention core in float32 as one fused kernel per direction: the float32 sibling of
 // attention_core.cpp (bf16, AVX512-BF16), same algorithm, same ops, for any x86-64 CPU with AVX2
 // and FMA. Written with GCC vector extensions, W lanes wide: 16 where the build has AVX-512F, else
-// 8. trainers/models/_attention_kernel.py builds and loads this file. It also holds the Refiner's map
+// 8. trainers/kernels/_build.py builds and loads this file. It also holds the Refiner's map
 // refinement (refiner_fp32.h), a linear layer's weight gradient (linear_fp32.h) and GPSA's whole layer
 // (gpsa_layer_fp32.h), included at the end.
 //
@@ -11,7 +11,7 @@
 //     A = (1 - s_h) soft + s_h P[h]  (GPSA) or A = soft
 //     out = A v
 // Backward, from dO and the same inputs, with soft as the forward kept it (B x H x N x N, when the
-// caller asks: 2.0-2.3 of the kernel's 15.5-16 ms saved on AVX2 at B 256, N 49, d 24), else
+// caller asks: saves the recomputation, `ratio_kept_maps_gain` in benchmarks/gpsa_layer.py), else
 // recomputing S and soft bit for bit from the rows' max and 1 / sum; A from soft:
 //     dA = dO v^T,  dV = A^T dO
 //     dS = c_h soft (dA - <dA, soft>) with c_h = (1 - s_h) scale (plain attention: scale),
@@ -22,14 +22,13 @@
 // The kernel holds every N x N map transposed, key-major (form_maps): S^T = scale k q^T, soft^T, A^T,
 // dA^T = v dO^T, dS^T, and the kept maps; it reads P[h] and M[h] transposed and returns the sums
 // transposed back, each with its rows tokens_pad floats apart, zero past N (attention_ops.h,
-// kKeyMajorMaps, map_layout): whole aligned vectors, no masked loads. Against unpadded rows (Zen 5,
-// in the GPSA layer, both builds alternating step by step): the backward 6% less time.
+// kKeyMajorMaps, map_layout): whole aligned vectors, no masked loads (quicker than unpadded rows).
 // Where a product reads q, k, v or dO a whole vector at a time they are copied per (batch, head)
 // into padded buffers (N x d: small next to the N x N x d products; read in place instead, masked,
-// the kernel ran 1.6-1.9x slower on Zen 5); where it reads them one float at a time (k in S^T,
+// the kernel ran slower); where it reads them one float at a time (k in S^T,
 // v in dA^T), in place. With AVX-512 the products' N x d results go straight to their strided rows,
-// the last vector of each stored masked. Against copying all four every time and going through a
-// buffer: 7-10% less kernel time at B 256, N 49, d 24 on Zen 5.
+// the last vector of each stored masked: quicker than copying all four every time and going
+// through a buffer.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -45,7 +44,7 @@
 #include "attention_views.h"
 
 #if !defined(__AVX2__) || !defined(__FMA__)
-#error "attention_core_fp32.cpp needs AVX2 and FMA; _attention_kernel.py builds it only where the CPU has them"
+#error "attention_core_fp32.cpp needs AVX2 and FMA; _library.py builds it only where the CPU has them"
 #endif
 
 namespace {
@@ -94,7 +93,7 @@ inline void store_part(float* p, vec v, int64_t n) {
 #endif
 }
 // a store past the caches (p aligned to a vector) for the kept maps, which only the backward reads,
-// long after: saves reading their lines in first (4-6% of the forward on Zen 5, B 256, N 49, d 24).
+// long after: saves reading their lines in first.
 // The thread that streams them fences before its part of the op ends (attention_ops.h)
 inline void stream(float* p, vec v) {
 #if defined(__AVX512F__)
@@ -111,8 +110,8 @@ inline vec splat(float x) {  // one vbroadcastss (GCC builds `vec{} + x` with an
 #endif
 }
 
-// n floats (memcpy: an inline loop, a vector load and store at a time, measured 1.4x slower on the
-// whole kernel in two sessions on the AVX2 EPYC: 25 vs 17-18 ms fwd+bwd at B 256, N 49, d 24)
+// n floats (memcpy: an inline loop, a vector load and store at a time, measured slower on the
+// whole kernel)
 inline void copy_row(float* dst, const float* src, int64_t n) { std::memcpy(dst, src, n * sizeof(float)); }
 
 inline ivec lane_index() {
@@ -297,9 +296,8 @@ inline void transpose_8x8(const float* src, int64_t stride, int64_t rows, float*
 }
 
 // src (N x d, strided) into dst (N x dim_pad, zero past d); and its transpose into dst_t (zero past
-// N) when given: in 8 x 8 blocks when d is a multiple of 8 (saves 1.0-1.1 ms of the kernel's 14-17
-// on AVX2 at B 256, N 49, d 24, against the scalar loop; merging the row copies into the blocks
-// was slower)
+// N) when given: in 8 x 8 blocks when d is a multiple of 8 (quicker than the scalar loop; merging
+// the row copies into the blocks was slower)
 void gather(const Dims& D, Rows src, float* dst, float* dst_t = nullptr) {
   if (dst != nullptr)  // its padding columns stay zero from the buffer's construction: nothing else writes them
     for (int64_t i = 0; i < D.tokens; ++i) copy_row(dst + i * D.dim_pad, src.base + i * src.stride, D.dim);
@@ -320,8 +318,8 @@ void gather(const Dims& D, Rows src, float* dst, float* dst_t = nullptr) {
 
 // src's N rows of d floats (each line they touch) into L1, for a matrix that a product reads in
 // place one float at a time, issued before the copies that come first. In the GPSA layer, where the
-// projection has just written q, k, v and the product read them cold, that cost the backward 7%
-// (and the forward 7-8%, against copying k as well)
+// projection has just written q, k, v, the product read them cold without it (and copying k as
+// well was slower)
 inline __attribute__((always_inline)) void prefetch(const Dims& D, Rows src) { prefetch_rows(src, D.tokens, D.dim); }
 
 // N x d of buf.out into a strided matrix (AVX2 builds: AVX-512 ones store masked instead)
@@ -330,7 +328,7 @@ void scatter(const Dims& D, const float* src, Rows dst) {
 }
 
 // (N x N map, am / ap strides) @ (N x dim_pad) into dst: with AVX-512 straight into it, the last
-// vector masked; else straight into it when d fills whole vectors (saves about 5% of the kernel time
+// vector masked; else straight into it when d fills whole vectors (quicker
 // on AVX2), or through buf.out, keeping the zero padding out of dst
 void product_into(const Dims& D, const float* a, int64_t am, int64_t ap, const float* b, Buffers& buf, Rows dst) {
 #if defined(__AVX512F__)
@@ -368,11 +366,9 @@ struct Mix {
 
 // The maps key-major: row j of S^T = scale k q^T holds key j's scores, a query per lane, so each
 // query's softmax runs down its lane: max, exp and sum as whole vectors, with no lane sums, no
-// division per row and no masking of padded keys. Against query-major rows (Zen 5, both builds
-// alternating in one process, B 256, d 24): at N 49, alone, the forward takes 13-18% less time
-// (22% when it keeps no maps; 13% in the 8-lane AVX2 build), the backward 0-4% more; inside the GPSA
-// layer (ours, fp32) the forward 17-19% less, the backward 2-4% more, the layer step 2-3% less. At
-// N 196 the forward 3-11% less, the backward 8-10% more. The queries past N, in the padding lanes,
+// division per row and no masking of padded keys. Against query-major rows the forward takes less
+// time, the backward about the same or a little more, the GPSA layer's step less. The queries past
+// N, in the padding lanes,
 // come out zero.
 // With a mask: the product kept in buf.raw, S^T = it times M[h]^T (mask_t: the masks transposed,
 // rows tokens_pad apart).
@@ -537,4 +533,3 @@ void check_dims(const Dims& D) { TORCH_CHECK(D.dim >= 1, "qkv: a head dim of at 
 #include "linear_fp32.h"
 #include "layer_norm_fp32.h"
 #include "gpsa_layer_fp32.h"
-#include "multiply_add_peak.h"

@@ -7,50 +7,46 @@ C 96) or its gradient through memory before the next one starts.
 Same values as the layer's ops apart (the projections, `_attention_core.gated_attention`), up to
 the order of float32 sums: the kernel's broadcast-FMA tiles run the projections instead of MKL or
 oneDNN, and the weight gradients are summed over parts of the batch, one per thread, so the
-result does not depend on scheduling (it does on the thread count). Side by
-side on the 2-core Xeon (Sapphire Rapids), B 256, N 49, C 96, 4 heads, forward + backward: 21.0
-against 24.4 ms apart (timm's layer: 58.9 ms); at ConViT-Ti's shape (B 8, N 196, C 192) 1.07x;
-with torch, MKL and the kernel on AVX2 code there (standing in for an AVX2-only CPU) 1.12x
-(benchmarks/README.md; `gpsa_layer` times both, `ratio_fused_layer_gain`). Wider layers lose:
-each chunk passes over the whole weights (see `_MAX_QKV_WEIGHT_BYTES`), so they run apart.
+result does not depend on scheduling (it does on the thread count). benchmarks/gpsa_layer.py times
+it against the layer apart (`ratio_fused_layer_gain`). Wider layers lose: each chunk passes over
+the whole weights (see `_MAX_QKV_WEIGHT_BYTES`), so they run apart.
 
-`GPSA` takes it where `usable` says so; `USE_FUSED_LAYER = False` turns it off.
+`kernels.gated_attention` takes it where `usable` says so.
 """
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from trainers.models import _attention_kernel
-from trainers.models._attention_core import gate_and_pos_grads
-from trainers.models._common import has_hooks
+from trainers.kernels import _library
+from trainers.kernels._attention_core import gate_and_pos_grads
+from trainers.kernels._hooks import has_hooks
 
-__all__ = ["USE_FUSED_LAYER", "gpsa_layer", "usable"]
+__all__ = ["gpsa_layer", "usable"]
 
 # False: GPSA runs its projections and its core apart (the benchmarks time both side by side)
-USE_FUSED_LAYER = True
+_USE_FUSED_LAYER = True
 _WIDTH_MULTIPLE = 16  # the kernel's products run whole vectors along C (16 lanes with AVX-512, 8 with AVX2)
 # Every chunk's products pass over the whole q/k/v and output weights, and the backward adds into
-# their gradients: they must stay in cache. Side by side on the Xeon (gpsa_layer, fp32), the fused
-# layer against the layer apart: C 96 1.13-1.16x, C 192 1.05-1.07x (N 49 and N 196, B 8-256),
-# C 288 0.95x, C 384 0.89-0.90x, C 768 0.62x. So up to C 192: a q/k/v weight of 432 KiB.
+# their gradients: they must stay in cache. Side by side (benchmarks/gpsa_layer.py, fp32) the fused
+# layer gains up to C 192 and loses from C 288 on: so up to C 192, a q/k/v weight of 432 KiB.
 _MAX_QKV_WEIGHT_BYTES = 3 * 192 * 192 * 4
 
 
-def usable(layer: nn.Module, x: torch.Tensor) -> bool:
-    """Whether GPSA `layer`'s forward on x (B, N, C) can run as the fused layer: float32 (x and the
-    weights) on the CPU outside autocast and torch.compile (`_attention_kernel.available`: the
+def usable(x: torch.Tensor, *, qk: nn.Linear, v: nn.Linear, proj: nn.Linear, proj_drop: nn.Module) -> bool:
+    """Whether GPSA's forward on x (B, N, C) with these projections can run as the fused layer: float32 (x and the
+    weights) on the CPU outside autocast and torch.compile (`_library.available`: the
     float32 kernel built), C a multiple of 16 and at most 192 (the weights in cache), no q/k/v bias
     (timm's default), an output bias, no active output dropout, and no forward hooks on the
     projections (the fused op would bypass them)."""
-    return (USE_FUSED_LAYER and x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() == 3
-            and all(p.dtype == torch.float32 for p in (layer.qk.weight, layer.v.weight, layer.proj.weight))
+    return (_USE_FUSED_LAYER and x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() == 3
+            and all(p.dtype == torch.float32 for p in (qk.weight, v.weight, proj.weight))
             and x.shape[-1] % _WIDTH_MULTIPLE == 0 and 3 * x.shape[-1] ** 2 * 4 <= _MAX_QKV_WEIGHT_BYTES
             and not torch.is_autocast_enabled("cpu")
-            and layer.qk.bias is None and layer.v.bias is None and layer.proj.bias is not None
-            and not (layer.training and layer.proj_drop.p > 0)
-            and not any(has_hooks(m) for m in (layer.qk, layer.v, layer.proj, layer.proj_drop))
-            and _attention_kernel.available(torch.float32, x.shape[1]))
+            and qk.bias is None and v.bias is None and proj.bias is not None
+            and not (proj_drop.training and proj_drop.p > 0)
+            and not any(has_hooks(m) for m in (qk, v, proj, proj_drop))
+            and _library.available(torch.float32, x.shape[1]))
 
 
 class _Layer(torch.autograd.Function):
@@ -61,8 +57,8 @@ class _Layer(torch.autograd.Function):
     def forward(ctx, x: torch.Tensor, w_qkv: torch.Tensor, gate: torch.Tensor, pos: torch.Tensor,
                 w_proj: torch.Tensor, b_proj: torch.Tensor, scale: float) -> torch.Tensor:
         B, N, _ = x.shape
-        keep_maps = _attention_kernel.kept_maps_fit(B, gate.numel(), N)
-        y, qkv, out, row_max, row_inv, maps = _attention_kernel.kernels(torch.float32).gpsa_layer_forward(
+        keep_maps = _library.kept_maps_fit(B, gate.numel(), N)
+        y, qkv, out, row_max, row_inv, maps = _library.kernels(torch.float32).gpsa_layer_forward(
             x, w_qkv, gate, pos, scale, w_proj, b_proj, True, keep_maps)
         ctx.save_for_backward(x, w_qkv, gate, pos, w_proj, qkv, out, row_max, row_inv, maps)
         ctx.scale = scale
@@ -73,7 +69,7 @@ class _Layer(torch.autograd.Function):
     def backward(ctx, dy: torch.Tensor):
         x, w_qkv, gate, pos, w_proj, qkv, out, row_max, row_inv, maps = ctx.saved_tensors
         coef = ctx.scale * (1. - gate)  # dS's factor per head
-        dx, d_w_qkv, d_w_proj, d_b_proj, d_attn_sum, soft_dot = _attention_kernel.kernels(
+        dx, d_w_qkv, d_w_proj, d_b_proj, d_attn_sum, soft_dot = _library.kernels(
             torch.float32).gpsa_layer_backward(dy.contiguous(), x, qkv, out, w_qkv, w_proj, gate, pos, row_max, row_inv,
                                                maps, coef, ctx.scale)
         d_gate, d_pos = gate_and_pos_grads(d_attn_sum, soft_dot, gate, pos)
@@ -91,5 +87,5 @@ def gpsa_layer(x: torch.Tensor, w_qkv: torch.Tensor, gate: torch.Tensor, pos: to
     w_proj, b_proj = w_proj.contiguous(), b_proj.contiguous()
     if torch.is_grad_enabled() and any(t.requires_grad for t in (x, w_qkv, gate, pos, w_proj, b_proj)):
         return _Layer.apply(x, w_qkv, gate, pos, w_proj, b_proj, scale)
-    return _attention_kernel.kernels(torch.float32).gpsa_layer_forward(x, w_qkv, gate, pos, scale, w_proj, b_proj,
+    return _library.kernels(torch.float32).gpsa_layer_forward(x, w_qkv, gate, pos, scale, w_proj, b_proj,
                                                                        False, False)[0]

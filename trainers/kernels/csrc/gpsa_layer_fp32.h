@@ -1,4 +1,4 @@
-// GPSA's whole layer in float32, one op per direction, for trainers/models/_gpsa_layer.py: the q, k, v
+// GPSA's whole layer in float32, one op per direction, for trainers/kernels/_gpsa_layer.py: the q, k, v
 // projection, the attention core (forward_map / backward_map) and the output projection, a few
 // images at a time, so that a chunk's q, k, v, its core's output, dO and d_qkv are still in the
 // core's L2 when the next product reads them. Apart, each product streams the whole batch's
@@ -18,9 +18,8 @@
 // afterwards: the result does not depend on scheduling (on the thread count it does, as
 // attention_backward's sums). A part per image instead (fixed by B alone) cost ConViT-Ti's shape
 // (B 8, N 196, C 192) 10 MB of sums to zero and add, more than the layer gained.
-// Side by side on the Xeon (Sapphire Rapids, 2 cores; B 256, N 49, C 96, 4 heads), forward +
-// backward: 21.0 ms against 24.4 for the projections and the core apart (the forward 6.6 vs 8.0,
-// the backward 12.5 vs 14.9); at ConViT-Ti's shape (B 8, N 196, C 192) 1.07x (benchmarks/README.md).
+// benchmarks/gpsa_layer.py times it against the projections and the core apart
+// (`ratio_fused_layer_gain`).
 // For narrow layers only: every chunk's products pass over the whole weights and the backward adds
 // into their whole gradients, so from C 288 on the layer apart is quicker (_gpsa_layer.py's limit).
 #pragma once

@@ -2,7 +2,7 @@
 // over the last dim of float32 tokens, or of x + residual (the block's `x + branch`, whose float32
 // sum it also returns), in one pass over each row, written in the library's dtype: bf16
 // (layer_norm_bf16.h: for bf16 inference, the value the next linear would cast it to) or float32
-// (layer_norm_fp32.h). `PreNorm` and `add_and_norm` (trainers/models/_common.py) call it.
+// (layer_norm_fp32.h). `LayerNorm` and `add_and_norm` (trainers/kernels/_norm.py) call it.
 //
 // The file that includes this defines, before: layer_norm_rows<Residual>(x, residual, sum, out,
 // weight, bias, first, last, C, eps) over rows [first, last), Residual void (none) or float, and
