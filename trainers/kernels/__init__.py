@@ -11,6 +11,7 @@ Build: `prebuild_cpu_kernels()` compiles the C++ libraries this CPU can run (`_l
 from trainers.kernels._attention_core import masked_attention, masked_attention_usable
 from trainers.kernels._attention_core import plain_attention as attention
 from trainers.kernels._gpsa import gated_attention
+from trainers.kernels._hooks import has_hooks
 from trainers.kernels._kept import KeptValues
 from trainers.kernels._library import prebuild_cpu_kernels
 from trainers.kernels._linear import Linear, linear, records_autograd
@@ -20,6 +21,6 @@ from trainers.kernels._switch import enabled, set_enabled
 
 __all__ = [
     "KeptValues", "LayerNorm", "Linear", "add_and_norm", "add_residual", "attention",
-    "enabled", "gated_attention", "linear", "masked_attention", "masked_attention_usable", "prebuild_cpu_kernels",
+    "enabled", "gated_attention", "has_hooks", "linear", "masked_attention", "masked_attention_usable", "prebuild_cpu_kernels",
     "records_autograd", "refine_maps", "refine_maps_usable", "set_enabled",
 ]

@@ -18,8 +18,7 @@ from timm.models._features_fx import register_notrace_function, register_notrace
 
 from trainers import kernels
 from trainers.kernels import LayerNorm as PreNorm
-from trainers.kernels import Linear, add_and_norm, add_residual, linear, records_autograd
-from trainers.kernels._hooks import has_hooks
+from trainers.kernels import Linear, add_and_norm, add_residual, has_hooks, linear, records_autograd
 
 __all__ = [
     'IMAGENET_DEFAULT_MEAN', 'IMAGENET_DEFAULT_STD', 'FASHION_MNIST_MEAN', 'FASHION_MNIST_STD', 'GridSize',
