@@ -1,0 +1,272 @@
+"""Search specs: every shipped space loads; malformed specs give one line naming the key, exit 2."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from search import load_spec
+from search.views.cli import main
+from trainers.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[3]
+SPACES = sorted((ROOT / "spaces").glob("*.yaml"))
+
+GOOD = {
+    "name": "t",
+    "dataset": {"name": "synthetic"},
+    "model": {"name": "ls_convit_nano"},
+    "space": {
+        "locality_strength": {"type": "uniform", "low": 0.5, "high": 2.0},
+        "lr": {"type": "loguniform", "low": 1e-4, "high": 1e-2},
+    },
+    "objectives": [{"metric": "val_acc", "mode": "max"}, {"metric": "throughput", "mode": "max"}],
+    "budget": {"trials": 2, "max_epochs": 1},
+}
+
+
+def _with(change: dict, base: dict = GOOD) -> dict:
+    out = yaml.safe_load(yaml.safe_dump(base))
+    for dotted, value in change.items():
+        node = out
+        *parents, leaf = dotted.split(".")
+        for key in parents:
+            node = node[key]
+        if value is _DELETE:
+            del node[leaf]
+        else:
+            node[leaf] = value
+    return out
+
+
+_DELETE = object()
+
+
+def test_there_are_spaces():
+    assert any(p.name == "convit_locality.yaml" for p in SPACES)
+
+
+@pytest.mark.parametrize("path", SPACES, ids=[p.name for p in SPACES])
+def test_every_space_loads(path):
+    spec = load_spec(path)
+    assert spec.name == path.stem
+    assert spec.space and spec.objectives
+    assert len(spec.spec_hash) == 16
+
+
+def test_good_spec_loads(tmp_path):
+    path = tmp_path / "good.yaml"
+    path.write_text(yaml.safe_dump(GOOD))
+    spec = load_spec(path)
+    assert spec.space["lr"].type == "loguniform"
+    assert spec.model_keys() == ["locality_strength"] and spec.train_keys() == ["lr"]
+
+
+# (change to the good spec, text the message must contain)
+MALFORMED = [
+    ({"bogus": 1}, "bogus: unknown key"),
+    ({"budget.trails": 3}, "budget.trails: unknown key; did you mean 'trials'?"),
+    ({"budget.trials": "ten"}, "budget.trials: expected a whole number"),
+    ({"budget.trials": 0}, "budget.trials: must be at least 1"),
+    ({"budget.max_epochs": _DELETE}, "budget.max_epochs: missing"),
+    ({"space.lr.low": 1.0}, "space.lr.low: low (1.0) is greater than high"),
+    ({"space.locality_strength.high": 0.5}, "space.locality_strength.high: the range [0.5, 0.5] is empty"),
+    ({"space.lr.low": 0.0}, "space.lr.low: a loguniform range needs low > 0"),
+    ({"space.lr.type": "gaussian"}, "space.lr.type: 'gaussian' is not allowed"),
+    ({"space.lr": {"type": "choice", "values": []}}, "space.lr.values: a choice needs a non-empty list"),
+    ({"space.alpha": {"type": "uniform", "low": 0, "high": 1}}, "space.alpha: is neither a training setting"),
+    ({"objectives": [{"metric": "accuracy", "mode": "max"}]}, "objectives[0].metric: unknown metric 'accuracy'"),
+    ({"objectives": [{"metric": "val_acc", "mode": "up"}]}, "objectives[0].mode: 'up' is not allowed"),
+    ({"model.name": "no_such_model"}, "model.name: 'no_such_model' is not a registered model"),
+    ({"model.args": {"depth": "deep"}}, "model.args"),
+    ({"dataset.train_fraction": 1.5}, "dataset.train_fraction: must be in (0, 1]"),
+    ({"scheduler": {"name": "hyperband"}}, "scheduler.name: 'hyperband' is not allowed"),
+    ({"algorithm": {"name": "cmaes"}}, "algorithm.name: 'cmaes' is not allowed"),
+    ({"resources": {"cpus": 0}}, "resources.cpus: must be positive"),
+    ({"resources": {"gpus": 1.5}}, "resources.gpus: above 1 must be a whole number"),
+    ({"resources": {"custom": {"GPU": 1}}}, "resources.custom: 'GPU' is a built-in resource; set resources.cpus / resources.gpus"),
+    ({"resources": {"custom": {"a100": 0}}}, "resources.custom: a100: must be positive"),
+    ({"resources": {"custom": ["a100"]}}, "resources.custom: expected a mapping"),
+    ({"name": "a/b"}, "name: 'a/b' is not usable as a folder name"),
+    ({"train": {"lr": 0.01}}, "space.lr: is also set under train"),
+    ({"train": {"precision": "fp8"}}, "train.precision: 'fp8' is not allowed; use one of 'auto', 'fp32', 'bf16', 'fp16'"),
+    ({"space.precision": {"type": "choice", "values": ["fp32", "bf17"]}},
+     "space.precision: 'bf17' is not a valid train.precision: must be one of auto, fp32, bf16, fp16"),
+    ({"train": {"compile": "yes"}}, "train.compile"),
+    ({"space.compile": {"type": "choice", "values": [True, "yes"]}},
+     "space.compile: 'yes' is not a valid train.compile: must be true, false or a torch.compile mode "),
+    ({"train": {"num_workers": "many"}}, "train.num_workers: expected a whole number or one of 'auto', got 'many'"),
+    ({"train": {"num_workers": 0}}, "train.num_workers: must be a whole number of threads, at least 1, or auto; got 0"),
+    ({"space.batch_size": {"type": "int", "low": 0, "high": 64}},
+     "space.batch_size: 0 is not a valid train.batch_size: must be at least 1, got 0; remove it from the range"),
+    ({"models": [{"name": "ls_gmm_nano"}]}, "model: give either 'model:' (one model) or 'models:'"),
+    ({"model": _DELETE, "models": [
+        {"name": "ls_convit_nano", "space": {"depth": {"type": "int", "low": 1, "high": 2}}},
+        {"name": "ls_gmm_nano", "space": {"depth": {"type": "int", "low": 1, "high": 3}}}]},
+     "models[1].space.depth: is also defined at models[0].space.depth with another range"),
+    ({"model": _DELETE, "models": [{"name": "ls_convit_nano"}, {"name": "ls_gmm_nano", "args": {"lr": 1}}]},
+     "models[1].args.lr: is also searched"),
+    # a value the model rejects whatever the other knobs are: caught before any trial runs
+    ({"model.name": "ls_refiner_nano", "space.locality_strength": _DELETE,
+      "space.refiner_kernel": {"type": "choice", "values": [1, 4]}},
+     "space.refiner_kernel: ls_refiner_nano does not accept 4: refiner_kernel=4 must be odd"),
+    ({"model.name": "ls_refiner_nano", "space.locality_strength": _DELETE,
+      "space.refiner_blocks": {"type": "int", "low": 0, "high": 3}},
+     "space.refiner_blocks: ls_refiner_nano does not accept 3: refiner_blocks=3 exceeds depth=2"),
+    ({"model": _DELETE, "space.locality_strength": _DELETE, "models": [
+        {"name": "ls_convit_nano"},
+        {"name": "ls_gmm_nano", "space": {"num_kernels": {"type": "int", "low": 0, "high": 2}}}]},
+     "models[1].space.num_kernels: ls_gmm_nano does not accept 0"),
+    # holes the hand-written checker left open (each value used to pass and fail the run later)
+    ({"algorithm": {"name": "tpe", "n_startup_trials": -5}}, "algorithm.n_startup_trials: must be >= 0, got -5"),
+    ({"algorithm": {"name": "random", "n_startup_trials": 5}},
+     "algorithm.n_startup_trials: only tpe starts with random trials; remove it for random"),
+    ({"algorithm": {"seed": -1}}, "algorithm.seed: must be >= 0, got -1"),
+    ({"budget.time_limit_s": float("nan")}, "budget.time_limit_s: must be a finite number, got nan"),
+    ({"train": {"weight_decay": float("inf")}}, "train.weight_decay: must be a finite number, got inf"),
+    ({"scheduler": {"reduction_factor": float("nan")}}, "scheduler.reduction_factor: must be a finite number, got nan"),
+    ({"space.lr.step": 0.001}, "space.lr.step: a log-scaled range takes no step"),
+    ({"space.batch_size": {"type": "int", "low": 16, "high": 64, "step": 0.5}},
+     "space.batch_size.step: an int range needs a whole-number step, got 0.5"),
+    ({"space.locality_strength.log": True}, "space.locality_strength.log: only an int range takes log"),
+    ({"space.lr": {"type": "choice", "values": [1e-3], "step": 2}}, "space.lr.step: a choice takes 'values' only"),
+    # YAML read as the user means it, not as pydantic's lax mode would coerce it
+    ({"budget.trials": True}, "budget.trials: expected a whole number, got True"),
+    ({"budget.trials": "10"}, "budget.trials: expected a whole number, got '10'"),
+    ({"train": {"cuda_graph": "yes"}}, "train.cuda_graph: expected true or false, got 'yes'"),
+    ({"train": {"batchsize": 64}}, "train.batchsize: unknown key; did you mean 'batch_size'?"),
+]
+
+
+@pytest.mark.parametrize("change,message", MALFORMED, ids=[m for _, m in MALFORMED])
+def test_malformed_spec_names_the_key(tmp_path, capsys, change, message):
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(_with(change)))
+    with pytest.raises(ConfigError) as info:
+        load_spec(path)
+    text = str(info.value)
+    assert message in text
+    assert text.startswith(str(path)) and "\n" not in text
+    # The CLI turns it into one line on stderr and exit code 2, without a traceback.
+    assert main(["check", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err and "Traceback" not in err
+
+
+def test_a_value_that_depends_on_another_searched_knob_is_left_to_the_trials(tmp_path):
+    # refiner_blocks=4 exceeds the default depth (2) but not depth=4, which the space also reaches
+    path = tmp_path / "coupled.yaml"
+    path.write_text(yaml.safe_dump(_with({
+        "model.name": "ls_refiner_nano", "space.locality_strength": _DELETE,
+        "space.depth": {"type": "int", "low": 2, "high": 4},
+        "space.refiner_blocks": {"type": "int", "low": 0, "high": 4}})))
+    assert load_spec(path).model_keys() == ["depth", "refiner_blocks"]
+
+
+def test_missing_file_and_bad_yaml(tmp_path, capsys):
+    assert main(["check", str(tmp_path / "nope.yaml")]) == 2
+    assert "no such spec file" in capsys.readouterr().err
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: [unclosed\n")
+    assert main(["check", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "line" in err and "fix the YAML syntax" in err
+
+
+def test_yaml_is_read_safely(tmp_path):
+    path = tmp_path / "evil.yaml"
+    path.write_text("!!python/object/apply:os.system ['echo pwned']\n")
+    with pytest.raises(ConfigError):
+        load_spec(path)
+
+
+def test_cli_exit_code_in_a_real_process(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(_with({"budget.trials": -1})))
+    proc = subprocess.run(
+        [sys.executable, "-m", "search", "run", str(path), "--storage", str(tmp_path)],
+        capture_output=True, text=True, cwd=ROOT, timeout=300,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0
+    assert "budget.trials: must be at least 1" in proc.stderr
+
+
+def test_overrides(tmp_path):
+    path = tmp_path / "good.yaml"
+    path.write_text(yaml.safe_dump(GOOD))
+    spec = load_spec(path).with_overrides(trials=7, max_epochs=3, storage=str(tmp_path / "r"), name="other")
+    assert spec.budget.trials == 7 and spec.budget.max_epochs == 3
+    assert spec.experiment_dir == (tmp_path / "r" / "other").resolve()
+    with pytest.raises(ConfigError, match="--trials"):
+        load_spec(path).with_overrides(trials=0)
+
+
+def test_unreachable_ray_address_is_a_one_line_error(tmp_path, capsys):
+    """Ray retries a dead address for minutes; the CLI checks it first and says what to fix."""
+    import socket
+
+    with socket.socket() as sock:  # a loopback port that nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    spec = tmp_path / "s.yaml"
+    spec.write_text(yaml.safe_dump(_with({"dataset.name": "synthetic", "storage": str(tmp_path / "r")})))
+    code = main(["run", str(spec), "--address", f"127.0.0.1:{port}", "--cache-dir", str(tmp_path / "c")])
+    err = capsys.readouterr().err
+    assert code == 2 and "no Ray head node answers there" in err and err.count("\n") == 1
+    assert not (tmp_path / "r").exists()  # nothing written for a run that never started
+
+
+@pytest.mark.parametrize("path", SPACES, ids=[p.name for p in SPACES])
+def test_every_space_samples_configs_that_build(path):
+    """Draw configs the way the search does (Optuna, define-by-run) and build each model."""
+
+    import optuna
+    import torch
+
+    from search.study.runner import OptunaSpace
+    from search.study.trainable import TrialTemplate, trial_config
+    from trainers.data import PreparedDataset, load_catalog
+    from trainers.train import build_model
+
+    spec = load_spec(path)
+    catalog = load_catalog(spec.dataset.name)
+    size = spec.dataset.image_size or catalog.get("image_size") or 28
+    data = PreparedDataset(
+        name=spec.dataset.name, train_path="-", val_path="-", test_path="-",
+        num_classes=catalog["num_classes"], image_size=size, channels=catalog["channels"],
+        mean=(0.5,) * catalog["channels"], std=(0.25,) * catalog["channels"], class_names=(),
+        counts={}, content_hash="-", flip=False,
+    )
+    template = TrialTemplate(
+        models={m.name: dict(m.args) for m in spec.candidates}, data=data, epochs=1, train=spec.train,
+        throughput=spec.throughput, patience=None, seed=0,
+    )
+    space = OptunaSpace(spec.space, {m.name: m.space for m in spec.candidates})
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    built = set()
+    for _ in range(12 if spec.conditional else 4):
+        trial = study.ask()
+        space(trial)
+        sampled = dict(trial.params)
+        if spec.conditional:
+            own = set(spec.space) | set(dict((m.name, m) for m in spec.candidates)[sampled["model"]].space)
+            assert set(sampled) == own | {"model"}  # only the chosen model's knobs are drawn
+        cfg = trial_config(template, sampled)
+        with torch.device("meta"):
+            build_model(cfg)
+        built.add(cfg.model)
+        study.tell(trial, 0.0)
+    if spec.conditional:
+        assert len(built) > 1
+
+
+def test_resources_reach_ray_as_asked(tmp_path):
+    path = tmp_path / "cluster.yaml"
+    path.write_text(yaml.safe_dump(_with({"resources": {"cpus": 4, "gpus": 0.25, "custom": {"a100": 1}}})))
+    assert load_spec(path).resources.ray_resources() == {"cpu": 4.0, "gpu": 0.25, "a100": 1.0}

@@ -1,0 +1,227 @@
+"""A study on an existing two-node Ray cluster, both nodes on this machine (loopback).
+
+The head and the worker are started with ``ray start``, one CPU each and one ``trial_slot``
+each (the spec asks for a slot per trial), so at most one trial runs per node and the trials
+are forced onto both. Each node has its own dataset cache (``LOCALITY_SEARCH_CACHE`` in the
+node's environment, as on separate machines). Mid-search the worker node is killed: its trial
+is retried from its last checkpoint on the head, and the study ends with the exact trial count.
+
+It runs twice: with the study in a folder (a shared mount at the same path on every node), and at
+an s3:// URI on a real S3-protocol server (moto's, on loopback), where each node's trials write
+their checkpoints to the bucket themselves and the killed trial goes on from the one the worker
+node uploaded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from search.results.location import StudyLocation, study_location
+
+pytestmark = pytest.mark.ray
+
+ROOT = Path(__file__).resolve().parents[3]
+BIN = Path(sys.executable).parent
+TRIALS, EPOCHS = 4, 16  # with one slot per node: the killed trial and two more run on the head
+
+SPEC = f"""
+name: two_nodes
+dataset: {{name: synthetic, val_fraction: 0.2, image_size: 32}}  # 32 px: epochs of 0.5-1 s, trials outlast a worker start
+model: {{name: ls_convit_nano}}
+space:
+  lr: {{type: loguniform, low: 1.0e-3, high: 5.0e-3}}
+objectives:
+  - {{metric: val_acc, mode: max}}
+  - {{metric: throughput, mode: max}}
+budget: {{trials: {TRIALS}, max_epochs: {EPOCHS}, max_failures: 3}}
+algorithm: {{name: random, seed: 0}}
+scheduler: {{name: none}}
+resources: {{cpus: 1, custom: {{trial_slot: 1}}}}
+train: {{batch_size: 64, num_workers: 1, warmup_epochs: 0.2}}
+throughput: {{batch_size: 64, warmup: 1, repeats: 3}}
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Cluster:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.port = _free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        # Token authentication off for this throwaway loopback cluster (its token would live in ~/.ray).
+        self.env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0",
+                    "LOCALITY_SEARCH_LOCKS": str(root / "locks")}
+        self.env.pop("RAY_ADDRESS", None)
+        self.procs: dict[str, subprocess.Popen] = {}
+
+    def start_node(self, name: str, *, head: bool) -> None:
+        cache = self.root / f"cache-{name}"
+        resources = {"trial_slot": 1, f"node_{name}": 1}
+        args = [str(BIN / "ray"), "start", "--block", "--num-cpus=1", f"--resources={json.dumps(resources)}",
+                "--node-ip-address=127.0.0.1", "--disable-usage-stats"]
+        args += ["--head", f"--port={self.port}", "--include-dashboard=false"] if head else [f"--address={self.address}"]
+        env = {**self.env, "LOCALITY_SEARCH_CACHE": str(cache),
+               # the head's GCS declares a silent node dead after ~3 s instead of ~30 s
+               "RAY_health_check_period_ms": "1000", "RAY_health_check_timeout_ms": "1000",
+               "RAY_health_check_failure_threshold": "3"}
+        log = open(self.root / f"{name}.log", "w")  # noqa: SIM115 -- closed with the process
+        self.procs[name] = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def nodes(self) -> dict[str, str]:
+        """Alive nodes: our name (from the node_<name> resource) -> Ray node id."""
+        script = ("import json, ray; ray.init(address=%r, log_to_driver=False, logging_level='ERROR');"
+                  "print(json.dumps([[n['NodeID'], list(n['Resources'])] for n in ray.nodes() if n['Alive']]))") % self.address
+        out = subprocess.run([sys.executable, "-c", script], env=self.env, capture_output=True, text=True, timeout=60)
+        if out.returncode != 0:
+            return {}
+        return {r[len("node_"):]: node for node, resources in json.loads(out.stdout.splitlines()[-1])
+                for r in resources if r.startswith("node_")}
+
+    def wait_for(self, names: set[str], timeout: float = 120) -> dict[str, str]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:  # the head's GCS first: before it listens, ray.init hangs
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.5)
+        while time.monotonic() < deadline:
+            nodes = self.nodes()
+            if set(nodes) == names:
+                return nodes
+            time.sleep(1)
+        raise AssertionError(f"cluster nodes never became {names}; logs in {self.root}")
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        proc = self.procs.pop(name)
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=20)
+
+    def stop(self) -> None:
+        # SIGKILL: on SIGTERM a node drains for up to 30 s first, with nothing left to drain here
+        for name in list(self.procs):
+            self.kill(name)
+
+
+@pytest.fixture(params=["folder", "s3"])
+def storage(request, tmp_path) -> str:
+    """Where the study lives: a folder, or an s3:// URI (its credentials then in the environment
+    the nodes start with)."""
+    return str(tmp_path / "results") if request.param == "folder" else request.getfixturevalue("s3_storage")
+
+
+@pytest.fixture()
+def cluster(tmp_path, storage):
+    c = Cluster(tmp_path)
+    try:
+        c.start_node("head", head=True)
+        c.wait_for({"head"})
+        c.start_node("worker", head=False)
+        c.nodes_by_name = c.wait_for({"head", "worker"})
+        yield c
+    finally:
+        c.stop()
+
+
+def _read(study: StudyLocation, name: str) -> list[dict]:
+    """The study's table `name` as the store holds it (at the URI itself, not the driver's
+    staging copy, read as any reader does while the driver uploads); [] before it is first written."""
+    data = study.read(name)
+    return [] if data is None else pq.read_table(pa.BufferReader(data)).to_pylist()
+
+
+def _finished(study: StudyLocation) -> set[str]:
+    return {r["trial_id"] for r in _read(study, "trials.parquet")}
+
+
+def test_search_spreads_over_two_nodes_and_survives_losing_one(cluster, storage, tmp_path):
+    spec = tmp_path / "two_nodes.yaml"
+    spec.write_text(SPEC)
+    study = study_location(storage, "two_nodes")
+    head_id, worker_id = cluster.nodes_by_name["head"], cluster.nodes_by_name["worker"]
+    env = {**cluster.env, "LOCALITY_SEARCH_CACHE": str(tmp_path / "cache-driver"), "PYTHONPATH": str(ROOT)}
+    started = time.monotonic()
+    driver = subprocess.Popen(
+        [sys.executable, "-m", "search", "run", str(spec), "--storage", str(storage), "--address", cluster.address],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    # Kill the worker node once it is into a trial: its first epoch reported. epochs.parquet is
+    # up to ~2 s late, four or five epochs on a fast CPU, so the trial is then about a third of
+    # the way (killed at epoch <= 3 of 8 it had reached epoch 6, and a CI run saw one finish first).
+    killed_trial = None
+    deadline = time.monotonic() + 300
+    while killed_trial is None and time.monotonic() < deadline and driver.poll() is None:
+        early = [r for r in _read(study, "epochs.parquet") if r["node_id"] == worker_id and r["epoch"] == 1]
+        running = [r for r in early if r["trial_id"] not in _finished(study)]
+        if running:
+            killed_trial = running[0]["trial_id"]
+        else:
+            time.sleep(0.2)
+    assert killed_trial is not None, f"no trial ran on the worker node:\n{driver.stdout.read() if driver.poll() is not None else ''}"
+    killed_at = time.monotonic()
+    cluster.kill("worker")
+    output, _ = driver.communicate(timeout=600)
+    wall = time.monotonic() - started
+    assert driver.returncode == 0, output[-4000:]
+
+    trials, epochs = _read(study, "trials.parquet"), _read(study, "epochs.parquet")
+    # The exact trial count, every one finished, each epoch recorded once.
+    assert len(trials) == TRIALS and len({t["trial_id"] for t in trials}) == TRIALS
+    assert [t["state"] for t in trials] == ["COMPLETE"] * TRIALS, [(t["state"], t["error"]) for t in trials]
+    assert all(t["epochs_run"] == EPOCHS for t in trials)
+    assert Counter((e["trial_id"], e["epoch"]) for e in epochs) == Counter(
+        {(t["trial_id"], k): 1 for t in trials for k in range(1, EPOCHS + 1)})
+    # Trials ran on both nodes; the killed one went on, from its checkpoint, on the head.
+    by_node = Counter(e["node_id"] for e in epochs)
+    assert set(by_node) == {head_id, worker_id}
+    killed = next(t for t in trials if t["trial_id"] == killed_trial)
+    assert killed["failures"] >= 1 and killed["node_id"] == head_id
+    killed_epochs = sorted((e["epoch"], e["node_id"]) for e in epochs if e["trial_id"] == killed_trial)
+    assert killed_epochs[0][1] == worker_id and killed_epochs[-1][1] == head_id
+    assert all(t["node_ip"] and t["hostname"] for t in trials)
+    if study.uri is not None:  # every trial's checkpoints in the bucket, nothing half-written there
+        import pyarrow.fs
+
+        objects = [i.path for i in study.fs.get_file_info(pyarrow.fs.FileSelector(study.path, recursive=True))]
+        with_checkpoints = {p.split("/ray/")[1].split("/")[0] for p in objects if "/checkpoint_" in p}
+        assert len(with_checkpoints) == TRIALS, with_checkpoints
+        assert not [p for p in objects if p.endswith(".tmp")]
+    first_node = {t: min((e["epoch"], e["node_id"]) for e in epochs if e["trial_id"] == t)[1] for t in {e["trial_id"] for e in epochs}}
+    placement = Counter("head" if n == head_id else "worker" for n in first_node.values())
+    assert placement["head"] >= 2  # so two trials on one node needed the same dataset
+    # The dataset was converted once per node (the driver's check, the head's trials, the
+    # worker's trials): every cache holds one converted copy, made by one process.
+    for name in ("driver", "head", "worker"):
+        converted = [p for p in (tmp_path / f"cache-{name}").iterdir() if p.is_dir() and not p.name.startswith(".") and p.name != "throughput"]
+        assert len(converted) == 1, (name, converted)
+        assert json.loads((converted[0] / "meta.json").read_text())["pid"] > 0
+    print(f"\ntwo-node study: {TRIALS} trials x {EPOCHS} epochs in {wall:.0f} s; first epoch on head/worker: "
+          f"{placement['head']}/{placement['worker']}; epochs on head/worker: {by_node[head_id]}/{by_node[worker_id]}; "
+          f"worker killed {killed_at - started:.0f} s in during trial {killed_trial} "
+          f"(epochs {[e for e, n in killed_epochs if n == worker_id]} on the worker, "
+          f"{[e for e, n in killed_epochs if n == head_id]} on the head after {killed['failures']} failure(s)); "
+          f"trials with failures: {sum(1 for t in trials if t['failures'])}")
