@@ -257,7 +257,9 @@ def measure_throughput(
     )
 
 
-MODEL_SOURCES = Path(__file__).resolve().parent / "models"  # read by implementation_fingerprint
+# read by implementation_fingerprint
+MODEL_SOURCES = Path(__file__).resolve().parent / "models"
+KERNEL_SOURCES = Path(__file__).resolve().parent / "kernels"
 
 
 def architecture_fingerprint(model: nn.Module) -> str:
@@ -271,9 +273,11 @@ def architecture_fingerprint(model: nn.Module) -> str:
 def implementation_fingerprint(model: nn.Module) -> str:
     """The source that runs the model's forward: the files of every module defining one of its
     modules' classes (and their bases), plus this project's model files (shared helpers such as
-    `_common`) and the C++ kernels they build (`models/csrc`). torch itself is keyed by its version.
+    `_common`) and its kernels package with the C++ it builds (`kernels/csrc`). torch itself is keyed
+    by its version.
     A speed-up in that code then gets a new measurement instead of a number timed with the old code."""
-    files = set(MODEL_SOURCES.glob("*.py")) | set((MODEL_SOURCES / "csrc").glob("*"))
+    files = (set(MODEL_SOURCES.glob("*.py")) | set(KERNEL_SOURCES.glob("*.py"))
+             | set((KERNEL_SOURCES / "csrc").glob("*")))
     for module in model.modules():
         for cls in type(module).__mro__:
             source = getattr(sys.modules.get(cls.__module__), "__file__", None)

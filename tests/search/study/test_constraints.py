@@ -200,9 +200,9 @@ def test_measure_model_measures_again_when_the_model_code_changes(tmp_path, monk
 
 def test_the_c_kernels_are_part_of_the_implementation_fingerprint(tmp_path, monkeypatch):
     """The attention kernels are C++ the models compile at run time: a faster kernel is new code too."""
-    sources = tmp_path / "models"
-    shutil.copytree(throughput.MODEL_SOURCES, sources, ignore=shutil.ignore_patterns("__pycache__"))
-    monkeypatch.setattr(throughput, "MODEL_SOURCES", sources)
+    sources = tmp_path / "kernels"
+    shutil.copytree(throughput.KERNEL_SOURCES, sources, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(throughput, "KERNEL_SOURCES", sources)
     model = timm.create_model("ls_convit_nano")
     before = implementation_fingerprint(model)
     kernel = sources / "csrc" / "attention_core_fp32.cpp"
