@@ -212,7 +212,9 @@ def _dashboard_notes(dashboard_host: str, url: str, out: TextIO) -> None:
 
 
 # Not shipped to a cluster's nodes with the code (on top of what .gitignore leaves out).
-SHIP_EXCLUDES = [".git/", "results/", "tests/", "benchmarks/", "dashboards/", "*.beton", "*.parquet", "*.journal"]
+# gitignore patterns: the leading "/" anchors a folder at the project root ("results/" alone would
+# also leave out the package search/results/)
+SHIP_EXCLUDES = ["/.git/", "/results/", "/tests/", "/benchmarks/", "/dashboards/", "*.beton", "*.parquet", "*.journal"]
 
 
 def _init_ray(address: str | None, dashboard_host: str, out: TextIO) -> None:

@@ -181,7 +181,10 @@ def test_search_spreads_over_two_nodes_and_survives_losing_one(cluster, storage,
             killed_trial = running[0]["trial_id"]
         else:
             time.sleep(0.2)
-    assert killed_trial is not None, f"no trial ran on the worker node:\n{driver.stdout.read() if driver.poll() is not None else ''}"
+    if killed_trial is None:  # say why: the driver's output, stopped first if it still runs
+        if driver.poll() is None:
+            driver.kill()
+        pytest.fail(f"no trial ran on the worker node; the driver printed:\n{driver.communicate(timeout=60)[0]}")
     killed_at = time.monotonic()
     cluster.kill("worker")
     output, _ = driver.communicate(timeout=600)
@@ -225,3 +228,20 @@ def test_search_spreads_over_two_nodes_and_survives_losing_one(cluster, storage,
           f"(epochs {[e for e, n in killed_epochs if n == worker_id]} on the worker, "
           f"{[e for e, n in killed_epochs if n == head_id]} on the head after {killed['failures']} failure(s)); "
           f"trials with failures: {sum(1 for t in trials if t['failures'])}")
+
+
+def test_the_code_shipped_to_nodes_holds_every_package_module_and_no_results(tmp_path):
+    """What `--address` ships (Ray's working_dir with SHIP_EXCLUDES, matched by Ray's own matcher):
+    every module of search and trainers, and no results, tests or stores. A pattern such as
+    "results/" also matches search/results/, and trials on the nodes then failed to import."""
+    from ray._private.runtime_env.packaging import _get_excludes
+
+    from search.study.runner import SHIP_EXCLUDES
+
+    excluded = _get_excludes(ROOT, SHIP_EXCLUDES)
+    modules = [p for package in ("search", "trainers") for p in (ROOT / package).rglob("*.py")]
+    assert any(p.parent.name == "results" for p in modules)  # the package the bad pattern hid
+    assert [p for p in modules if excluded(p)] == []
+    for left_out in ("results/convit_locality/trials.parquet", "tests/conftest.py", "benchmarks/models.py",
+                     "study/optuna.journal", "cache/train.beton"):
+        assert excluded(ROOT / left_out), left_out
