@@ -7,6 +7,7 @@ user would, reads its stdout as it comes and the study's Parquet files at the en
     ./with-deps python -m benchmarks main_job [--spec spaces/convit_locality.yaml] [--profile NAME]
         [--runs 2 --fresh-caches]     # the first run on empty caches (kernels, datasets,
                                       # throughput), the later ones on what it left
+        [--cache-home DIR [--append]] # the same, one run per invocation: DIR kept between them
 
 Set-up is everything before Tune's first trial (spec, dataset conversion, kernel builds, Ray's
 start); it ends when the run prints its ``study NAME: ...`` line. The first epoch's start is
@@ -152,6 +153,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--fresh-caches", action="store_true",
                         help="the first run on empty caches (XDG_CACHE_HOME: kernels, converted datasets, "
                         "throughput), as on a machine that never ran the project; later runs reuse them")
+    parser.add_argument("--cache-home", metavar="DIR",
+                        help="XDG_CACHE_HOME for the runs, kept after them (a run on an empty one is a first run; "
+                        "pass the same DIR again for a second run)")
+    parser.add_argument("--append", action="store_true",
+                        help="add this invocation's runs to the result file's (same spec and profile)")
     parser.add_argument("--result-name", default="main_job")
     args = parser.parse_args(argv)
     if args.runs < 1:
@@ -165,19 +171,30 @@ def main(argv: list[str] | None = None) -> None:
     env.pop("RAY_ADDRESS", None)
     env.pop("LOCALITY_SEARCH_CACHE", None)
     runs = []
+    if args.fresh_caches and args.cache_home:
+        parser.error("--fresh-caches uses a new empty cache; --cache-home names one: pass one of them")
     with tempfile.TemporaryDirectory(prefix="main-job-") as scratch:
-        if args.fresh_caches:
-            env["XDG_CACHE_HOME"] = str(Path(scratch) / "cache")
+        home = Path(args.cache_home).resolve() if args.cache_home else Path(scratch) / "cache" if args.fresh_caches else None
+        if home is not None:
+            env["XDG_CACHE_HOME"] = str(home)
         for i in range(args.runs):
             storage = Path(scratch) / f"run{i + 1}"
             storage.mkdir()
-            caches = ("fresh" if i == 0 else "warm") if args.fresh_caches else "as found"
+            caches = "as found" if home is None else "warm" if home.exists() and any(home.iterdir()) else "fresh"
             print(f"== run {i + 1}/{args.runs} (caches: {caches})", flush=True)
             record = run_once(spec=args.spec, profile=args.profile, storage=storage, env=env)
             runs.append({"run": i + 1, "caches": caches, **record})
             print(f"== run {i + 1}: {_line(record)}", flush=True)
+    if args.append:
+        from benchmarks._env import RESULTS_DIR, environment, result_slug
+
+        earlier = RESULTS_DIR / f"{args.result_name}-{result_slug(environment())}.json"
+        if earlier.exists():
+            previous = json.loads(earlier.read_text())
+            if (previous.get("config", {}).get("spec"), previous.get("config", {}).get("profile")) == (args.spec, args.profile):
+                runs = previous["runs"] + [{**r, "run": len(previous["runs"]) + r["run"]} for r in runs]
     path = write_result(args.result_name, {
-        "config": {"spec": args.spec, "profile": args.profile, "runs": args.runs, "fresh_caches": args.fresh_caches,
+        "config": {"spec": args.spec, "profile": args.profile, "runs": len(runs), "fresh_caches": args.fresh_caches,
                    "torch_threads": torch.get_num_threads(), "cpus": os.cpu_count()},
         "runs": runs,
     })
