@@ -11,7 +11,10 @@ from search.spec.spec import (
     Resources,
     SchedulerSpec,
     SearchSpec,
+    SpecProfiles,
+    deep_merge,
     load_spec,
+    pick_profile,
 )
 
 __all__ = [
@@ -25,5 +28,8 @@ __all__ = [
     "SchedulerSpec",
     "Resources",
     "load_spec",
+    "pick_profile",
+    "deep_merge",
+    "SpecProfiles",
     "OBJECTIVE_METRICS",
 ]

@@ -35,6 +35,9 @@ __all__ = [
     "Resources",
     "ThroughputSettings",
     "load_spec",
+    "SpecProfiles",
+    "deep_merge",
+    "pick_profile",
     "OBJECTIVE_METRICS",
 ]
 
@@ -242,6 +245,8 @@ class SearchSpec(Record):
     description: str = ""
     # the file it came from: set by load_spec, not a YAML key (`internal`: not offered in messages)
     source: str = Field(default="", json_schema_extra={"internal": True})
+    # the profile of the file's `profiles:` it was built with ("" where none): set by load_spec
+    profile: str = Field(default="", json_schema_extra={"internal": True})
 
     @model_validator(mode="after")
     def _check(self) -> "SearchSpec":
@@ -309,7 +314,7 @@ class SearchSpec(Record):
     def spec_hash(self) -> str:
         """Identifies what was searched (not where results go or how many trials were asked)."""
         data = to_plain(self)
-        for key in ("storage", "source", "description"):
+        for key in ("storage", "source", "description", "profile"):
             data.pop(key, None)
         data["budget"].pop("trials", None)
         return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
@@ -356,10 +361,165 @@ def to_plain(obj: Any) -> Any:
     return obj
 
 
-def load_spec(path: str | Path, *, check_model: bool = True) -> SearchSpec:
-    """Read and validate a spec file; every problem is a one-line :class:`ConfigError`."""
+PROFILE_KEYS = ("profiles", "default_profile")  # the profile block: top-level keys, not SearchSpec fields
+
+
+class SpecProfiles(Record):
+    """A spec file's ``profiles:`` block: named overrides of its sections (each deep-merged into
+    the file, `deep_merge`), one picked on the command line (``--profile NAME``), else
+    ``default_profile``. What a profile holds is validated as the spec it produces."""
+
+    profiles: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    default_profile: str | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> "SpecProfiles":
+        for name, override in self.profiles.items():
+            if not name or any(not (c.isalnum() or c in "_-") for c in name):
+                raise FieldError("profiles", f"{name!r} is not a usable profile name; use letters, digits, '_' or '-'")
+            for key in PROFILE_KEYS + ("source", "profile"):
+                if key in override:
+                    raise FieldError(f"profiles.{name}.{key}", "a profile overrides the spec's sections; "
+                                     f"'{key}' cannot be set in one")
+        if self.default_profile is not None and self.default_profile not in self.profiles:
+            if not self.profiles:
+                raise FieldError("default_profile", "names a profile, but the file has no 'profiles:' block")
+            raise FieldError("default_profile", f"{self.default_profile!r} is not a profile of this file; "
+                             f"use one of {', '.join(self.profiles)}")
+        return self
+
+    def pick(self, requested: str | None, file: str) -> tuple[str | None, str]:
+        """(the profile to apply or None, why: for the line the CLI prints)."""
+        others = [n for n in self.profiles if n != (requested or self.default_profile)]
+        hint = f"; --profile {others[0]} for {_profile_purpose(self.profiles[others[0]], others[0])}" if others else ""
+        if requested is not None:
+            if requested not in self.profiles:
+                available = (f"use one of {', '.join(self.profiles)}" if self.profiles
+                             else "it has no 'profiles:' block; leave out --profile")
+                raise ConfigError(f"{file}: --profile {requested}: no such profile; {available}")
+            why = f"--profile {requested}" + (", the default" if requested == self.default_profile else "")
+            return requested, f"{why}{hint}"
+        if self.default_profile is not None:
+            return self.default_profile, f"default{hint}"
+        return None, ""
+
+
+def _profile_purpose(override: dict[str, Any], name: str) -> str:
+    """How the CLI names a profile it suggests: its description, else its name."""
+    text = override.get("description")
+    return str(text).rstrip(".") if isinstance(text, str) and text else f"the '{name}' profile"
+
+
+def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """``base`` with ``override`` laid over it: mappings merge key by key, anything else
+    (a number, a string, a list, null) replaces what was there."""
+    merged = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _in_override(override: dict[str, Any], loc: list[str | int]) -> bool:
+    """Whether the key path ``loc`` of the merged spec (or a mapping above it) was set by ``override``."""
+    node: Any = override
+    for part in loc:
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+        if not isinstance(node, dict):
+            return True
+    return True
+
+
+def _validate_profile(data: dict[str, Any], name: str, override: dict[str, Any], where: SpecLocation) -> SearchSpec:
+    """The spec that profile ``name`` produces; an error in what the profile set names the
+    profile's key (``profiles.gpu.budget.trials``), one in the file's own sections says which
+    profile it was read with."""
+    merged = deep_merge(data, override)
+    try:
+        return SearchSpec.model_validate(merged)
+    except ValidationError as exc:
+        loc, message = first_error(SearchSpec, exc)
+        if _in_override(override, loc):
+            at = where.child("profiles").child(name)
+            for part in loc:
+                at = at.child(part)
+            raise at.error(message) from None
+        at = where
+        for part in loc:
+            at = at.child(part)
+        raise at.error(f"{message} (with profile {name})") from None
+
+
+def load_spec(path: str | Path, *, check_model: bool = True, profile: str | None = None) -> SearchSpec:
+    """Read and validate a spec file; every problem is a one-line :class:`ConfigError`.
+
+    A file with a ``profiles:`` block gives the spec of ``profile`` (else of its
+    ``default_profile``, else of its sections as written); every profile is validated, so a
+    broken one is found whichever is run. `pick_profile` says which and why."""
+    return _load(path, check_model=check_model, profile=profile)[0]
+
+
+def pick_profile(path: str | Path, *, profile: str | None = None) -> tuple[str | None, str, tuple[str, ...]]:
+    """(the profile ``load_spec`` applies to the file at ``path``, why, every profile of the file)
+    without validating the rest (`load_spec` does)."""
+    path = Path(path)
+    data = _read_yaml(path)
+    block = _profile_block(data, SpecLocation(str(path)))
+    name, why = block.pick(profile, str(path))
+    return name, why, tuple(block.profiles)
+
+
+def _load(path: str | Path, *, check_model: bool, profile: str | None) -> tuple[SearchSpec, str]:
     path = Path(path)
     where = SpecLocation(str(path))
+    data = _read_yaml(path)
+    block = _profile_block(data, where)
+    chosen, why = block.pick(profile, str(path))
+    data = {k: v for k, v in data.items() if k not in PROFILE_KEYS}
+    if "source" in data:
+        raise where.child("source").error("unknown key; it is set from the file name")
+    if "profile" in data:
+        raise where.child("profile").error("unknown key; pick a profile with --profile NAME (profiles: lists them)")
+    specs = {name: _validate_profile(data, name, override, where) for name, override in block.profiles.items()}
+    if chosen is None:
+        spec: SearchSpec = from_plain(SearchSpec, data, where)
+        fixed = data
+    else:
+        spec = specs[chosen]
+        fixed = deep_merge(data, block.profiles[chosen])
+    spec = spec.model_copy(update={"source": str(path), "profile": chosen or ""})
+    for name, other in specs.items():  # each profile's knobs and models checked as the chosen one's
+        if name == chosen:
+            continue
+        other_fixed = deep_merge(data, block.profiles[name])
+        _check_all(other, where.child("profiles").child(name), set(other_fixed.get("train") or {}),
+                   check_model=check_model and _models_differ(other, spec))
+    _check_all(spec, where, set(fixed.get("train") or {}), check_model=check_model)
+    return spec, why
+
+
+def _models_differ(one: SearchSpec, other: SearchSpec) -> bool:
+    """Whether building ``one``'s models could fail where ``other``'s passed (they differ)."""
+    return (to_plain(one.candidates), to_plain(one.space)) != (to_plain(other.candidates), to_plain(other.space))
+
+
+def _check_all(spec: SearchSpec, where: SpecLocation, fixed_train_keys: set[str], *, check_model: bool) -> None:
+    _check_space_keys(spec, where, fixed_train_keys)
+    _check_train_knobs(spec, where)
+    if check_model:
+        check_model_args(spec, where)
+
+
+def _profile_block(data: dict[str, Any], where: SpecLocation) -> SpecProfiles:
+    return from_plain(SpecProfiles, {k: data[k] for k in PROFILE_KEYS if k in data}, where)
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    """The file's top-level mapping, or a one-line ConfigError."""
     if not path.is_file():
         raise ConfigError(f"{path}: no such spec file; pass a YAML file such as spaces/convit_locality.yaml")
     try:
@@ -373,15 +533,7 @@ def load_spec(path: str | Path, *, check_model: bool = True) -> SearchSpec:
         raise ConfigError(f"{path}: not a text file; pass a YAML search spec") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping at the top (name:, dataset:, model:, space:, ...)")
-    if "source" in data:
-        raise where.child("source").error("unknown key; it is set from the file name")
-    spec: SearchSpec = from_plain(SearchSpec, data, where)
-    spec = spec.model_copy(update={"source": str(path)})
-    _check_space_keys(spec, where, set(data.get("train") or {}))
-    _check_train_knobs(spec, where)
-    if check_model:
-        check_model_args(spec, where)
-    return spec
+    return data
 
 
 def _check_space_keys(spec: SearchSpec, where: SpecLocation, fixed_train_keys: set[str]) -> None:

@@ -168,6 +168,32 @@ def _prepare_cpu_kernel() -> None:
     prebuild_cpu_kernels()
 
 
+@contextlib.contextmanager
+def _cpu_kernels_built_meanwhile():
+    """`_prepare_cpu_kernel` in a thread while the body runs (the dataset's conversion, Ray's
+    start: a first run's compiler and Ray's start-up overlap), joined before the body's result is
+    used, so no trial starts before the kernels are there. Joined on errors too: a build killed
+    halfway would leave its lock behind."""
+    import threading
+
+    failure: list[BaseException] = []
+
+    def build() -> None:
+        try:
+            _prepare_cpu_kernel()
+        except BaseException as exc:  # noqa: BLE001  (re-raised in the caller's thread)
+            failure.append(exc)
+
+    thread = threading.Thread(target=build, name="cpu-kernels", daemon=False)
+    thread.start()
+    try:
+        yield
+    finally:
+        thread.join()
+    if failure:
+        raise failure[0]
+
+
 DASHBOARD_FLAG = "--allow-remote-dashboard"
 
 
@@ -306,9 +332,9 @@ def run_study(
     location = study_location(spec.storage, spec.name)
     _check_experiment_dir(location)
     exp_dir = location.local  # with a URI: the staging folder, uploaded after every write
-    data = _prepare_data(spec, cache_dir, out)
-    _prepare_cpu_kernel()
-    _init_ray(address, dashboard_host, out)
+    with _cpu_kernels_built_meanwhile():
+        data = _prepare_data(spec, cache_dir, out)
+        _init_ray(address, dashboard_host, out)
 
     exp_dir.mkdir(parents=True, exist_ok=True)
     with driving(exp_dir):
@@ -517,9 +543,9 @@ def _resume(location: StudyLocation, *, address: str | None, cache_dir: str | os
         raise ConfigError(f"{location}: Ray Tune saved no state there (the study stopped before its first trial, or "
                           "its ray/ folder is gone), so it cannot be resumed; run the spec again with --name NEW_NAME "
                           "(what this study has stays readable)")
-    data = _prepare_data(spec, cache_dir, out)
-    _prepare_cpu_kernel()
-    _init_ray(address, dashboard_host, out)
+    with _cpu_kernels_built_meanwhile():
+        data = _prepare_data(spec, cache_dir, out)
+        _init_ray(address, dashboard_host, out)
     print(f"resuming study {spec.name} in {location}", file=out, flush=True)
     # The searcher, the scheduler and the store callback come back from Tune's own snapshot; the
     # callback reloads the rows already in the Parquet files (StoreCallback.setup). Their study

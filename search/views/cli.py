@@ -56,6 +56,33 @@ def _add_dashboard_host(parser: argparse.ArgumentParser) -> None:
                         "its job API (which runs code) become reachable from other machines")
 
 
+def _add_profile(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--profile", metavar="NAME",
+                        help="apply this profile of the spec's 'profiles:' block (default: its default_profile), "
+                        "e.g. --profile gpu for the full-size study")
+
+
+def _profile_line(spec, why: str) -> str:
+    """Which profile a run or check uses, and why ('' where the file has none)."""
+    return f"profile {spec.profile} ({why})" if spec.profile else ""
+
+
+def _plan(spec) -> str:
+    """What a run of ``spec`` would do and ask for: trials, epochs, data, resources per trial."""
+    res = spec.resources
+    asks = [f"{res.cpus:g} CPU" + ("" if res.cpus == 1 else "s")]
+    if res.gpus:
+        shared = f" ({int(1 / res.gpus)} trials share a GPU)" if res.gpus < 1 and int(1 / res.gpus) > 1 else ""
+        asks.append(f"{res.gpus:g} GPU" + ("" if res.gpus <= 1 else "s") + shared)
+    asks += [f"{amount:g} {name}" for name, amount in res.custom.items()]
+    data = spec.dataset
+    limit = f", time limit {spec.budget.time_limit_s:g} s" if spec.budget.time_limit_s else ""
+    return (f"{count(spec.budget.trials, 'trial')} x up to {count(spec.budget.max_epochs, 'epoch')} "
+            f"(scheduler {spec.scheduler.name}, grace {spec.budget.grace_epochs}{limit}) of "
+            f"{' / '.join(m.name for m in spec.candidates)} on {data.train_fraction:.0%} of {data.name}'s training "
+            f"images, batch {spec.train.batch_size}; each trial asks for {', '.join(asks)}")
+
+
 def _build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m search", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -71,6 +98,7 @@ def _build_parser() -> argparse.ArgumentParser:
     run.add_argument("--data-dir", help="where the dataset's files are (overrides the catalog's path)")
     run.add_argument("--cache-dir", help="where converted .beton files are kept "
                      "(default: $LOCALITY_SEARCH_CACHE or ~/.cache/locality-search/datasets)")
+    _add_profile(run)
     _add_dashboard_host(run)
 
     resume = commands.add_parser("resume", help="finish a study whose driver stopped (killed, crashed, interrupted)")
@@ -111,8 +139,9 @@ def _build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--format", choices=("table", "json", "csv"), default="table")
     _add_filters(compare)
 
-    check = commands.add_parser("check", help="validate spec files without running them")
+    check = commands.add_parser("check", help="validate spec files without running them; say what a run would ask for")
     check.add_argument("specs", nargs="+")
+    _add_profile(check)
 
     dashboard = commands.add_parser(
         "dashboard", help="serve a live Pareto page for one or more study folders (refreshes while they run)"
@@ -136,16 +165,19 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from search.spec.spec import load_spec
+    from search.spec.spec import load_spec, pick_profile
     from search.study.runner import check_dashboard_host, run_study
 
     # before the spec and the dataset: a refused address costs nothing
     check_dashboard_host(args.dashboard_host, allow_remote=args.allow_remote_dashboard, address=args.address)
 
-    spec = load_spec(args.spec).with_overrides(
+    spec = load_spec(args.spec, profile=args.profile).with_overrides(
         trials=args.trials, max_epochs=args.max_epochs, storage=args.storage, name=args.name,
         data_dir=args.data_dir,
     )
+    _, why, _ = pick_profile(args.spec, profile=args.profile)
+    if spec.profile:
+        print(_profile_line(spec, why), flush=True)
     return _report(run_study(spec, address=args.address, cache_dir=args.cache_dir, dashboard_host=args.dashboard_host,
                              allow_remote_dashboard=args.allow_remote_dashboard))
 
@@ -256,17 +288,23 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    from search.spec.spec import load_spec
+    from search.spec.spec import load_spec, pick_profile
     from trainers.data import load_catalog
 
     for path in args.specs:
-        spec = load_spec(path)
+        spec = load_spec(path, profile=args.profile)  # every profile of the file validated
         try:
             load_catalog(spec.dataset.name)  # as `run` does before its data: an unknown dataset
         except ConfigError as exc:
             raise ConfigError(f"{path}: dataset: {exc}") from None
+        _, why, profiles = pick_profile(path, profile=args.profile)
         models = f"{count(len(spec.candidates), 'model')}, " if spec.conditional else ""
-        print(f"{path}: ok ({spec.name}: {models}{count(len(spec.all_params()), 'knob')}, {count(spec.budget.trials, 'trial')})")
+        listed = f", profiles {', '.join(profiles)}" if profiles else ""
+        print(f"{path}: ok ({spec.name}: {models}{count(len(spec.all_params()), 'knob')}, "
+              f"{count(spec.budget.trials, 'trial')}{listed})")
+        if spec.profile:
+            print(f"  {_profile_line(spec, why)}")
+        print(f"  would run {_plan(spec)}")
     return 0
 
 

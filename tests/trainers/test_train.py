@@ -108,6 +108,29 @@ def test_throughput_is_measured_after_the_first_epoch_unless_needed_before(synth
     assert reports[0]["throughput"] == reports[1]["throughput"]
 
 
+def test_the_first_epoch_waits_for_nothing_but_the_model_and_its_loaders(synthetic, monkeypatch):
+    """Without constraints nothing is timed before training: the loaders are made and the first
+    batch trained before the one measurement; a broken constraint rejects the config before any
+    loader exists (no data is read for a config that will not train)."""
+    from trainers import train as train_module
+    from trainers.config import Constraint
+
+    events = []
+    real_measure_model, real_make_loader = train_module.measure_model, train_module.make_loader
+    monkeypatch.setattr(train_module, "measure_model",
+                        lambda model, **kw: events.append("measure") or real_measure_model(model, **kw))
+    monkeypatch.setattr(train_module, "make_loader",
+                        lambda path, **kw: events.append("loader") or real_make_loader(path, **kw))
+    reports = []
+    train_trial(_config(synthetic, epochs=2), on_epoch=lambda m, state: reports.append(events.copy()))
+    assert events == ["loader", "loader", "measure"] and reports[0] == events  # measured once, before epoch 1's report
+    events.clear()
+    cfg = dataclasses.replace(_config(synthetic), constraints=(Constraint.parse("params <= 10"),))
+    outcome = train_trial(cfg, on_epoch=lambda m, state: reports.append(m))
+    assert outcome.stop_reason == "constraint" and outcome.epochs_run == 0
+    assert events == ["measure"] and reports[-1]["epoch"] == 0 and "params=" in reports[-1]["rejected"]
+
+
 def test_a_reference_that_does_not_build_leaves_the_model_timed_on_its_own(synthetic, monkeypatch):
     """The reference is the model with default arguments; where those fail for the dataset, the
     trial still trains and is measured alone, with a warning saying why."""

@@ -1,0 +1,205 @@
+"""The main job end to end: time to the first epoch, to the end, trials, front, throughput span.
+
+Runs ``python -m search run SPEC`` (the README's main command, on the embedded local Ray) as a
+user would, reads its stdout as it comes and the study's Parquet files at the end, and writes
+``benchmarks/results/main_job-<device>.json``:
+
+    ./with-deps python -m benchmarks main_job [--spec spaces/convit_locality.yaml] [--profile NAME]
+        [--runs 2 --fresh-caches]     # the first run on empty caches (kernels, datasets,
+                                      # throughput), the later ones on what it left
+        [--cache-home DIR [--append]] # the same, one run per invocation: DIR kept between them
+
+Set-up is everything before Tune's first trial (spec, dataset conversion, kernel builds, Ray's
+start); it ends when the run prints its ``study NAME: ...`` line. The first epoch's start is
+read as its report's time less the epoch's wall time, an upper bound (the report also waits for
+the throughput measurement after the first epoch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+__all__ = ["main", "summarise_run", "front_span", "run_once"]
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def front_span(throughputs: Sequence[float]) -> dict[str, Any]:
+    """The front's throughputs: max over min (the span) and the smallest ratio between
+    neighbours (sorted), which a ±15% measurement noise must not cover (above 1.15 / 0.85)."""
+    values = sorted(float(t) for t in throughputs)
+    if not values:
+        return {"span": None, "closest_neighbours_ratio": None}
+    ratios = [b / a for a, b in zip(values, values[1:]) if a > 0]
+    return {"span": values[-1] / values[0] if values[0] > 0 else None,
+            "closest_neighbours_ratio": min(ratios) if ratios else None}
+
+
+def summarise_run(*, trials: Any, epochs: Any, front: Any, started_at: dt.datetime, setup_done_s: float | None,
+                  finished_s: float, objectives: Sequence[Sequence[str]]) -> dict[str, Any]:
+    """One run's record from its study's tables (pandas frames of trials.parquet, epochs.parquet,
+    pareto.parquet), the command's start (UTC), when its set-up ended and when it exited
+    (seconds after the start)."""
+    states = {str(k): int(v) for k, v in trials["state"].value_counts().items()} if len(trials) else {}
+    first_report_s = first_start_s = first_trial_to_epoch_s = None
+    reported = epochs[(epochs["epoch"] == 1) & epochs["reported_at"].notna()] if len(epochs) else epochs
+    if len(reported):
+        row = reported.sort_values("reported_at").iloc[0]
+        at = row["reported_at"].to_pydatetime()
+        first_report_s = (at - started_at).total_seconds()
+        first_start_s = first_report_s - float(row["epoch_time_s"])
+        trial = trials[trials["trial_id"] == row["trial_id"]]
+        if len(trial) and trial["started_at"].notna().all():
+            first_trial_to_epoch_s = first_start_s - (trial["started_at"].iloc[0].to_pydatetime() - started_at).total_seconds()
+    complete = trials[trials["state"] == "COMPLETE"] if len(trials) else trials
+    front_rows = [{k: (v.item() if hasattr(v, "item") else v) for k, v in r.items()
+                   if k in ("trial_id", "val_acc", "throughput", "params", "flops", "epochs_run")}
+                  for r in front.to_dict("records")] if len(front) else []
+    return {
+        "seconds": {
+            "setup": setup_done_s,
+            "total": finished_s,
+            "after_setup": None if setup_done_s is None else finished_s - setup_done_s,
+            "to_first_epoch_start": first_start_s,  # an upper bound: see the module's docstring
+            "to_first_epoch_report": first_report_s,
+            "first_trial_start_to_first_epoch_start": first_trial_to_epoch_s,
+        },
+        "trials": {"finished": int(len(trials)), **states},
+        "objectives": [list(o) for o in objectives],
+        "front_size": len(front_rows),
+        "front": front_rows,
+        "throughput": front_span([r["throughput"] for r in front_rows]),
+        "best_val_acc": float(complete["val_acc"].max()) if len(complete) else None,
+        "epochs_trained": int(len(epochs)),
+    }
+
+
+def run_once(*, spec: str, profile: str | None, storage: Path, env: dict[str, str], echo: bool = True) -> dict[str, Any]:
+    """One ``python -m search run``: its record (`summarise_run`) and its exit code."""
+    from search.results.query import load_trials, front_of
+    import pandas as pd
+
+    command = [sys.executable, "-m", "search", "run", spec, "--storage", str(storage)]
+    if profile:
+        command += ["--profile", profile]
+    started_at = dt.datetime.now(dt.timezone.utc)
+    start = time.perf_counter()
+    setup_done_s = None
+    lines = []
+    with subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          bufsize=1) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if setup_done_s is None and line.startswith("study "):
+                setup_done_s = time.perf_counter() - start
+            lines.append(line.rstrip("\n"))
+            if echo:
+                print(line, end="", flush=True)
+        code = proc.wait()
+    finished_s = time.perf_counter() - start
+    studies = [p for p in storage.iterdir() if (p / "trials.parquet").exists()]
+    if code != 0 or len(studies) != 1:
+        raise SystemExit(f"error: the run exited with {code}; last lines:\n" + "\n".join(lines[-15:]))
+    study = studies[0]
+    trials = load_trials(study)
+    epochs = pd.read_parquet(study / "epochs.parquet")
+    front, objectives = front_of(study)
+    record = summarise_run(trials=trials, epochs=epochs, front=front, started_at=started_at,
+                           setup_done_s=setup_done_s, finished_s=finished_s, objectives=objectives)
+    record["front_as_printed"] = _front_table(lines)
+    return record
+
+
+def _front_table(lines: list[str]) -> list[str]:
+    """The lines the run printed from 'Pareto front' to the blank line after the table."""
+    for i, line in enumerate(lines):
+        if line.startswith("Pareto front"):
+            table = []
+            for row in lines[i:]:
+                if not row.strip():
+                    break
+                table.append(row)
+            return table
+    return []
+
+
+def _line(record: dict[str, Any]) -> str:
+    """A run's record in one line."""
+    def fmt(value: float | None, spec: str) -> str:
+        return "-" if value is None else format(value, spec)
+
+    s = record["seconds"]
+    return (f"set-up {fmt(s['setup'], '.0f')} s, after set-up {fmt(s['after_setup'], '.0f')} s, total "
+            f"{fmt(s['total'], '.0f')} s; first epoch started by {fmt(s['to_first_epoch_start'], '.0f')} s; "
+            f"{record['trials']['finished']} trials, front {record['front_size']}, span "
+            f"{fmt(record['throughput']['span'], '.2f')}x, closest neighbours "
+            f"{fmt(record['throughput']['closest_neighbours_ratio'], '.2f')}x, best val_acc {fmt(record['best_val_acc'], '.4f')}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks main_job", description=__doc__.splitlines()[0])
+    parser.add_argument("--spec", default="spaces/convit_locality.yaml")
+    parser.add_argument("--profile", help="the spec's profile (default: its default_profile)")
+    parser.add_argument("--runs", type=int, default=1, help="runs one after another (default 1)")
+    parser.add_argument("--fresh-caches", action="store_true",
+                        help="the first run on empty caches (XDG_CACHE_HOME: kernels, converted datasets, "
+                        "throughput), as on a machine that never ran the project; later runs reuse them")
+    parser.add_argument("--cache-home", metavar="DIR",
+                        help="XDG_CACHE_HOME for the runs, kept after them (a run on an empty one is a first run; "
+                        "pass the same DIR again for a second run)")
+    parser.add_argument("--append", action="store_true",
+                        help="add this invocation's runs to the result file's (same spec and profile)")
+    parser.add_argument("--result-name", default="main_job")
+    args = parser.parse_args(argv)
+    if args.runs < 1:
+        parser.error("--runs must be at least 1")
+
+    import torch
+
+    from benchmarks._env import write_result
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
+    env.pop("RAY_ADDRESS", None)
+    env.pop("LOCALITY_SEARCH_CACHE", None)
+    runs = []
+    if args.fresh_caches and args.cache_home:
+        parser.error("--fresh-caches uses a new empty cache; --cache-home names one: pass one of them")
+    with tempfile.TemporaryDirectory(prefix="main-job-") as scratch:
+        home = Path(args.cache_home).resolve() if args.cache_home else Path(scratch) / "cache" if args.fresh_caches else None
+        if home is not None:
+            env["XDG_CACHE_HOME"] = str(home)
+        for i in range(args.runs):
+            storage = Path(scratch) / f"run{i + 1}"
+            storage.mkdir()
+            caches = "as found" if home is None else "warm" if home.exists() and any(home.iterdir()) else "fresh"
+            print(f"== run {i + 1}/{args.runs} (caches: {caches})", flush=True)
+            record = run_once(spec=args.spec, profile=args.profile, storage=storage, env=env)
+            runs.append({"run": i + 1, "caches": caches, **record})
+            print(f"== run {i + 1}: {_line(record)}", flush=True)
+    if args.append:
+        from benchmarks._env import RESULTS_DIR, environment, result_slug
+
+        earlier = RESULTS_DIR / f"{args.result_name}-{result_slug(environment())}.json"
+        if earlier.exists():
+            previous = json.loads(earlier.read_text())
+            if (previous.get("config", {}).get("spec"), previous.get("config", {}).get("profile")) == (args.spec, args.profile):
+                runs = previous["runs"] + [{**r, "run": len(previous["runs"]) + r["run"]} for r in runs]
+    path = write_result(args.result_name, {
+        "config": {"spec": args.spec, "profile": args.profile, "runs": len(runs), "fresh_caches": args.fresh_caches,
+                   "torch_threads": torch.get_num_threads(), "cpus": os.cpu_count()},
+        "runs": runs,
+    })
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,68 @@
+"""The main-job benchmark's record, from a tiny synthetic study's tables; no run, no timings."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pandas as pd
+import pytest
+
+from benchmarks.main_job import _front_table, front_span, summarise_run
+
+T0 = dt.datetime(2030, 1, 1, tzinfo=dt.timezone.utc)
+
+
+def _at(seconds: float) -> pd.Timestamp:
+    return pd.Timestamp(T0 + dt.timedelta(seconds=seconds))
+
+
+def test_front_span_and_the_closest_neighbours():
+    assert front_span([1000.0, 3000.0, 1500.0]) == {"span": 3.0, "closest_neighbours_ratio": 1.5}
+    assert front_span([800.0]) == {"span": 1.0, "closest_neighbours_ratio": None}
+    assert front_span([]) == {"span": None, "closest_neighbours_ratio": None}
+
+
+def test_summarise_run_reads_the_first_epoch_the_front_and_the_states():
+    trials = pd.DataFrame({
+        "trial_id": ["a", "b", "c"],
+        "state": ["COMPLETE", "COMPLETE", "PRUNED"],
+        "val_acc": [0.81, 0.78, 0.70],
+        "throughput": [1000.0, 2500.0, 4000.0],
+        "started_at": [_at(40.0), _at(70.0), _at(100.0)],
+    })
+    epochs = pd.DataFrame({
+        "trial_id": ["b", "a", "a", "b"],
+        "epoch": [1, 1, 2, 2],
+        "epoch_time_s": [5.0, 12.0, 12.0, 5.0],
+        "reported_at": [_at(80.0), _at(60.0), _at(75.0), _at(90.0)],
+    })
+    front = trials[trials["state"] == "COMPLETE"].assign(params=[1, 2], flops=[3, 4], epochs_run=[2, 2])
+    record = summarise_run(trials=trials, epochs=epochs, front=front, started_at=T0, setup_done_s=30.0,
+                           finished_s=130.0, objectives=[("val_acc", "max"), ("throughput", "max")])
+    s = record["seconds"]
+    assert s["to_first_epoch_report"] == 60.0  # trial a's, the first reported
+    assert s["to_first_epoch_start"] == 48.0  # less its epoch's wall time
+    assert s["first_trial_start_to_first_epoch_start"] == 8.0  # a started at 40 s
+    assert (s["setup"], s["total"], s["after_setup"]) == (30.0, 130.0, 100.0)
+    assert record["trials"] == {"finished": 3, "COMPLETE": 2, "PRUNED": 1}
+    assert record["front_size"] == 2 and [r["trial_id"] for r in record["front"]] == ["a", "b"]
+    assert record["throughput"]["span"] == pytest.approx(2.5)
+    assert record["best_val_acc"] == 0.81 and record["epochs_trained"] == 4
+
+
+def test_summarise_run_of_a_run_with_no_epoch():
+    trials = pd.DataFrame({"trial_id": ["a"], "state": ["FAILED"], "val_acc": [float("nan")],
+                           "throughput": [float("nan")], "started_at": [_at(5.0)]})
+    epochs = pd.DataFrame({"trial_id": [], "epoch": [], "epoch_time_s": [], "reported_at": []})
+    record = summarise_run(trials=trials, epochs=epochs, front=trials.iloc[:0], started_at=T0, setup_done_s=None,
+                           finished_s=9.0, objectives=[("val_acc", "max")])
+    assert record["seconds"]["to_first_epoch_start"] is None and record["seconds"]["after_setup"] is None
+    assert record["front_size"] == 0 and record["best_val_acc"] is None
+    assert record["throughput"] == {"span": None, "closest_neighbours_ratio": None}
+
+
+def test_the_front_as_printed_is_cut_at_the_blank_line():
+    lines = ["[1/2] COMPLETE ...", "", "Pareto front (val_acc max, throughput max), 1 trial:", "trial_id val_acc",
+             "a 0.81", "", "results: ..."]
+    assert _front_table(lines) == lines[2:5]
+    assert _front_table(["no front here"]) == []
