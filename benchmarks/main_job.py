@@ -83,14 +83,16 @@ def summarise_run(*, trials: Any, epochs: Any, front: Any, started_at: dt.dateti
     }
 
 
-def run_once(*, spec: str, profile: str | None, storage: Path, env: dict[str, str], echo: bool = True) -> dict[str, Any]:
-    """One ``python -m search run``: its record (`summarise_run`) and its exit code."""
+def run_once(*, spec: str, profile: str | None, storage: Path, env: dict[str, str], echo: bool = True,
+             extra_args: Sequence[str] = ()) -> dict[str, Any]:
+    """One ``python -m search run`` (with ``extra_args``, e.g. ``--data-dir``): its record (`summarise_run`)."""
     from search.results.query import load_trials, front_of
     import pandas as pd
 
     command = [sys.executable, "-m", "search", "run", spec, "--storage", str(storage)]
     if profile:
         command += ["--profile", profile]
+    command += list(extra_args)
     started_at = dt.datetime.now(dt.timezone.utc)
     start = time.perf_counter()
     setup_done_s = None

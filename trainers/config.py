@@ -27,6 +27,8 @@ PRECISIONS: tuple[str, ...] = typing.get_args(Precision)
 # num_workers: auto's bounds. 2 was the fixed default before auto; 8 is the most threads
 # benchmarks/trial_overhead.py --num-workers has timed
 _MIN_AUTO_LOADER_THREADS, _MAX_AUTO_LOADER_THREADS = 2, 8
+Runtime = Literal["eager", "kernels"]
+RUNTIMES: tuple[str, ...] = typing.get_args(Runtime)
 CompileMode = Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
 COMPILE_MODES: tuple[str, ...] = typing.get_args(CompileMode)  # torch.compile's modes
 _COMPILE_MODES_WITH_CUDA_GRAPHS = ("reduce-overhead", "max-autotune")
@@ -130,6 +132,15 @@ class ThroughputSettings:
     # architecture rather than the host's speed at enqueueing its kernels, which bounds small
     # models there (trainers/_cuda_graph.py); false: eagerly. Ignored on the CPU
     cuda_graph: bool = True
+    # what the forward runs on while timed: "eager", torch's stock ops (what timm's benchmark.py
+    # times; any model, this project's or timm's, on the same footing), or "kernels", this
+    # project's fused CPU/GPU paths (trainers.kernels). Every trial of a study is timed in one,
+    # and studies timed in different runtimes are not compared (docs/intervals.md#runtimes)
+    runtime: Runtime = "eager"
+    # the relative noise between two measurements of one architecture (another process, another
+    # moment) that one measurement's batches cannot show: each throughput interval is at least
+    # this wide on each side (benchmarks/throughput_noise.py measures it on a machine)
+    noise_floor: float = 0.10
 
     def __post_init__(self) -> None:
         for key in ("batch_size", "repeats"):
@@ -137,6 +148,8 @@ class ThroughputSettings:
                 raise SettingError(key, f"must be at least 1, got {getattr(self, key)}")
         if self.warmup < 0:
             raise SettingError("warmup", f"must be >= 0, got {self.warmup}")
+        if not 0.0 <= self.noise_floor < 1.0:
+            raise SettingError("noise_floor", f"must be in [0, 1) (a fraction of the value), got {self.noise_floor}")
 
 
 # What a trial knows about its architecture before any training: constraints may use these.

@@ -30,6 +30,7 @@ divided by it.
 from __future__ import annotations
 
 import dataclasses
+import math
 import hashlib
 import json
 import os
@@ -38,9 +39,10 @@ import statistics
 import sys
 import time
 import warnings
+import contextlib
 from contextlib import nullcontext, suppress
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 from torch import nn
@@ -58,6 +60,8 @@ __all__ = [
     "implementation_fingerprint",
     "count_flops",
     "count_params",
+    "median_interval",
+    "with_noise_floor",
     "device_name",
     "resolve_precision",
 ]
@@ -78,6 +82,12 @@ class ThroughputResult:
     rounds: int = 1  # rounds timed: 1 on a GPU; on the CPU CPU_ROUNDS, more when some were contended
     reference_ratio: float | None = None  # with a reference: the model's batch time over the reference's (see measure_throughput)
     cuda_graph: bool = False  # timed as replays of one captured CUDA graph (GPU only, see measure_throughput)
+    # the median cost's 95% interval as images/s (see median_interval); with a reference, of the
+    # cost ratio (reference_ratio_low/high), which measure_model turns into images/s
+    images_per_s_low: float = math.nan
+    images_per_s_high: float = math.nan
+    reference_ratio_low: float | None = None
+    reference_ratio_high: float | None = None
 
 
 def device_name(device: torch.device) -> str:
@@ -139,7 +149,7 @@ def count_flops(model: nn.Module, input_shape: tuple[int, int, int]) -> int:
 # architecture's typical figure; the fastest of three stays near it. (Rule: a measurement must not
 # depend on when it was taken; benchmarks/models.py times the families in shuffled rounds.)
 CPU_ROUNDS = 3
-MEASUREMENT_METHOD = "fastest-of-3"  # in the cache key: numbers timed another way are not reused
+MEASUREMENT_METHOD = "fastest-of-3+median-interval"  # in the cache key: numbers timed another way are not reused
 # A round counts only when this process had the CPU to itself: alone, its threads keep their cores
 # busy (process CPU time ~ threads x wall, a share near 1), while another busy process (Ray
 # starting its dashboard beside a study's first trial, say) takes a core, slows the forward
@@ -148,6 +158,24 @@ MEASUREMENT_METHOD = "fastest-of-3"  # in the cache key: numbers timed another w
 CPU_SHARE_FLOOR = 0.9
 CPU_ATTEMPTS = 6
 CPU_RETRY_PAUSE_S = 1.0
+
+
+def median_interval(samples: Sequence[float], confidence: float = 0.95) -> tuple[float, float]:
+    """A distribution-free interval for the median of ``samples``: the order statistics x_(j) and
+    x_(n+1-j) with the largest j whose coverage, 1 - 2 P(Binomial(n, 1/2) < j), is at least
+    ``confidence`` (Conover, Practical Nonparametric Statistics, 3rd ed., sec. 3.2); the range
+    of the samples when there are too few for that (n < 6 at 95%)."""
+    x = sorted(samples)
+    n = len(x)
+    if not n:
+        return math.nan, math.nan
+    j, below = 0, 0.0  # below: P(Binomial(n, 1/2) < j + 1)
+    while True:
+        below_next = below + math.comb(n, j) / 2.0**n
+        if 1 - 2 * below_next < confidence or j + 1 > n // 2:
+            break
+        j, below = j + 1, below_next
+    return (x[j - 1], x[n - j]) if j >= 1 else (x[0], x[-1])
 
 
 def _timed_round(model: Callable[[torch.Tensor], Any], x: torch.Tensor, repeats: int, device: torch.device,
@@ -203,6 +231,7 @@ def measure_throughput(
         x = x.contiguous(memory_format=torch.channels_last)
     best = None  # (median seconds per batch, CPU share, which round)
     ratios, contended_ratios = [], []  # per round: the model's median batch time over the reference's
+    counted_times, counted_ratios = [], []  # every batch of the counted rounds: its time; its time over the reference's
     with torch.inference_mode(), _autocast(precision, device):
         for _ in range(warmup):
             for net, _ in timed:
@@ -226,8 +255,11 @@ def measure_throughput(
             median = statistics.median(times)
             if best is None or median < best[0]:
                 best = (median, cpu_share, attempt)
+            counted = device.type != "cpu" or cpu_share >= CPU_SHARE_FLOOR
+            if counted:
+                counted_times += times
+                counted_ratios += [t / r for t, r in zip(times, reference_times)]
             if reference_times:
-                counted = device.type != "cpu" or cpu_share >= CPU_SHARE_FLOOR
                 (ratios if counted else contended_ratios).append(median / statistics.median(reference_times))
             if device.type != "cpu":
                 break  # one round on a GPU, as before: the slow phases were seen on CPU VMs
@@ -240,6 +272,8 @@ def measure_throughput(
     for net, training in timed:
         net.train(training)
     median, cpu_share, kept_round = best
+    fast_s, slow_s = median_interval(counted_times or times)  # seconds per batch
+    ratio_low, ratio_high = median_interval(counted_ratios) if reference is not None and counted_ratios else (None, None)
     return ThroughputResult(
         images_per_s=batch_size / median,
         median_batch_s=median,
@@ -254,6 +288,11 @@ def measure_throughput(
         rounds=attempt,
         reference_ratio=statistics.median(ratios or contended_ratios) if reference is not None else None,
         cuda_graph=graphed,
+        # the kept (fastest) round's median may lie above the pooled interval: the interval holds it
+        images_per_s_low=min(batch_size / slow_s, batch_size / median),
+        images_per_s_high=max(batch_size / fast_s, batch_size / median),
+        reference_ratio_low=ratio_low,
+        reference_ratio_high=ratio_high,
     )
 
 
@@ -303,9 +342,12 @@ def measure_model(
     cache_dir: str | os.PathLike | None = None,
     reference: nn.Module | None = None,
     cuda_graph: bool = True,
+    runtime: str = "kernels",
 ) -> dict[str, Any]:
     """Params, FLOPs/image and throughput of ``model`` as a flat record (the trial row's columns);
     from the cache when this architecture was measured on this device with these settings.
+    ``runtime``: "kernels" times the forward with this project's kernels as they are switched
+    (trainers.kernels), "eager" with them off: torch's stock ops, whatever the switch says.
 
     With a ``reference`` model on the CPU (the trainer passes its model as named, with default
     arguments): the reference is measured as any model (once per node and settings, cached), and
@@ -316,8 +358,10 @@ def measure_model(
     (:func:`measure_throughput`; ``throughput_cuda_graph`` says whether it was)."""
     device = next(model.parameters()).device
     precision = resolve_precision(precision, device)
+    if runtime not in ("eager", "kernels"):
+        raise ValueError(f"runtime must be 'eager' or 'kernels', got {runtime!r}")
     settings = dict(input_shape=input_shape, batch_size=batch_size, warmup=warmup, repeats=repeats,
-                    precision=precision, channels_last=channels_last)
+                    precision=precision, channels_last=channels_last, runtime=runtime)
     reference_record = None
     if reference is not None and device.type == "cpu":
         reference_record = measure_model(reference, **settings, cache_dir=cache_dir)
@@ -334,6 +378,7 @@ def measure_model(
         "channels_last": channels_last,
         "torch": str(torch.__version__),
         "method": MEASUREMENT_METHOD,
+        "runtime": runtime,
     }
     if device.type == "cuda":  # (not on the CPU: its measurements cached before the setting stay valid)
         key_fields["cuda_graph"] = cuda_graph
@@ -348,18 +393,27 @@ def measure_model(
         cached = _read_cached(path)  # another trial may have measured it while we waited
         if cached is not None:
             return cached
-        result = measure_throughput(model, **settings, reference=reference if reference_record is not None else None,
-                                    cuda_graph=cuda_graph)
-        throughput = result.images_per_s
+        timed = {k: v for k, v in settings.items() if k != "runtime"}
+        with _in_runtime(runtime):
+            result = measure_throughput(model, **timed, reference=reference if reference_record is not None else None,
+                                        cuda_graph=cuda_graph)
+        throughput, low, high = result.images_per_s, result.images_per_s_low, result.images_per_s_high
         if reference_record is not None:
+            # the reference's own number is the node's common scale: its noise moves every trial
+            # alike, so the interval is the cost ratio's
             throughput = reference_record["throughput"] / result.reference_ratio
+            low = reference_record["throughput"] / max(result.reference_ratio_high, result.reference_ratio)
+            high = reference_record["throughput"] / min(result.reference_ratio_low, result.reference_ratio)
         record = {
             "params": count_params(model),
             "flops": count_flops(model, input_shape),
             "throughput": throughput,
             "throughput_timed": result.images_per_s,
+            "throughput_low": low,
+            "throughput_high": high,
             "throughput_reference": reference_record["architecture"] if reference_record is not None else None,
             "throughput_device": result.device,
+            "throughput_runtime": runtime,
             "throughput_batch": result.batch_size,
             "throughput_precision": result.precision,
             "throughput_threads": result.threads,
@@ -370,6 +424,30 @@ def measure_model(
         if path is not None:
             atomic_write(path, lambda handle: handle.write(json.dumps(record).encode()))
     return {**record, "throughput_cached": False}
+
+
+@contextlib.contextmanager
+def _in_runtime(runtime: str):
+    """The kernels switched off for an "eager" measurement, as they were after it."""
+    from trainers import kernels
+
+    was = kernels.enabled()
+    kernels.set_enabled(was and runtime == "kernels")
+    try:
+        yield
+    finally:
+        kernels.set_enabled(was)
+
+
+def with_noise_floor(record: dict[str, Any], floor: float) -> dict[str, Any]:
+    """``record`` with its throughput interval widened to at least ``floor`` of the value on each
+    side: the noise between two measurements of one architecture (another process, another
+    moment) that no single measurement's batches show. Unknown bounds (a cache entry from before
+    intervals were recorded) stay unknown."""
+    value, low, high = record.get("throughput"), record.get("throughput_low"), record.get("throughput_high")
+    if value is None or low is None or high is None or not floor:
+        return record
+    return {**record, "throughput_low": min(low, value * (1 - floor)), "throughput_high": max(high, value * (1 + floor))}
 
 
 def _read_cached(path: Path | None) -> dict[str, Any] | None:

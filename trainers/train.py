@@ -41,7 +41,7 @@ from trainers._memory_format import place_model
 from trainers.config import SettingError, TrainSettings, TrialConfig
 from trainers.data import make_loader
 from trainers.hooks import ConvertsDuringTraining, HasParamGroups
-from trainers.throughput import measure_model
+from trainers.throughput import measure_model, with_noise_floor
 
 __all__ = ["train_trial", "TrialOutcome", "NonFiniteLossError", "lr_at", "build_model", "evaluate", "pick_device",
            "training_precision", "training_dtype", "autocast_for", "runner_for_batches", "set_lr",
@@ -405,6 +405,7 @@ def train_trial(
             "train_images_per_s": steps_per_epoch * settings.batch_size / train_time,
             "train_loader_wait_s": loader_wait,
             "train_precision": train_precision,
+            "val_images": cfg.data.counts["val"],  # what val_acc's binomial interval rests on
             **measurement,
         }
         if convert_at is not None:
@@ -442,7 +443,9 @@ def _measure(net: nn.Module, *, cfg: TrialConfig, device: torch.device, channels
             cache_dir=cfg.throughput_cache_dir,
             reference=reference,
             cuda_graph=cfg.throughput.cuda_graph,
+            runtime=cfg.throughput.runtime,
         )
+    record = with_noise_floor(record, cfg.throughput.noise_floor)
     # this project's families say so; for a plain timm model, its name's first word (vit, deit, ...)
     return {"family": getattr(net, "family", None) or cfg.model.split("_")[0], **record}
 

@@ -21,7 +21,7 @@ import pandas as pd
 
 from search.results.filter import filter_trials
 from search.results.hypervolume import front_hypervolume
-from search.results.pareto import DEVICE_COLUMN, device_groups, pareto_mask
+from search.results.pareto import DEVICE_COLUMN, DEVICE_METRICS, RUNTIME_COLUMN, device_groups, pareto_mask
 from search.results.query import _complete_front, _objectives, format_front, load_experiment, load_trials, study_dir
 from trainers.errors import ConfigError
 
@@ -52,6 +52,24 @@ def _study_front(path: Path, trials: pd.DataFrame, objectives, *, where, familie
     return _complete_front(trials, objectives)
 
 
+def _one_runtime(paths: Sequence[Path], objectives: Sequence[tuple[str, str]]) -> None:
+    """Refuse studies whose throughput was timed in different runtimes (throughput.runtime): their
+    fronts would mix inductive bias with implementation effort. Trials that did not record it
+    (written before the setting) are not counted."""
+    if not any(c in DEVICE_METRICS for c, _ in objectives):
+        return
+    runtimes: dict[str, list[str]] = {}
+    for path in paths:
+        trials = load_trials(path)
+        if RUNTIME_COLUMN in trials:
+            for runtime in sorted(set(trials[RUNTIME_COLUMN].dropna())):
+                runtimes.setdefault(str(runtime), []).append(str(path))
+    if len(runtimes) > 1:
+        said = "; ".join(f"{r}: {', '.join(p)}" for r, p in runtimes.items())
+        raise ConfigError(f"compare: the studies' throughput was timed in different runtimes ({said}); "
+                          "run them again with one throughput.runtime (eager or kernels) to compare their fronts")
+
+
 def compare_studies(
     paths: Sequence[str | os.PathLike],
     *,
@@ -77,6 +95,7 @@ def compare_studies(
                 f"{path} optimises {', '.join(f'{c} {m}' for c, m in other)} but {paths[0]} optimises "
                 f"{', '.join(f'{c} {m}' for c, m in objectives)}; fronts compare only on the same objectives"
             )
+    _one_runtime(paths, objectives)
     families = list(families)
     if families:
         known = set()

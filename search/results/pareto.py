@@ -16,9 +16,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["pareto_mask", "pareto_front", "device_groups", "DEVICE_COLUMN", "DEVICE_METRICS"]
+__all__ = ["pareto_mask", "pareto_front", "device_groups", "DEVICE_COLUMN", "DEVICE_METRICS", "RUNTIME_COLUMN"]
 
 DEVICE_COLUMN = "throughput_device"  # the trials table's column naming the measuring device
+RUNTIME_COLUMN = "throughput_runtime"  # what the timed forward ran on (eager, kernels): one per study
 DEVICE_METRICS = frozenset({"throughput", "throughput_before_conversion"})  # measured on that device
 
 

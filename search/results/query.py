@@ -26,6 +26,7 @@ import pyarrow as pa
 from search.results.filter import Condition, filter_trials
 from search.results.hypervolume import front_hypervolume
 from search.results.location import StudyLocation, is_uri
+from search.results.intervals import mark_ties
 from search.results.pareto import DEVICE_COLUMN, device_groups, pareto_front
 from search.results.select import select
 from search.results.store import EPOCH_COLUMNS, TRIAL_COLUMNS, read_table
@@ -119,7 +120,9 @@ def _complete_front(
             raise ConfigError(f"device {device!r}: no trial was measured there; the study's devices: {known or 'none yet'}")
         trials = trials[trials[DEVICE_COLUMN] == device]
     # Pruned and failed trials stopped early; their numbers do not compete with finished ones.
-    return pareto_front(trials[trials["state"] == "COMPLETE"], objectives=objectives, mix_devices=mix_devices)
+    front = pareto_front(trials[trials["state"] == "COMPLETE"], objectives=objectives, mix_devices=mix_devices)
+    split = not mix_devices and bool(front_devices(front, objectives))
+    return mark_ties(front, objectives, groups=DEVICE_COLUMN if split else None)
 
 
 def front_devices(front: pd.DataFrame, objectives: Sequence[tuple[str, str]]) -> list[str]:
@@ -219,8 +222,10 @@ def format_front(
     ``empty``: why the front is empty, for the table."""
     config_columns = [c for c in front.columns if c not in TRIAL_COLUMNS and c not in leading]
     objective_columns = [c for c, _ in objectives]
-    columns = list(leading) + ["trial_id", "family"] + objective_columns
-    columns += [c for c in ("params", "flops", "epochs_run", "throughput_device") if c not in columns]
+    columns = list(leading) + ["trial_id", "family"]
+    for column in objective_columns:  # each objective, then its interval where recorded
+        columns += [column] + [f"{column}_{end}" for end in ("low", "high") if f"{column}_{end}" in front]
+    columns += [c for c in ("tied_with", "params", "flops", "epochs_run", "throughput_device") if c in front and c not in columns]
     columns += config_columns
     view = front[columns]
     if fmt == "json":
@@ -230,6 +235,14 @@ def format_front(
     if view.empty:
         return f"(the front is empty: {empty})"
     shown = view.copy()
+    for column in objective_columns:  # the interval beside its value, as "low-high" ('?': not recorded)
+        if f"{column}_low" in shown and f"{column}_high" in shown:
+            spec = ",.0f" if column == "throughput" else ".4f"
+            shown.insert(shown.columns.get_loc(f"{column}_low"), f"{column} 95%", [
+                "?" if lo != lo or hi != hi else f"{lo:{spec}}-{hi:{spec}}"
+                for lo, hi in zip(shown.pop(f"{column}_low").astype(float), shown.pop(f"{column}_high").astype(float))])
+    if "tied_with" in shown:
+        shown["tied_with"] = shown["tied_with"].map(lambda v: v if isinstance(v, str) and v else "-")
     if "throughput" in shown:
         shown["throughput"] = shown["throughput"].map(lambda v: f"{v:,.0f}")
     if "params" in shown:

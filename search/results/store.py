@@ -29,6 +29,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from search.results.hypervolume import hypervolume
+from search.results.intervals import tied_with
 from search.results.pareto import DEVICE_COLUMN, device_groups, pareto_mask
 from trainers import atomic_write
 from trainers.errors import ConfigError
@@ -67,9 +68,16 @@ TRIAL_COLUMNS: dict[str, tuple[pa.DataType, str]] = {
     "throughput": (pa.float64(), "inference images/s of the architecture the trial ended with (measured after its first epoch, or before training where constraints judge it; T-CNN: again at the conversion)"),
     "throughput_before_conversion": (pa.float64(), "T-CNN: inference images/s of the CNN before the conversion (null otherwise)"),
     "converted_at_epoch": (pa.int64(), "T-CNN: epochs trained as a CNN before the conversion (null: never converted)"),
+    "val_images": (pa.int64(), "validation images val_acc was measured on (what its binomial interval rests on)"),
+    "val_acc_low": (pa.float64(), "val_acc's 95% Wilson interval over val_images, lower bound (the validation set's noise, not the seed's)"),
+    "val_acc_high": (pa.float64(), "val_acc's 95% Wilson interval, upper bound"),
+    "throughput_low": (pa.float64(), "throughput's interval, lower bound: a 95% interval of the median batch cost (distribution-free), at least throughput.noise_floor below the value"),
+    "throughput_high": (pa.float64(), "throughput's interval, upper bound (as throughput_low, above the value)"),
+    "tied_with": (pa.string(), "on the Pareto front: the other front members whose intervals overlap this one's on every objective (comma-separated trial ids; null: separated from all, or not on the front)"),
     "throughput_timed": (pa.float64(), "inference images/s as the architecture's own fastest round read (CPU: throughput is the reference's number over the cost ratio timed beside it)"),
     "throughput_reference": (pa.string(), "architecture fingerprint of the reference the CPU measurement was timed beside (the model as named, default arguments); null on GPUs"),
     "throughput_device": (pa.string(), "device that measured throughput"),
+    "throughput_runtime": (pa.string(), "what the timed forward ran on (throughput.runtime): eager (torch's stock ops) or kernels (this project's fused paths)"),
     "throughput_batch": (pa.int64(), "batch size of the throughput measurement"),
     "throughput_precision": (pa.string(), "fp32, bf16 or fp16"),
     "throughput_threads": (pa.int64(), "torch CPU threads during the measurement"),
@@ -130,6 +138,16 @@ TRIAL_VALUE_OF = {
     "params": "params",
     "flops": "flops",
 }
+
+
+def _with_ties(front: list[dict[str, Any]], objectives: Sequence[tuple[str, str]], *, split: bool) -> list[dict[str, Any]]:
+    """Copies of ``front``'s rows with ``tied_with`` set, ties looked for within each device's front."""
+    out = []
+    keys = [t.get(DEVICE_COLUMN) if split else None for t in front]
+    for key in dict.fromkeys(keys):
+        rows = [t for t, k in zip(front, keys) if k == key]
+        out += [{**t, "tied_with": tie} for t, tie in zip(rows, tied_with(rows, objectives))]
+    return out
 
 
 def config_type(param: Mapping[str, Any]) -> pa.DataType:
@@ -313,10 +331,12 @@ class ResultsStore:
 
     # -- files --------------------------------------------------------------------------
     def trials_table(self) -> pa.Table:
-        return pa.Table.from_pylist(self.trials, schema=self.trial_schema)
+        ties = {t["trial_id"]: t["tied_with"] for t in self._front()}
+        return pa.Table.from_pylist([{**t, "tied_with": ties.get(t["trial_id"])} for t in self.trials],
+                                    schema=self.trial_schema)
 
     def pareto_table(self) -> pa.Table:
-        """COMPLETE trials that no other COMPLETE trial dominates, best first."""
+        """COMPLETE trials that no other COMPLETE trial dominates, best first, with their ties."""
         return pa.Table.from_pylist(self._front(), schema=self.trial_schema)
 
     def _front(self) -> list[dict[str, Any]]:
@@ -330,6 +350,7 @@ class ResultsStore:
             front.sort(key=lambda t: t[first], reverse=mode == "max")
             if groups is not None:  # one front per device, as search.load().front()
                 front.sort(key=lambda t: (t.get(DEVICE_COLUMN) is None, t.get(DEVICE_COLUMN) or ""))
+            front = _with_ties(front, self.objectives, split=groups is not None)
         else:
             front = []
         return front

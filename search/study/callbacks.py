@@ -10,6 +10,7 @@ from typing import Any, TextIO
 
 from ray.tune import Callback
 
+from search.results.intervals import wilson_interval
 from search.results.location import JOURNAL_FILE
 from search.results.store import TRIAL_VALUE_OF, ResultsStore
 from search.study.searcher import nonfinite_objectives, prune_running_trials, trial_state
@@ -181,7 +182,8 @@ class StoreCallback(PrintingCallback):
                 "family", "throughput", "throughput_device", "throughput_batch", "throughput_precision",
                 "throughput_threads", "train_precision", "torch_version", "params", "flops", "node_ip", "hostname", "node_id",
                 "throughput_before_conversion", "converted_at_epoch", "throughput_cached", "architecture",
-                "throughput_timed", "throughput_reference", "throughput_cuda_graph",
+                "throughput_timed", "throughput_reference", "throughput_cuda_graph", "throughput_low", "throughput_high",
+                "throughput_runtime", "val_images",
             )},
             "rejected_by": result.get("rejected"),
             "failures": int(getattr(trial, "num_failures", 0) or 0),
@@ -195,6 +197,9 @@ class StoreCallback(PrintingCallback):
             "val_acc": result.get(TRIAL_VALUE_OF["val_acc"]),
             "val_loss": result.get(TRIAL_VALUE_OF["val_loss"]),
             "final_val_acc": result.get("val_acc"),
+            **dict(zip(("val_acc_low", "val_acc_high"),  # null where unknown (no val_acc, no val_images)
+                       (None if v != v else v for v in wilson_interval(result.get(TRIAL_VALUE_OF["val_acc"]),
+                                                                        result.get("val_images"))))),
             "started_at": started,
             "ended_at": ended,
             "duration_s": (ended - started).total_seconds(),

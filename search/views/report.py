@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from search.results.intervals import bounds
 from search.results.query import load, study_dir
 from search.results.store import TRIAL_COLUMNS
 from search.text import count
@@ -37,6 +38,8 @@ from trainers.errors import ConfigError
 __all__ = ["Report", "write_report", "front_png"]
 
 FAMILY_COLORS = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac"]
+BAR_COLOR = "#8c959f"  # the front members' 95% intervals
+TIED_COLOR = "#d1242f"  # the ring of a front member tied with another (see search/results/intervals.py)
 LABELS = {"throughput": "throughput (img/s)", "val_acc": "val_acc", "params": "params", "flops": "FLOPs"}
 
 
@@ -112,6 +115,10 @@ def front_png(
         return _png_bytes(image.resize(size, Image.LANCZOS))
     x_lo, x_hi = float(xs[ok].min()), float(xs[ok].max())
     y_lo, y_hi = float(ys[ok].min()), float(ys[ok].max())
+    if len(front) and x in front and y in front:  # room for the front's error bars
+        (bx_lo, bx_hi), (by_lo, by_hi) = bounds(front, x), bounds(front, y)
+        x_lo, x_hi = float(np.nanmin([x_lo, *bx_lo])), float(np.nanmax([x_hi, *bx_hi]))
+        y_lo, y_hi = float(np.nanmin([y_lo, *by_lo])), float(np.nanmax([y_hi, *by_hi]))
     pad_x = (x_hi - x_lo) * 0.04 or abs(x_lo) * 0.05 or 1.0
     pad_y = (y_hi - y_lo) * 0.06 or abs(y_lo) * 0.05 or 0.01
     x_lo, x_hi, y_lo, y_hi = x_lo - pad_x, x_hi + pad_x, y_lo - pad_y, y_hi + pad_y
@@ -173,9 +180,23 @@ def front_png(
         draw.line(path, fill="#1f2328", width=2 * ss, joint="curve")
         front_fam = front["family"].astype(object).where(front["family"].notna(), "").to_numpy()[keep] if "family" in front else [""] * int(keep.sum())
         R = r + 3 * ss
-        for vx, vy, f in zip(fx[keep], fy[keep], front_fam):
+        # each member's 95% intervals as error bars (search/results/intervals.py); none where unrecorded
+        (x_low, x_high), (y_low, y_high) = (tuple(b[keep] for b in bounds(front, c)) for c in (x, y))
+        cap = 5 * ss
+        for vx, vy, a, b, c, d in zip(fx[keep], fy[keep], x_low, x_high, y_low, y_high):
+            if b > a:
+                draw.line([(sx(a), sy(vy)), (sx(b), sy(vy))], fill=BAR_COLOR, width=ss)
+                for e in (a, b):
+                    draw.line([(sx(e), sy(vy) - cap), (sx(e), sy(vy) + cap)], fill=BAR_COLOR, width=ss)
+            if d > c:
+                draw.line([(sx(vx), sy(c)), (sx(vx), sy(d))], fill=BAR_COLOR, width=ss)
+                for e in (c, d):
+                    draw.line([(sx(vx) - cap, sy(e)), (sx(vx) + cap, sy(e))], fill=BAR_COLOR, width=ss)
+        tied = front["tied_with"].notna().to_numpy()[keep] if "tied_with" in front else np.zeros(int(keep.sum()), bool)
+        for vx, vy, f, t in zip(fx[keep], fy[keep], front_fam, tied):
             px, py = sx(vx), sy(vy)
-            draw.ellipse([px - R, py - R, px + R, py + R], fill=_rgb(color.get(f, "#6e7781")), outline="#1f2328", width=2 * ss)
+            draw.ellipse([px - R, py - R, px + R, py + R], fill=_rgb(color.get(f, "#6e7781")),
+                         outline=TIED_COLOR if t else "#1f2328", width=(3 if t else 2) * ss)
 
     # legend, under the x label
     lx, ly = left, bottom + 90 * ss
@@ -187,7 +208,11 @@ def front_png(
     draw.text((lx + 18 * ss, ly), "cut short (PRUNED / FAILED)", fill="#1f2328", font=f_small, anchor="lm")
     lx += 18 * ss + draw.textlength("cut short (PRUNED / FAILED)", font=f_small) + 22 * ss
     draw.line([(lx, ly), (lx + 24 * ss, ly)], fill="#1f2328", width=2 * ss)
-    draw.text((lx + 30 * ss, ly), f"Pareto front ({count(int(keep.sum()), 'COMPLETE trial')})", fill="#1f2328", font=f_small, anchor="lm")
+    label = f"Pareto front ({count(int(keep.sum()), 'COMPLETE trial')}), bars: 95% intervals"
+    draw.text((lx + 30 * ss, ly), label, fill="#1f2328", font=f_small, anchor="lm")
+    lx += 30 * ss + draw.textlength(label, font=f_small) + 22 * ss
+    draw.ellipse([lx, ly - 7 * ss, lx + 14 * ss, ly + 7 * ss], outline=TIED_COLOR, width=3 * ss)
+    draw.text((lx + 20 * ss, ly), "tied: intervals overlap on both", fill="#1f2328", font=f_small, anchor="lm")
     return _png_bytes(image.resize(size, Image.LANCZOS))
 
 
@@ -211,8 +236,15 @@ def _cell(value: object, column: str) -> str:
 
 def _front_table(front: pd.DataFrame, objectives: Sequence[tuple[str, str]]) -> str:
     knobs = [c for c in front.columns if c not in TRIAL_COLUMNS]
-    columns = ["trial_id", "family", "model"] + [c for c, _ in objectives]
-    columns += [c for c in ("params", "flops", "epochs_run") if c not in columns] + knobs
+    front = front.copy()
+    columns = ["trial_id", "family", "model"]
+    for column, _ in objectives:  # each objective, then its 95% interval where recorded
+        columns.append(column)
+        if f"{column}_low" in front and front[f"{column}_low"].notna().any():
+            front[f"{column} 95%"] = [f"{_cell(a, column)}-{_cell(b, column)}" if a == a and b == b else "?"
+                                      for a, b in zip(front[f"{column}_low"], front[f"{column}_high"])]
+            columns.append(f"{column} 95%")
+    columns += [c for c in ("tied_with", "params", "flops", "epochs_run") if c not in columns] + knobs
     columns = [c for c in columns if c in front.columns and front[c].notna().any()]
     head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
     body = "".join(

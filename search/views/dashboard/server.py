@@ -61,6 +61,7 @@ STATIC_DIR = importlib.resources.files(__package__) / "static"
 PAGE_COLUMNS = (
     "trial_id", "model", "family", "state", "stop_reason", "error", "rejected_by", "epochs_run", "epochs_budget",
     "val_acc", "val_loss", "final_val_acc", "throughput", "params", "flops", "duration_s", "ended_at",
+    "val_acc_low", "val_acc_high", "throughput_low", "throughput_high", "tied_with",  # error bars, ties
 )
 # Text columns with few distinct values go as a dictionary plus codes: smaller and faster to parse.
 DICT_COLUMNS = ("model", "family", "state", "stop_reason")

@@ -21,6 +21,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import search
@@ -225,6 +226,32 @@ def test_report_is_self_contained_and_holds_the_front(study, tmp_path):
         assert png.format == "PNG" and png.size == (1600, 1000)
     assert report.trials == len(TRIALS) and report.front == len(front)
     assert oct(report.html.stat().st_mode & 0o444) != "0o0"  # readable: it is meant to be passed on
+
+
+def test_report_draws_the_fronts_intervals_and_rings_its_ties(tmp_path):
+    from PIL import Image
+
+    from search.views.report import TIED_COLOR
+
+    trials = [("b0", "convit", "COMPLETE", 0.91, 1000.0), ("b1", "convit", "COMPLETE", 0.905, 1050.0),
+              ("b2", "vit", "COMPLETE", 0.80, 3000.0)]
+    store = make_study(tmp_path / "s", trials=trials)
+    now = dt.datetime.now(dt.timezone.utc)
+    for k, (trial_id, family, state, acc, tput) in enumerate(trials):  # the same trials, now with intervals
+        store.add_trial({**_row(trial_id, family, state, acc, tput, k, now), "val_acc_low": acc - 0.01,
+                         "val_acc_high": acc + 0.01, "throughput_low": tput * 0.9, "throughput_high": tput * 1.1}, _config(k))
+    store.flush()
+    report = write_report(tmp_path / "s", out=tmp_path / "r.html")
+    text = report.html.read_text()
+    assert "val_acc 95%" in text and "throughput 95%" in text and "<td>0.9000-0.9200</td>" in text
+    table = text[text.index('class="front-table"'):text.index("</table>", text.index('class="front-table"'))]
+    assert "<td>b1</td>" in table and "<td>b0</td>" in table  # tied, both shown ...
+    assert table.count("<td>b0</td>") == 2  # ... b1 lists b0 as tied with it (and b0 itself is a row)
+    red = tuple(int(TIED_COLOR[i:i + 2], 16) for i in (1, 3, 5))
+    with Image.open(report.png) as png:
+        rgb = np.asarray(png.convert("RGB")).astype(int)
+    near = (np.abs(rgb - np.array(red)).sum(axis=2) < 40).sum()
+    assert near > 200  # the tied members' rings and the legend's
 
 
 def test_report_cli(study, tmp_path, capsys):

@@ -11,6 +11,7 @@
   const STUDY_SYMBOLS = { circle: "\u25CF", square: "\u25A0", triangle: "\u25B2", diamond: "\u25C6", star: "\u2605" };
   const STUDY_LINES = ["#1f2328", "#8250df", "#0969da", "#bc4c00", "#1a7f37"];
   const DIMMED = "#d0d7de";
+  const TIED_COLOR = "#d1242f";  // the ring of a front member tied with another (search/results/intervals.py)
   const CUT_SHORT = new Set(["PRUNED", "FAILED"]);
   const COLUMN_LABELS = {
     val_acc: "val_acc", throughput: "throughput (img/s)", val_loss: "val_loss", final_val_acc: "final_val_acc",
@@ -319,10 +320,22 @@
         ctx.lineTo(sx(pts[pts.length - 1][0]), sgy > 0 ? box.b : box.t);
         ctx.stroke(); ctx.setLineDash([]); ctx.globalAlpha = 1;
       }
+      // each member's 95% intervals (val_acc_low/high, throughput_low/high) as error bars, under the markers
+      const bound = (key, end, i) => { const v = val(st, `${key}_${end}`, i); return typeof v === "number" && (!logX || key !== xKey || v > 0) ? v : null; };
+      ctx.strokeStyle = "#8c959f"; ctx.lineWidth = 1;
       for (const i of front) {
+        const x = sx(val(st, xKey, i)), y = sy(val(st, yKey, i));
+        const [xl, xh, yl, yh] = [bound(xKey, "low", i), bound(xKey, "high", i), bound(yKey, "low", i), bound(yKey, "high", i)];
+        ctx.beginPath();
+        if (xl !== null && xh !== null) { ctx.moveTo(sx(xl), y); ctx.lineTo(sx(xh), y); for (const e of [xl, xh]) { ctx.moveTo(sx(e), y - 4); ctx.lineTo(sx(e), y + 4); } }
+        if (yl !== null && yh !== null) { ctx.moveTo(x, sy(yl)); ctx.lineTo(x, sy(yh)); for (const e of [yl, yh]) { ctx.moveTo(x - 4, sy(e)); ctx.lineTo(x + 4, sy(e)); } }
+        ctx.stroke();
+      }
+      for (const i of front) {
+        const tied = typeof val(st, "tied_with", i) === "string" && val(st, "tied_with", i) !== "";
         ctx.beginPath(); marker(ctx, st.shape, sx(val(st, xKey, i)), sy(val(st, yKey, i)), r + 2.5);
         ctx.fillStyle = famColor(val(st, "family", i)); ctx.fill();
-        ctx.lineWidth = 1.6; ctx.strokeStyle = st.line; ctx.stroke();
+        ctx.lineWidth = tied ? 2.4 : 1.6; ctx.strokeStyle = tied ? TIED_COLOR : st.line; ctx.stroke();
       }
     });
     const sel = selectedRow();
@@ -352,7 +365,8 @@
     parts.push(`<span><span class="sw hollow" style="border-color:#6e7781"></span>cut short (PRUNED / FAILED)</span>`);
     if (S.studies.length > 1) {
       for (const st of S.studies) parts.push(`<span><span class="sym" style="color:${st.line}">${STUDY_SYMBOLS[st.shape]}</span> <span class="line" style="border-color:${st.line}"></span>${esc(st.label)} front</span>`);
-    } else parts.push(`<span><span class="line"></span>Pareto front (COMPLETE trials only)</span>`);
+    } else parts.push(`<span><span class="line"></span>Pareto front (COMPLETE trials only; bars: 95% intervals)</span>`);
+    parts.push(`<span><span class="sym" style="color:${TIED_COLOR}">\u25CB</span> tied on the front: intervals overlap on every objective</span>`);
     const notes = [];
     if (rejected) notes.push(`${rejected} REJECTED (never trained)`);
     if (hiddenCut) notes.push(`${hiddenCut} cut short`);
