@@ -5,7 +5,9 @@ how far a second measurement would land. This times the main job's architectures
 Fashion-MNIST's 28x28x1, patch 7, beside the ``ls_convit_nano`` reference as a trial does) in
 ``--repeats`` fresh processes each, in shuffled order, and reports per architecture the spread of
 the numbers (max/min, the coefficient of variation) and how often one measurement's own interval
-(before ``throughput.noise_floor`` widens it) misses another's value: what sets the floor.
+(before ``throughput.noise_floor`` widens it) misses another's value; and the same for the cost
+ratio to the reference, which is all that moves between two measurements within one study (its
+trials share the node's reference number): what sets the floor.
 
     ./with-deps python -m benchmarks throughput_noise [--repeats 5] [--threads 2]
 
@@ -21,6 +23,7 @@ import random
 import statistics
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -45,13 +48,18 @@ def _child(embed_dim: int, depth: int, threads: int) -> dict[str, Any]:
     model = timm.create_model("ls_convit_nano", embed_dim=embed_dim, depth=depth, local_up_to_layer=min(1, depth),
                               **args)
     reference = timm.create_model("ls_convit_nano", img_size=28, in_chans=1, num_classes=10)
-    record = measure_model(model, input_shape=(1, 28, 28), batch_size=256, warmup=3, repeats=10, reference=reference)
-    return {k: record[k] for k in ("throughput", "throughput_low", "throughput_high", "throughput_timed")}
+    settings = dict(input_shape=(1, 28, 28), batch_size=256, warmup=3, repeats=10, runtime="kernels")
+    with tempfile.TemporaryDirectory() as cache:  # the reference measured once, as a node's first trial does
+        own = measure_model(reference, **settings, cache_dir=cache)
+        record = measure_model(model, **settings, reference=reference, cache_dir=cache)
+    return {**{k: record[k] for k in ("throughput", "throughput_low", "throughput_high", "throughput_timed")},
+            "reference_throughput": own["throughput"], "cost_ratio": own["throughput"] / record["throughput"]}
 
 
 def summarise(values: list[dict[str, float]]) -> dict[str, Any]:
     """One architecture's measurements: spread, and how often an interval misses another's value."""
     numbers = [v["throughput"] for v in values]
+    ratios = [v["cost_ratio"] for v in values]
     misses = sum(1 for i, a in enumerate(values) for j, b in enumerate(values)
                  if i != j and not a["throughput_low"] <= b["throughput"] <= a["throughput_high"])
     pairs = len(values) * (len(values) - 1)
@@ -64,6 +72,13 @@ def summarise(values: list[dict[str, float]]) -> dict[str, Any]:
         "interval_half_width_median": statistics.median(
             (v["throughput_high"] - v["throughput_low"]) / 2 / v["throughput"] for v in values),
         "intervals_missing_another_value": f"{misses} of {pairs}",
+        # within a study every trial divides the same reference number: what moves between two of
+        # its measurements is the cost ratio alone
+        "cost_ratio": ratios,
+        "cost_ratio_max_over_min": max(ratios) / min(ratios),
+        "cost_ratio_cv": statistics.stdev(ratios) / statistics.fmean(ratios) if len(ratios) > 1 else None,
+        "cost_ratio_largest_deviation_from_median": max(abs(r / statistics.median(ratios) - 1) for r in ratios),
+        "reference_throughput": [v["reference_throughput"] for v in values],
     }
 
 
@@ -96,7 +111,9 @@ def main(argv: list[str] | None = None) -> None:
     for arch, s in summary.items():
         print(f"embed_dim,depth {arch}: max/min {s['max_over_min']:.3f}, cv {s['cv']:.3f}, "
               f"largest deviation from the median {s['largest_deviation_from_median']:.1%}, "
-              f"own interval +-{s['interval_half_width_median']:.1%}, misses {s['intervals_missing_another_value']}")
+              f"own interval +-{s['interval_half_width_median']:.1%}, misses {s['intervals_missing_another_value']}; "
+              f"cost ratio: max/min {s['cost_ratio_max_over_min']:.3f}, cv {s['cost_ratio_cv']:.3f}, "
+              f"largest deviation {s['cost_ratio_largest_deviation_from_median']:.1%}")
     from benchmarks._env import write_result
 
     path = write_result("throughput_noise", {

@@ -140,7 +140,7 @@ class ThroughputSettings:
     # the relative noise between two measurements of one architecture (another process, another
     # moment) that one measurement's batches cannot show: each throughput interval is at least
     # this wide on each side (benchmarks/throughput_noise.py measures it on a machine)
-    noise_floor: float = 0.10
+    noise_floor: float = 0.15
 
     def __post_init__(self) -> None:
         for key in ("batch_size", "repeats"):

@@ -147,4 +147,4 @@ def test_the_noise_floor_is_a_validated_spec_setting(tmp_path):
         "throughput: {batch_size: 64, warmup: 1, repeats: 3}", "throughput: {batch_size: 64, noise_floor: 1.5}"))
     with pytest.raises(ConfigError, match=r"throughput.noise_floor: must be in \[0, 1\)"):
         load_spec(spec)
-    assert load_spec(ROOT / "spaces" / "synthetic_smoke.yaml").throughput.noise_floor == pytest.approx(0.10)
+    assert load_spec(ROOT / "spaces" / "synthetic_smoke.yaml").throughput.noise_floor == pytest.approx(0.15)
