@@ -181,8 +181,10 @@ def result_slug(env: dict[str, Any]) -> str:
     return slug
 
 
-def write_result(name: str, payload: dict[str, Any], device: str | torch.device = "cpu") -> Path:
-    """Write payload + environment + UTC timestamp to benchmarks/results/<name>-<result_slug>.json."""
+def write_result(name: str, payload: dict[str, Any], device: str | torch.device = "cpu", *,
+                 results_dir: Path | None = None) -> Path:
+    """Write payload + environment + UTC timestamp to benchmarks/results/<name>-<result_slug>.json
+    (or into ``results_dir``)."""
     env = environment(device)
     record = {
         "name": name,
@@ -190,7 +192,8 @@ def write_result(name: str, payload: dict[str, Any], device: str | torch.device 
         "environment": env,
         "timestamp_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    path = RESULTS_DIR / f"{name}-{result_slug(env)}.json"
+    folder = Path(results_dir) if results_dir is not None else RESULTS_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}-{result_slug(env)}.json"
     path.write_text(json.dumps(record, indent=2, sort_keys=False) + "\n", encoding="utf-8")
     return path

@@ -140,6 +140,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="on the CPU at a tiny size (synthetic data, the base space): what CI runs")
     parser.add_argument("--dry-run", action="store_true", help="print each run's `search check`, train nothing")
     parser.add_argument("--result-name", default="gpu_study")
+    parser.add_argument("--results-dir", type=Path, help="where the JSON goes (default benchmarks/results)")
     args = parser.parse_args(argv)
     try:
         packings = [int(p) for p in args.packings.split(",") if p.strip()]
@@ -198,7 +199,7 @@ def main(argv: list[str] | None = None) -> None:
                    "time_limit_s": args.time_limit_s, "cpus": args.cpus, "smoke": args.smoke, "device": device},
         "runs": runs,
         "summary": summarise_packings(runs),
-    })
+    }, device="cuda" if device == "cuda" else "cpu", results_dir=args.results_dir)
     print(f"wrote {path}")
 
 

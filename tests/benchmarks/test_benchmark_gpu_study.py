@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-import benchmarks._env
 from benchmarks.gpu_study import derived_spec, main, summarise_packings
 from search.spec import load_spec
 
@@ -60,9 +59,8 @@ def test_the_dry_run_checks_each_packing(capsys):
 
 @pytest.mark.ray
 @pytest.mark.ffcv
-def test_the_study_runs_at_a_tiny_size_on_the_cpu(tmp_path, monkeypatch):
-    monkeypatch.setattr(benchmarks._env, "RESULTS_DIR", tmp_path)
-    main(["--smoke", "--packings", "2", "--trials", "2", "--max-epochs", "1", "--grace-epochs", "1",
+def test_the_study_runs_at_a_tiny_size_on_the_cpu(tmp_path):
+    main(["--results-dir", str(tmp_path), "--smoke", "--packings", "2", "--trials", "2", "--max-epochs", "1", "--grace-epochs", "1",
           "--cpus", "2", "--time-limit-s", "600"])
     (path,) = tmp_path.glob("gpu_study-*.json")
     record = json.loads(path.read_text())
