@@ -230,7 +230,7 @@ def test_export_writes_a_standalone_config(study, tmp_path, capsys):
                                     "grad_clip", "num_workers", "pad_crop", "flip", "precision", "compile",
                                     "cuda_graph"}
     assert config["throughput"] == {"batch_size": 16, "warmup": 1, "repeats": 2, "precision": "auto",
-                                    "cuda_graph": True}
+                                    "cuda_graph": True, "runtime": "eager", "noise_floor": 0.15}
     source = config["source"]
     assert source["study"] == str(study.resolve()) and source["trial_id"] == "c1"
     assert source["selected_by"] == "knee" and source["val_acc"] == 0.9 and source["throughput"] == 4000.0
