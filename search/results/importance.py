@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -38,8 +39,8 @@ from search.results.query import load
 from search.text import count
 from trainers.errors import ConfigError
 
-__all__ = ["EVALUATORS", "MIN_COMPLETE_TRIALS", "IMPORTANCE_COLUMNS", "knob_importance", "importance_warnings",
-           "format_importance"]
+__all__ = ["EVALUATORS", "MIN_COMPLETE_TRIALS", "IMPORTANCE_COLUMNS", "FamilyImportance", "knob_importance", "by_family",
+           "importance_warnings", "format_importance"]
 
 EVALUATORS = ("fanova", "ped-anova")
 
@@ -184,6 +185,18 @@ def knob_importance(study: str | Path, *, evaluator: str = "fanova", seed: int =
     return table
 
 
+@dataclass(frozen=True, eq=False)  # eq=False: a DataFrame has no truth value to compare by
+class FamilyImportance:
+    """One family's part of a :func:`knob_importance` table, as the views show it."""
+
+    family: str | None  # None: a space with one model
+    model: str | None
+    complete_trials: int  # what the numbers rest on
+    warning: str | None  # below MIN_COMPLETE_TRIALS: why not to trust the ranking
+    shares: pd.DataFrame | None  # knob rows x objective columns, most important for the first objective first;
+    # None: fewer than 2 COMPLETE trials, nothing to compare
+
+
 def _warning(family: object, model: object, n: int) -> str | None:
     if n >= MIN_COMPLETE_TRIALS:
         return None
@@ -192,11 +205,26 @@ def _warning(family: object, model: object, n: int) -> str | None:
             "its ranking is mostly noise")
 
 
+def by_family(table: pd.DataFrame) -> list[FamilyImportance]:
+    """``table`` (:func:`knob_importance`) split by family, in the spec's order."""
+    groups = []
+    for (family, model), group in table.groupby(["family", "model"], dropna=False, sort=False):
+        n = int(group["complete_trials"].iloc[0])
+        shares = None
+        if not group["importance"].isna().all():
+            objectives = list(dict.fromkeys(group["objective"]))
+            shares = group.pivot(index="knob", columns="objective", values="importance")[objectives]
+            shares = shares.sort_values(objectives[0], ascending=False, kind="stable")
+            shares.columns.name = None
+        groups.append(FamilyImportance(family=None if pd.isna(family) else str(family),
+                                       model=None if pd.isna(model) else str(model), complete_trials=n,
+                                       warning=_warning(family, model, n), shares=shares))
+    return groups
+
+
 def importance_warnings(table: pd.DataFrame) -> list[str]:
     """One line per family whose importance rests on fewer than :data:`MIN_COMPLETE_TRIALS` COMPLETE trials."""
-    found = (_warning(family, model, int(group["complete_trials"].iloc[0]))
-             for (family, model), group in table.groupby(["family", "model"], dropna=False, sort=False))
-    return [line for line in found if line]
+    return [g.warning for g in by_family(table) if g.warning]
 
 
 def format_importance(table: pd.DataFrame, *, fmt: str) -> str:
@@ -209,26 +237,20 @@ def format_importance(table: pd.DataFrame, *, fmt: str) -> str:
         return table.to_csv(index=False)
     if table.empty:
         return "(no searched knob: nothing to rank)"
-    evaluator = table["evaluator"].iloc[0]
-    name = "fANOVA (seeded)" if evaluator == "fanova" else "PED-ANOVA"
+    name = "fANOVA (seeded)" if table["evaluator"].iloc[0] == "fanova" else "PED-ANOVA"
     out = [f"knob importance by {name}, on COMPLETE trials only: each knob's share of the objective's total"]
-    for (family, model), group in table.groupby(["family", "model"], dropna=False, sort=False):
-        n = int(group["complete_trials"].iloc[0])
-        head = "" if pd.isna(model) else f"family {family} ({model}), "
-        out.append("")
-        out.append(f"{head}{count(n, 'COMPLETE trial')}:")
-        warning = _warning(family, model, n)
-        if warning:
-            out.append(f"  {warning}")
-        if group["importance"].isna().all():
+    for group in by_family(table):
+        head = "" if group.model is None else f"family {group.family} ({group.model}), "
+        out += ["", f"{head}{count(group.complete_trials, 'COMPLETE trial')}:"]
+        if group.warning:
+            out.append(f"  {group.warning}")
+        if group.shares is None:
             out.append("  (fewer than 2 COMPLETE trials: nothing to compare)")
             continue
-        objectives = list(dict.fromkeys(group["objective"]))
-        wide = group.pivot(index="knob", columns="objective", values="importance")[objectives]
-        wide = wide.sort_values(objectives[0], ascending=False, kind="stable")
-        width = max(len("knob"), *map(len, wide.index))
+        objectives = list(group.shares.columns)
+        width = max(len("knob"), *map(len, group.shares.index))
         widths = [max(len(o), 5) for o in objectives]
         out.append("  " + "knob".ljust(width) + "".join(f"  {o:>{w}}" for o, w in zip(objectives, widths)))
-        for knob, row in wide.iterrows():
+        for knob, row in group.shares.iterrows():
             out.append("  " + knob.ljust(width) + "".join(f"  {row[o]:>{w}.3f}" for o, w in zip(objectives, widths)))
     return "\n".join(out)
