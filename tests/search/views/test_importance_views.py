@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import http.client
 import io
 import json
+import threading
 
 import pandas as pd
 import pytest
 
 from search.results.importance import IMPORTANCE_COLUMNS, MIN_COMPLETE_TRIALS
 from search.views.cli import main
+from search.views.dashboard.server import make_server
 from search.views.report import write_report
 from tests.search.results.journal_study import UNIT, make_journal_study
 
@@ -96,3 +99,73 @@ def test_report_section_warns_below_the_minimum_and_says_when_there_is_no_journa
         (few / "journal.bak").rename(few / "optuna.journal")
     section = text[text.index('id="importance"'):]
     assert "no optuna.journal" in section[:section.index("</section>")]
+
+
+# -- the Pareto page's panel ----------------------------------------------------------------
+@pytest.fixture
+def serve():
+    servers = []
+
+    def start(paths):
+        server = make_server(paths, port=0)
+        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True).start()
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+def _get(server, path: str, headers: dict | None = None) -> tuple[int, dict, bytes]:
+    host, port = server.server_address[:2]
+    conn = http.client.HTTPConnection(host, port, timeout=60)
+    conn.request("GET", path, headers=headers or {})
+    resp = conn.getresponse()
+    body = resp.read()
+    conn.close()
+    return resp.status, dict(resp.getheaders()), body
+
+
+def test_server_answers_the_importance_as_json_and_304_until_the_journal_changes(study, few, tmp_path, serve):
+    server = serve([study, few, tmp_path / "not_yet"])
+    status, headers, body = _get(server, "/api/importance")
+    assert status == 200 and headers["Content-Type"] == "application/json"
+    ranked, small, missing = json.loads(body)["studies"]
+    (family,) = ranked["families"]
+    assert family["complete_trials"] == 40 and family["warning"] is None and family["knobs"][0] == "a"
+    assert family["objectives"] == ["val_acc", "throughput"] and family["shares"]["val_acc"][0] > 0.8
+    assert ranked["minimum"] == MIN_COMPLETE_TRIALS
+    assert f"fewer than {MIN_COMPLETE_TRIALS}" in small["families"][0]["warning"]
+    assert missing["families"] == [] and "no trials.parquet" in missing["error"]
+    assert _get(server, "/api/importance", {"If-None-Match": headers["ETag"]})[0] == 304
+    import optuna
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+
+    storage = JournalStorage(JournalFileBackend(str(few / "optuna.journal")))
+    trial = optuna.load_study(study_name="journal_fixture", storage=storage).ask()  # a new trial sampled: new numbers
+    storage.set_trial_state_values(trial._trial_id, optuna.trial.TrialState.FAIL)
+    assert _get(server, "/api/importance", {"If-None-Match": headers["ETag"]})[0] == 200
+
+
+@pytest.mark.chromium
+def test_page_shows_the_importance_panel(study, few, serve, tmp_path):
+    from dashboards.browser import Browser, BrowserError
+
+    server = serve([study, few])
+    try:
+        browser = Browser(width=1400, height=1500)
+    except BrowserError as exc:
+        pytest.skip(f"chromium would not start here: {exc}")
+    try:
+        browser.navigate(server.url + "?poll=200")
+        browser.wait_for("window.__dashboard && window.__dashboard.importanceRenders >= 1", timeout=60)
+        text = browser.evaluate("document.getElementById('importance-panel').textContent")
+        first = browser.evaluate("document.querySelector('#importance-panel table td.mono').textContent")
+        assert browser.evaluate("document.getElementById('importance-card').hidden") is False
+    finally:
+        browser.close()
+    assert "40 COMPLETE trials" in text and first == "a"
+    assert f"{MIN_COMPLETE_TRIALS // 2} COMPLETE trials, fewer than {MIN_COMPLETE_TRIALS}" in text
