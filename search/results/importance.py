@@ -196,6 +196,12 @@ class FamilyImportance:
     shares: pd.DataFrame | None  # knob rows x objective columns, most important for the first objective first;
     # None: fewer than 2 COMPLETE trials, nothing to compare
 
+    @property
+    def heading(self) -> str:
+        """'family convit (ls_convit_micro), 16 COMPLETE trials' (no family: a space with one model)."""
+        family = "" if self.model is None else f"family {self.family} ({self.model}), "
+        return f"{family}{count(self.complete_trials, 'COMPLETE trial')}"
+
 
 def _warning(family: object, model: object, n: int) -> str | None:
     if n >= MIN_COMPLETE_TRIALS:
@@ -240,8 +246,7 @@ def format_importance(table: pd.DataFrame, *, fmt: str) -> str:
     name = "fANOVA (seeded)" if table["evaluator"].iloc[0] == "fanova" else "PED-ANOVA"
     out = [f"knob importance by {name}, on COMPLETE trials only: each knob's share of the objective's total"]
     for group in by_family(table):
-        head = "" if group.model is None else f"family {group.family} ({group.model}), "
-        out += ["", f"{head}{count(group.complete_trials, 'COMPLETE trial')}:"]
+        out += ["", f"{group.heading}:"]
         if group.warning:
             out.append(f"  {group.warning}")
         if group.shares is None:

@@ -239,8 +239,7 @@ def _importance_section(study: Path) -> str:
     if table.empty:
         return "".join(parts) + '<p class="note">No searched knob: nothing to rank.</p></section>'
     for group in by_family(table):
-        title = "" if group.model is None else f"family {group.family} ({group.model}): "
-        parts.append(f"<h3>{html.escape(title)}{count(group.complete_trials, 'COMPLETE trial')}</h3>")
+        parts.append(f"<h3>{html.escape(group.heading)}</h3>")
         if group.warning:
             parts.append(f'<p class="note warning">{html.escape(group.warning)}</p>')
         if group.shares is None:

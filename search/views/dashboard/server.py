@@ -349,10 +349,9 @@ class _DashboardServer(http.server.ThreadingHTTPServer):
         self.paths = list(paths)
         self.loopback_only = loopback_only
         self.verbose = verbose
-        self._lock = threading.Lock()
-        self._cached: tuple[str, bytes] | None = None
-        self._importance_lock = threading.Lock()  # its own: a fANOVA fit must not hold up /api/data
-        self._importance: tuple[str, bytes] | None = None
+        # one lock and cached (ETag, JSON) per endpoint: a fANOVA fit must not hold up /api/data
+        self._locks = {"data": threading.Lock(), "importance": threading.Lock()}
+        self._cached: dict[str, tuple[str, bytes]] = {}
         self._page: bytes | None = None
 
     def page(self) -> bytes:
@@ -360,25 +359,23 @@ class _DashboardServer(http.server.ThreadingHTTPServer):
             self._page = render_page().encode()
         return self._page
 
+    def _json(self, kind: str, versions: Sequence[str], build: Any) -> tuple[str, bytes]:
+        """(ETag, JSON) of ``build(paths)``, rebuilt only when ``versions`` changed."""
+        etag = f'"{kind[0]}{abs(hash(tuple(versions)))}"'
+        with self._locks[kind]:
+            cached = self._cached.get(kind)
+            if cached is None or cached[0] != etag:
+                cached = self._cached[kind] = (etag, json.dumps(build(self.paths), separators=(",", ":"),
+                                                                allow_nan=False).encode())
+            return cached
+
     def data(self) -> tuple[str, bytes]:
         """(ETag, JSON) of the studies now; rebuilt only when a file changed."""
-        versions = [study_version(p) for p in self.paths]
-        etag = '"' + str(abs(hash(tuple(versions)))) + '"'
-        with self._lock:
-            if self._cached is None or self._cached[0] != etag:
-                payload = studies_payload(self.paths)
-                self._cached = (etag, json.dumps(payload, separators=(",", ":"), allow_nan=False).encode())
-            return self._cached
+        return self._json("data", [study_version(p) for p in self.paths], studies_payload)
 
     def importance(self) -> tuple[str, bytes]:
         """(ETag, JSON) of the knobs' importance; recomputed only when a journal changed."""
-        versions = [importance_version(p) for p in self.paths]
-        etag = '"i' + str(abs(hash(tuple(versions)))) + '"'
-        with self._importance_lock:
-            if self._importance is None or self._importance[0] != etag:
-                payload = importance_payload(self.paths)
-                self._importance = (etag, json.dumps(payload, separators=(",", ":"), allow_nan=False).encode())
-            return self._importance
+        return self._json("importance", [importance_version(p) for p in self.paths], importance_payload)
 
     @property
     def url(self) -> str:

@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-import http.client
 import io
 import json
-import threading
 
 import pandas as pd
 import pytest
 
 from search.results.importance import IMPORTANCE_COLUMNS, MIN_COMPLETE_TRIALS
 from search.views.cli import main
-from search.views.dashboard.server import make_server
 from search.views.report import write_report
 from tests.search.results.journal_study import UNIT, make_journal_study
+from tests.search.views.conftest import http_get
 
 KNOBS = {"a": UNIT, "b": UNIT, "z": UNIT}
 
@@ -102,30 +100,8 @@ def test_report_section_warns_below_the_minimum_and_says_when_there_is_no_journa
 
 
 # -- the Pareto page's panel ----------------------------------------------------------------
-@pytest.fixture
-def serve():
-    servers = []
-
-    def start(paths):
-        server = make_server(paths, port=0)
-        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True).start()
-        servers.append(server)
-        return server
-
-    yield start
-    for server in servers:
-        server.shutdown()
-        server.server_close()
-
-
 def _get(server, path: str, headers: dict | None = None) -> tuple[int, dict, bytes]:
-    host, port = server.server_address[:2]
-    conn = http.client.HTTPConnection(host, port, timeout=60)
-    conn.request("GET", path, headers=headers or {})
-    resp = conn.getresponse()
-    body = resp.read()
-    conn.close()
-    return resp.status, dict(resp.getheaders()), body
+    return http_get(server, path, headers, timeout=60)  # the first answer fits fANOVA
 
 
 def test_server_answers_the_importance_as_json_and_304_until_the_journal_changes(study, few, tmp_path, serve):
