@@ -39,17 +39,26 @@ from search.results.query import load
 from search.text import count
 from trainers.errors import ConfigError
 
-__all__ = ["EVALUATORS", "MIN_COMPLETE_TRIALS", "IMPORTANCE_COLUMNS", "FamilyImportance", "knob_importance", "by_family",
+__all__ = ["EVALUATORS", "MIN_COMPLETE_TRIALS", "MIN_TRIALS_PER_KNOB", "minimum_trials", "IMPORTANCE_COLUMNS", "FamilyImportance", "knob_importance", "by_family",
            "importance_warnings", "format_importance"]
 
 EVALUATORS = ("fanova", "ped-anova")
 
-# Below 20 COMPLETE trials (per family) a ranking is mostly noise, hence the warning:
+# A family's ranking needs max(20, 4 per knob) COMPLETE trials; below that it is mostly noise,
+# hence the warning:
 # - PED-ANOVA compares the best 10 % of the trials with all of them, and Optuna's evaluator needs 2
 #   trials in a set to estimate a distribution (its min_n_trials_in_regime): 10 % of 20 is 2;
-# - fANOVA's forest grows each tree until its leaves hold one trial, so with fewer trials than
-#   about 4 per knob (5 knobs per family here, the shared lr included) every split fits noise.
+# - fANOVA's forest grows each tree until its leaves hold one trial, so with only a few trials per
+#   knob every split fits noise; 4 per knob is the least that lets each knob's main effect be seen
+#   in both halves of its range twice (the spaces here have 2 to 8 knobs per family).
 MIN_COMPLETE_TRIALS = 20
+MIN_TRIALS_PER_KNOB = 4
+
+
+def minimum_trials(knobs: int) -> int:
+    """The COMPLETE trials a ranking of ``knobs`` knobs should rest on (see the comment above)."""
+    return max(MIN_COMPLETE_TRIALS, MIN_TRIALS_PER_KNOB * knobs)
+
 
 # One row per family, objective and knob; the table JSON and CSV print as it is.
 IMPORTANCE_COLUMNS = ("family", "model", "objective", "mode", "rank", "knob", "importance", "complete_trials",
@@ -144,7 +153,7 @@ def knob_importance(study: str | Path, *, evaluator: str = "fanova", seed: int =
     is the knob's share of that objective's total (the family's shares sum to 1, or are all 0 when
     nothing varies), ``rank`` 1 is the most important, and ``complete_trials`` the number of COMPLETE
     trials it rests on. A family with fewer than 2 COMPLETE trials has no importance (null): no
-    evaluator can compare one trial with nothing. Below :data:`MIN_COMPLETE_TRIALS` see
+    evaluator can compare one trial with nothing. Below :func:`minimum_trials` see
     :func:`importance_warnings`. ConfigError where ``study`` is not a study or has no journal."""
     if evaluator not in EVALUATORS:
         raise ConfigError(f"evaluator {evaluator!r}: expected one of {', '.join(EVALUATORS)}")
@@ -192,7 +201,8 @@ class FamilyImportance:
     family: str | None  # None: a space with one model
     model: str | None
     complete_trials: int  # what the numbers rest on
-    warning: str | None  # below MIN_COMPLETE_TRIALS: why not to trust the ranking
+    minimum: int  # minimum_trials of its knobs
+    warning: str | None  # below the minimum: why not to trust the ranking
     shares: pd.DataFrame | None  # knob rows x objective columns, most important for the first objective first;
     # None: fewer than 2 COMPLETE trials, nothing to compare
 
@@ -203,11 +213,13 @@ class FamilyImportance:
         return f"{family}{count(self.complete_trials, 'COMPLETE trial')}"
 
 
-def _warning(family: object, model: object, n: int) -> str | None:
-    if n >= MIN_COMPLETE_TRIALS:
+def _warning(family: object, model: object, n: int, knobs: int) -> str | None:
+    minimum = minimum_trials(knobs)
+    if n >= minimum:
         return None
     who = "" if pd.isna(model) else f"family {family} ({model}): "
-    return (f"warning: {who}importance rests on {count(n, 'COMPLETE trial')}, fewer than {MIN_COMPLETE_TRIALS}; "
+    why = f"{MIN_TRIALS_PER_KNOB} per knob" if minimum > MIN_COMPLETE_TRIALS else "at least"
+    return (f"warning: {who}importance rests on {count(n, 'COMPLETE trial')}, fewer than {minimum} ({why}); "
             "its ranking is mostly noise")
 
 
@@ -216,6 +228,7 @@ def by_family(table: pd.DataFrame) -> list[FamilyImportance]:
     groups = []
     for (family, model), group in table.groupby(["family", "model"], dropna=False, sort=False):
         n = int(group["complete_trials"].iloc[0])
+        knobs = group["knob"].nunique()
         shares = None
         if not group["importance"].isna().all():
             objectives = list(dict.fromkeys(group["objective"]))
@@ -224,12 +237,13 @@ def by_family(table: pd.DataFrame) -> list[FamilyImportance]:
             shares.columns.name = None
         groups.append(FamilyImportance(family=None if pd.isna(family) else str(family),
                                        model=None if pd.isna(model) else str(model), complete_trials=n,
-                                       warning=_warning(family, model, n), shares=shares))
+                                       minimum=minimum_trials(knobs), warning=_warning(family, model, n, knobs),
+                                       shares=shares))
     return groups
 
 
 def importance_warnings(table: pd.DataFrame) -> list[str]:
-    """One line per family whose importance rests on fewer than :data:`MIN_COMPLETE_TRIALS` COMPLETE trials."""
+    """One line per family whose importance rests on fewer COMPLETE trials than :func:`minimum_trials` of its knobs."""
     return [g.warning for g in by_family(table) if g.warning]
 
 

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from search.results.importance import MIN_COMPLETE_TRIALS, by_family, knob_importance
+from search.results.importance import MIN_COMPLETE_TRIALS, MIN_TRIALS_PER_KNOB, by_family, knob_importance
 from search.results.query import load, study_dir
 from search.results.store import TRIAL_COLUMNS
 from search.text import count
@@ -233,8 +233,8 @@ def _importance_section(study: Path) -> str:
     except ConfigError as exc:
         return f'{head}<p class="note">Not available: {html.escape(str(exc))}</p></section>'
     parts = [head, '<p class="note">Each knob\'s share of the objective\'s total, by Optuna\'s fANOVA (seeded) on the '
-             f"COMPLETE trials of the study's optuna.journal only; below {MIN_COMPLETE_TRIALS} COMPLETE trials a "
-             "ranking is mostly noise. Per family in a conditional space. The same numbers: "
+             f"COMPLETE trials of the study's optuna.journal only; below {MIN_COMPLETE_TRIALS} COMPLETE trials "
+             f"({MIN_TRIALS_PER_KNOB} per knob where that is more) a ranking is mostly noise. Per family in a conditional space. The same numbers: "
              f"<code>python -m search importance {html.escape(shlex.quote(str(study)))}</code></p>"]
     if table.empty:
         return "".join(parts) + '<p class="note">No searched knob: nothing to rank.</p></section>'

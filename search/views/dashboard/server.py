@@ -43,7 +43,7 @@ import numpy as np
 import pyarrow as pa
 
 from search.hosts import check_bind_host, is_loopback_host
-from search.results.importance import MIN_COMPLETE_TRIALS, by_family, knob_importance
+from search.results.importance import by_family, knob_importance
 from search.results.location import JOURNAL_FILE
 from search.results.pareto import DEVICE_COLUMN, device_groups, pareto_mask
 from search.results.query import read_experiment_json
@@ -221,7 +221,7 @@ def importance_version(path: Path) -> str:
 
 
 def _study_importance(path: Path, label: str) -> dict[str, Any]:
-    base: dict[str, Any] = {"label": label, "path": str(path), "minimum": MIN_COMPLETE_TRIALS}
+    base: dict[str, Any] = {"label": label, "path": str(path)}
     try:
         table = knob_importance(path)
     except ConfigError as exc:  # not a study yet, or no journal: the page says so
@@ -231,7 +231,7 @@ def _study_importance(path: Path, label: str) -> dict[str, Any]:
         shares = group.shares
         families.append({
             "family": group.family, "model": group.model, "complete_trials": group.complete_trials,
-            "warning": group.warning,
+            "minimum": group.minimum, "warning": group.warning,
             "objectives": [] if shares is None else list(shares.columns),
             "knobs": [] if shares is None else list(shares.index),
             "shares": {} if shares is None else {o: [float(v) for v in shares[o]] for o in shares.columns},

@@ -8,7 +8,8 @@ import pandas as pd
 import pytest
 
 import search
-from search.results.importance import MIN_COMPLETE_TRIALS, format_importance, importance_warnings, knob_importance
+from search.results.importance import (MIN_COMPLETE_TRIALS, MIN_TRIALS_PER_KNOB, by_family, format_importance,
+                                      importance_warnings, knob_importance)
 from tests.search.results.journal_study import UNIT, make_journal_study
 from trainers.errors import ConfigError
 
@@ -96,6 +97,17 @@ def test_below_the_minimum_a_warning_names_the_count(tmp_path):
     assert f"{MIN_COMPLETE_TRIALS - 1} COMPLETE trials" in line and f"fewer than {MIN_COMPLETE_TRIALS}" in line
     assert line in format_importance(few, fmt="table")
     assert importance_warnings(enough) == [] and "warning" not in format_importance(enough, fmt="table")
+
+
+def test_with_many_knobs_the_minimum_grows_with_them(tmp_path):
+    knobs = {f"k{i}": UNIT for i in range(8)}
+    enough_for_few_knobs = MIN_COMPLETE_TRIALS + 5  # fewer than 4 per knob for 8 knobs
+    table = knob_importance(make_journal_study(tmp_path / "s", objective=lambda p: (p["k0"], p["k1"]),
+                                               complete=enough_for_few_knobs, shared=knobs))
+    (group,) = by_family(table)
+    assert group.minimum == MIN_TRIALS_PER_KNOB * 8 > enough_for_few_knobs
+    assert importance_warnings(table) == [group.warning]
+    assert f"fewer than {MIN_TRIALS_PER_KNOB * 8} ({MIN_TRIALS_PER_KNOB} per knob)" in group.warning
 
 
 def test_a_family_with_one_complete_trial_gets_no_importance(tmp_path):

@@ -112,7 +112,7 @@ def test_server_answers_the_importance_as_json_and_304_until_the_journal_changes
     (family,) = ranked["families"]
     assert family["complete_trials"] == 40 and family["warning"] is None and family["knobs"][0] == "a"
     assert family["objectives"] == ["val_acc", "throughput"] and family["shares"]["val_acc"][0] > 0.8
-    assert ranked["minimum"] == MIN_COMPLETE_TRIALS
+    assert family["minimum"] == MIN_COMPLETE_TRIALS  # 3 knobs: the floor
     assert f"fewer than {MIN_COMPLETE_TRIALS}" in small["families"][0]["warning"]
     assert missing["families"] == [] and "no trials.parquet" in missing["error"]
     assert _get(server, "/api/importance", {"If-None-Match": headers["ETag"]})[0] == 304
