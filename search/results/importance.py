@@ -39,8 +39,9 @@ from search.results.query import load
 from search.text import count
 from trainers.errors import ConfigError
 
-__all__ = ["EVALUATORS", "MIN_COMPLETE_TRIALS", "MIN_TRIALS_PER_KNOB", "minimum_trials", "IMPORTANCE_COLUMNS", "FamilyImportance", "knob_importance", "by_family",
-           "importance_warnings", "format_importance"]
+__all__ = ["EVALUATORS", "MIN_COMPLETE_TRIALS", "MIN_TRIALS_PER_KNOB", "minimum_trials", "VIEW_MAX_TRIALS",
+           "IMPORTANCE_COLUMNS", "FamilyImportance", "knob_importance", "by_family", "importance_warnings",
+           "format_importance"]
 
 EVALUATORS = ("fanova", "ped-anova")
 
@@ -59,6 +60,12 @@ def minimum_trials(knobs: int) -> int:
     """The COMPLETE trials a ranking of ``knobs`` knobs should rest on (see the comment above)."""
     return max(MIN_COMPLETE_TRIALS, MIN_TRIALS_PER_KNOB * knobs)
 
+
+# The report and the Pareto page fit fANOVA on at most this many COMPLETE trials: Optuna's forest
+# (64 trees grown to single-trial leaves) costs more than linearly in the trials: 16 trees took
+# 3.7 s at 500 trials here (2-core Zen 3, shared), so some 15 s per objective and family; and the
+# page recomputes it after every trial of a running study, on the cores the trials need. Beyond it they point to `python -m search importance`, which has no cap.
+VIEW_MAX_TRIALS = 500
 
 # One row per family, objective and knob; the table JSON and CSV print as it is.
 IMPORTANCE_COLUMNS = ("family", "model", "objective", "mode", "rank", "knob", "importance", "complete_trials",
@@ -144,7 +151,8 @@ def _importances(trials: list, knobs: list[str], *, index: int, mode: str, direc
     return {k: (v / total if total > 0 else 0.0) for k, v in raw.items()}
 
 
-def knob_importance(study: str | Path, *, evaluator: str = "fanova", seed: int = 0) -> pd.DataFrame:
+def knob_importance(study: str | Path, *, evaluator: str = "fanova", seed: int = 0,
+                    max_trials: int | None = None) -> pd.DataFrame:
     """The importance of each searched knob for each objective of ``study`` (a study folder or
     URI), from Optuna's ``evaluator`` (``fanova``, seeded with ``seed``, or ``ped-anova``) on the
     COMPLETE trials of its journal; per family in a conditional space.
@@ -154,7 +162,8 @@ def knob_importance(study: str | Path, *, evaluator: str = "fanova", seed: int =
     nothing varies), ``rank`` 1 is the most important, and ``complete_trials`` the number of COMPLETE
     trials it rests on. A family with fewer than 2 COMPLETE trials has no importance (null): no
     evaluator can compare one trial with nothing. Below :func:`minimum_trials` see
-    :func:`importance_warnings`. ConfigError where ``study`` is not a study or has no journal."""
+    :func:`importance_warnings`. ConfigError where ``study`` is not a study or has no journal, or
+    has more than ``max_trials`` COMPLETE trials (a view's bound on the time it spends)."""
     if evaluator not in EVALUATORS:
         raise ConfigError(f"evaluator {evaluator!r}: expected one of {', '.join(EVALUATORS)}")
     from optuna.trial import TrialState
@@ -164,11 +173,13 @@ def knob_importance(study: str | Path, *, evaluator: str = "fanova", seed: int =
     optuna_study = _open_study(exp.path, str(exp.spec.get("name") or exp.path.name))
     _check_directions(optuna_study, exp.objectives, exp.path / JOURNAL_FILE)
     complete = optuna_study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    if max_trials is not None and len(complete) > max_trials:
+        raise ConfigError(f"{count(len(complete), 'COMPLETE trial')}, more than the {max_trials} importance is computed "
+                          f"on here (fANOVA would take minutes); `python -m search importance {exp.path}` computes it")
     entries = _space_entries(spec)
     shared = list((spec.get("space") or {}).keys())
     conditional = len(entries) > 1
     families = _family_names(exp.trials)
-    label = "fanova" if evaluator == "fanova" else "ped-anova"
     rows = []
     for entry in entries or [{"name": None}]:
         model = entry.get("name")
@@ -188,7 +199,7 @@ def knob_importance(study: str | Path, *, evaluator: str = "fanova", seed: int =
                 rows.append({"family": family, "model": model, "objective": objective, "mode": mode,
                              "rank": rank if values else None, "knob": knob,
                              "importance": values.get(knob, math.nan), "complete_trials": len(trials),
-                             "evaluator": label})
+                             "evaluator": evaluator})
     table = pd.DataFrame(rows, columns=list(IMPORTANCE_COLUMNS))
     table["rank"] = table["rank"].astype("Int64")
     return table

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from search.results.importance import MIN_COMPLETE_TRIALS, MIN_TRIALS_PER_KNOB, by_family, knob_importance
+from search.results.importance import MIN_COMPLETE_TRIALS, MIN_TRIALS_PER_KNOB, VIEW_MAX_TRIALS, by_family, knob_importance
 from search.results.query import load, study_dir
 from search.results.store import TRIAL_COLUMNS
 from search.text import count
@@ -229,7 +229,7 @@ def _importance_section(study: Path) -> str:
     without a journal gets a line saying so instead (the rest of the report does not need it)."""
     head = '<section class="report card" id="importance"><h3>Knob importance</h3>'
     try:
-        table = knob_importance(study)
+        table = knob_importance(study, max_trials=VIEW_MAX_TRIALS)
     except ConfigError as exc:
         return f'{head}<p class="note">Not available: {html.escape(str(exc))}</p></section>'
     parts = [head, '<p class="note">Each knob\'s share of the objective\'s total, by Optuna\'s fANOVA (seeded) on the '

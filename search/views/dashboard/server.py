@@ -43,7 +43,7 @@ import numpy as np
 import pyarrow as pa
 
 from search.hosts import check_bind_host, is_loopback_host
-from search.results.importance import by_family, knob_importance
+from search.results.importance import VIEW_MAX_TRIALS, by_family, knob_importance
 from search.results.location import JOURNAL_FILE
 from search.results.pareto import DEVICE_COLUMN, device_groups, pareto_mask
 from search.results.query import read_experiment_json
@@ -223,8 +223,8 @@ def importance_version(path: Path) -> str:
 def _study_importance(path: Path, label: str) -> dict[str, Any]:
     base: dict[str, Any] = {"label": label, "path": str(path)}
     try:
-        table = knob_importance(path)
-    except ConfigError as exc:  # not a study yet, or no journal: the page says so
+        table = knob_importance(path, max_trials=VIEW_MAX_TRIALS)
+    except ConfigError as exc:  # not a study yet, no journal, too many trials: the page says so
         return {**base, "error": str(exc), "families": []}
     families = []
     for group in by_family(table):

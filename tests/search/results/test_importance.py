@@ -133,5 +133,12 @@ def test_a_folder_that_is_not_a_study_or_has_no_journal_is_a_config_error(tmp_pa
     assert not (study / "optuna.journal").exists()  # reading never creates a journal
 
 
+def test_a_view_s_bound_on_the_trials_is_a_config_error_naming_the_command(tmp_path):
+    study = make_journal_study(tmp_path / "s", objective=_driven, complete=12, shared=KNOBS)
+    assert len(knob_importance(study, max_trials=12))  # at the bound: computed
+    with pytest.raises(ConfigError, match=r"12 COMPLETE trials, more than the 11 .*python -m search importance"):
+        knob_importance(study, max_trials=11)
+
+
 def test_exposed_with_the_other_results_functions():
     assert search.results.knob_importance is knob_importance and search.knob_importance is knob_importance
