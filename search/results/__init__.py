@@ -1,5 +1,6 @@
 """A study's results: where it lives (``location``), its Parquet store (``store``) and what is
-read from it (``query``, ``pareto``, ``hypervolume``, ``filter``, ``select``, ``compare``).
+read from it (``query``, ``pareto``, ``hypervolume``, ``filter``, ``select``, ``compare``), and the
+knobs' importance from its Optuna journal (``importance``).
 
 Reading results needs neither Ray nor torch.
 """
@@ -7,6 +8,7 @@ Reading results needs neither Ray nor torch.
 from search.results.compare import Comparison, compare_studies
 from search.results.filter import filter_trials
 from search.results.hypervolume import front_hypervolume, hypervolume
+from search.results.importance import format_importance, importance_warnings, knob_importance
 from search.results.location import StudyLocation, default_cache_dir, is_uri, study_location
 from search.results.pareto import pareto_front, pareto_mask
 from search.results.query import Experiment, format_front, front_of, load, load_experiment, load_trials, study_dir
@@ -38,4 +40,7 @@ __all__ = [
     "select",
     "compare_studies",
     "Comparison",
+    "knob_importance",
+    "importance_warnings",
+    "format_importance",
 ]

@@ -155,6 +155,16 @@ def _build_parser() -> argparse.ArgumentParser:
                            help="let --host be a non-loopback address: the page has no login, and anyone who reaches "
                            "it sees every trial, config and path of the studies")
 
+    importance = commands.add_parser(
+        "importance", help="rank the searched knobs by their importance for each objective (Optuna's fANOVA on the study's journal)"
+    )
+    importance.add_argument("study", help="a study folder or URI, e.g. results/convit_locality")
+    importance.add_argument("--format", choices=("table", "json", "csv"), default="table")
+    importance.add_argument("--evaluator", choices=("fanova", "ped-anova"), default="fanova",
+                            help="Optuna's importance evaluator: fanova (default, seeded) or ped-anova")
+    importance.add_argument("--seed", type=int, default=0, help="fANOVA's random forest seed (default 0: the same "
+                            "journal gives the same numbers)")
+
     report = commands.add_parser("report", help="write one self-contained HTML report (and a PNG of the front) of a study")
     report.add_argument("study", help="a study folder or URI, e.g. results/convit_locality")
     report.add_argument("--out", metavar="PATH.html",
@@ -315,6 +325,17 @@ def _cmd_dashboard(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_importance(args: argparse.Namespace) -> int:
+    from search.results.importance import format_importance, importance_warnings, knob_importance
+
+    table = knob_importance(args.study, evaluator=args.evaluator, seed=args.seed)
+    print(format_importance(table, fmt=args.format))
+    if args.format != "table":  # the table has them inline; JSON and CSV stay machine-readable on stdout
+        for line in importance_warnings(table):
+            print(line, file=sys.stderr)
+    return 0
+
+
 def _cmd_report(args: argparse.Namespace) -> int:
     from search.views.report import write_report
 
@@ -330,7 +351,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.command_parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     handler = {
         "run": _cmd_run, "resume": _cmd_resume, "pareto": _cmd_pareto, "train": _cmd_train, "compare": _cmd_compare, "check": _cmd_check,
-        "dashboard": _cmd_dashboard, "report": _cmd_report,
+        "dashboard": _cmd_dashboard, "report": _cmd_report, "importance": _cmd_importance,
     }[args.command]
     try:
         return handler(args)

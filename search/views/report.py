@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from search.results.importance import MIN_COMPLETE_TRIALS, MIN_TRIALS_PER_KNOB, VIEW_MAX_TRIALS, by_family, knob_importance
 from search.results.intervals import bounds
 from search.results.query import load, study_dir
 from search.results.store import TRIAL_COLUMNS
@@ -254,6 +255,37 @@ def _front_table(front: pd.DataFrame, objectives: Sequence[tuple[str, str]]) -> 
     return f'<table class="front-table"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 
 
+def _importance_section(study: Path) -> str:
+    """The knobs ranked per objective (fANOVA on the study's Optuna journal, COMPLETE trials only),
+    one table per family, each with its trial count and, below the minimum, the warning; a study
+    without a journal gets a line saying so instead (the rest of the report does not need it)."""
+    head = '<section class="report card" id="importance"><h3>Knob importance</h3>'
+    try:
+        table = knob_importance(study, max_trials=VIEW_MAX_TRIALS)
+    except ConfigError as exc:
+        return f'{head}<p class="note">Not available: {html.escape(str(exc))}</p></section>'
+    parts = [head, '<p class="note">Each knob\'s share of the objective\'s total, by Optuna\'s fANOVA (seeded) on the '
+             f"COMPLETE trials of the study's optuna.journal only; below {MIN_COMPLETE_TRIALS} COMPLETE trials "
+             f"({MIN_TRIALS_PER_KNOB} per knob where that is more) a ranking is mostly noise. Per family in a conditional space. The same numbers: "
+             f"<code>python -m search importance {html.escape(shlex.quote(str(study)))}</code></p>"]
+    if table.empty:
+        return "".join(parts) + '<p class="note">No searched knob: nothing to rank.</p></section>'
+    for group in by_family(table):
+        parts.append(f"<h3>{html.escape(group.heading)}</h3>")
+        if group.warning:
+            parts.append(f'<p class="note warning">{html.escape(group.warning)}</p>')
+        if group.shares is None:
+            parts.append('<p class="note">Fewer than 2 COMPLETE trials: nothing to compare.</p>')
+            continue
+        objectives = list(group.shares.columns)
+        header = "".join(f"<th>{html.escape(o)}</th>" for o in ["knob", *objectives])
+        body = "".join("<tr><td>" + html.escape(str(knob)) + "</td>"
+                       + "".join(f"<td>{row[o]:.3f}</td>" for o in objectives) + "</tr>"
+                       for knob, row in group.shares.iterrows())
+        parts.append(f'<table class="front-table importance-table"><thead><tr>{header}</tr></thead><tbody>{body}</tbody></table>')
+    return "".join(parts) + "</section>"
+
+
 def _write_shared(path: Path, data: bytes) -> None:
     """Atomically, readable as the umask allows (a report is meant to be passed on; the
     temporary file atomic_write starts from is private)."""
@@ -327,7 +359,7 @@ def write_report(study: str | os.PathLike, *, out: str | os.PathLike | None = No
         f"<h3>Pareto front ({count(len(front), 'trial')})</h3>" + _front_table(front, objectives) +
         f'<p class="note">Retrain one of them (replace TRIAL with its id):</p><pre class="export">{html.escape(export)}</pre>'
         '<p class="note">Below: every trial, interactive (needs JavaScript; the data is inside this file).</p>'
-        "</section>"
+        "</section>" + _importance_section(study)
     )
     page = render_page(data=payload, title=f"{name}: Pareto report", static_html=static_html)
     _write_shared(png_path, png)

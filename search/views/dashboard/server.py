@@ -8,6 +8,10 @@ A stdlib ``ThreadingHTTPServer`` serves two things:
                     request time; an ETag built from the files' (mtime, size) answers the page's
                     2-second polls with 304 while nothing changed, so a finished 10,000-trial
                     study costs one ``stat`` per poll
+    GET /api/importance  the knobs' importance per study, family and objective
+                    (:func:`search.results.importance.knob_importance`: fANOVA on the journal),
+                    recomputed only when a study's ``optuna.journal`` changed (once per trial
+                    sampled or finished, not per epoch as trials.parquet), with its own ETag
 
 The page itself lives beside this module in ``static/`` (``pareto.html``, ``pareto.css``,
 ``pareto.js``), package data found through :mod:`importlib.resources` (so an installed copy has
@@ -39,6 +43,8 @@ import numpy as np
 import pyarrow as pa
 
 from search.hosts import check_bind_host, is_loopback_host
+from search.results.importance import VIEW_MAX_TRIALS, by_family, knob_importance
+from search.results.location import JOURNAL_FILE
 from search.results.pareto import DEVICE_COLUMN, device_groups, pareto_mask
 from search.results.query import read_experiment_json
 from search.results.store import TRIAL_COLUMNS, read_table
@@ -48,6 +54,7 @@ __all__ = [
     "STATIC_DIR",
     "study_payload",
     "studies_payload",
+    "importance_payload",
     "render_page",
     "make_server",
     "serve_dashboard",
@@ -208,6 +215,38 @@ def studies_payload(paths: Sequence[str | os.PathLike]) -> dict[str, Any]:
     }
 
 
+def importance_version(path: Path) -> str:
+    """Changes whenever the importance may: the journal gets a record when a trial is sampled or
+    told, not at every epoch (trials.parquet, which only adds the family names, is rewritten then)."""
+    return "|".join(_file_key(path / name) for name in ("experiment.json", JOURNAL_FILE))
+
+
+def _study_importance(path: Path, label: str) -> dict[str, Any]:
+    base: dict[str, Any] = {"label": label, "path": str(path)}
+    try:
+        table = knob_importance(path, max_trials=VIEW_MAX_TRIALS)
+    except ConfigError as exc:  # not a study yet, no journal, too many trials: the page says so
+        return {**base, "error": str(exc), "families": []}
+    families = []
+    for group in by_family(table):
+        shares = group.shares
+        families.append({
+            "family": group.family, "model": group.model, "complete_trials": group.complete_trials,
+            "minimum": group.minimum, "warning": group.warning,
+            "objectives": [] if shares is None else list(shares.columns),
+            "knobs": [] if shares is None else list(shares.index),
+            "shares": {} if shares is None else {o: [float(v) for v in shares[o]] for o in shares.columns},
+        })
+    return {**base, "error": None, "evaluator": "fanova", "families": families}
+
+
+def importance_payload(paths: Sequence[str | os.PathLike]) -> dict[str, Any]:
+    """The page's knob-importance JSON: per study, per family, each objective's shares of the knobs
+    (most important for the first objective first), the COMPLETE trials they rest on, the warning."""
+    folders = [Path(p) for p in paths]
+    return {"studies": [_study_importance(p, label) for p, label in zip(folders, _labels(folders))]}
+
+
 def json_for_script(data: Any) -> str:
     """JSON that is safe inside <script>: no '</script>' or '<!--' can end the element early."""
     text = json.dumps(data, separators=(",", ":"), allow_nan=False)
@@ -269,6 +308,16 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
         return is_loopback_host(name) if name else False
 
+    def _send_json(self, etag: str, body: bytes) -> None:
+        """``body``, or 304 when the page already has this ETag's version."""
+        if self.headers.get("If-None-Match") == etag:
+            self.send_response(304)
+            self.send_header("ETag", etag)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        self._send(200, body, "application/json", {"ETag": etag})
+
     def do_HEAD(self) -> None:
         self.do_GET()
 
@@ -282,14 +331,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                        {"Content-Security-Policy": "default-src 'none'; connect-src 'self'; img-src 'self' data:; "
                         "style-src 'unsafe-inline'; script-src 'unsafe-inline'"})
         elif route == "/api/data":
-            etag, body = self.server.data()
-            if self.headers.get("If-None-Match") == etag:
-                self.send_response(304)
-                self.send_header("ETag", etag)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-                return
-            self._send(200, body, "application/json", {"ETag": etag})
+            self._send_json(*self.server.data())
+        elif route == "/api/importance":
+            self._send_json(*self.server.importance())
         elif route == "/favicon.ico":
             self._send(204, b"", "image/x-icon")
         else:
@@ -306,8 +350,9 @@ class _DashboardServer(http.server.ThreadingHTTPServer):
         self.paths = list(paths)
         self.loopback_only = loopback_only
         self.verbose = verbose
-        self._lock = threading.Lock()
-        self._cached: tuple[str, bytes] | None = None
+        # one lock and cached (ETag, JSON) per endpoint: a fANOVA fit must not hold up /api/data
+        self._locks = {"data": threading.Lock(), "importance": threading.Lock()}
+        self._cached: dict[str, tuple[str, bytes]] = {}
         self._page: bytes | None = None
 
     def page(self) -> bytes:
@@ -315,15 +360,23 @@ class _DashboardServer(http.server.ThreadingHTTPServer):
             self._page = render_page().encode()
         return self._page
 
+    def _json(self, kind: str, versions: Sequence[str], build: Any) -> tuple[str, bytes]:
+        """(ETag, JSON) of ``build(paths)``, rebuilt only when ``versions`` changed."""
+        etag = f'"{kind[0]}{abs(hash(tuple(versions)))}"'
+        with self._locks[kind]:
+            cached = self._cached.get(kind)
+            if cached is None or cached[0] != etag:
+                cached = self._cached[kind] = (etag, json.dumps(build(self.paths), separators=(",", ":"),
+                                                                allow_nan=False).encode())
+            return cached
+
     def data(self) -> tuple[str, bytes]:
         """(ETag, JSON) of the studies now; rebuilt only when a file changed."""
-        versions = [study_version(p) for p in self.paths]
-        etag = '"' + str(abs(hash(tuple(versions)))) + '"'
-        with self._lock:
-            if self._cached is None or self._cached[0] != etag:
-                payload = studies_payload(self.paths)
-                self._cached = (etag, json.dumps(payload, separators=(",", ":"), allow_nan=False).encode())
-            return self._cached
+        return self._json("data", [study_version(p) for p in self.paths], studies_payload)
+
+    def importance(self) -> tuple[str, bytes]:
+        """(ETag, JSON) of the knobs' importance; recomputed only when a journal changed."""
+        return self._json("importance", [importance_version(p) for p in self.paths], importance_payload)
 
     @property
     def url(self) -> str:

@@ -11,13 +11,11 @@ screenshots are kept (the pytest tmp folder, and copied to $LOCALITY_SEARCH_ARTI
 from __future__ import annotations
 
 import datetime as dt
-import http.client
 import json
 import os
 import re
 import shutil
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -29,6 +27,7 @@ from dashboards.browser import Browser, BrowserError
 from search.hosts import is_loopback_host
 from search.results.store import ResultsStore
 from search.views.cli import main
+from tests.search.views.conftest import http_get as _get
 from search.views.dashboard.server import make_server, render_page, studies_payload, study_payload
 from search.views.report import write_report
 from trainers.errors import ConfigError
@@ -96,32 +95,6 @@ def _add_trial(store: ResultsStore, trial_id: str, acc: float, tput: float) -> N
 def study(tmp_path) -> Path:
     make_study(tmp_path / "fixture")
     return tmp_path / "fixture"
-
-
-def _get(server, path: str, headers: dict | None = None) -> tuple[int, dict, bytes]:
-    host, port = server.server_address[:2]
-    conn = http.client.HTTPConnection(host, port, timeout=10)
-    conn.request("GET", path, headers=headers or {})
-    resp = conn.getresponse()
-    body = resp.read()
-    conn.close()
-    return resp.status, dict(resp.getheaders()), body
-
-
-@pytest.fixture
-def serve():
-    servers = []
-
-    def start(paths, **kwargs):
-        server = make_server(paths, port=0, **kwargs)
-        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True).start()
-        servers.append(server)
-        return server
-
-    yield start
-    for server in servers:
-        server.shutdown()
-        server.server_close()
 
 
 # -- the JSON -----------------------------------------------------------------------------

@@ -28,6 +28,7 @@
     sort: { key: "val_acc", dir: -1 },
     xKey: null, yKey: null,
     etag: null, lastOk: null, failingSince: null,
+    importanceEtag: null, importance: null,  // api/importance: fetched after new data, its own ETag
     static: EMBEDDED_DATA !== null,
     generatedAt: null,
     scatterPts: null,     // hit-testing: {x, y, s, i} typed arrays
@@ -35,6 +36,7 @@
     parallel: null,       // geometry of the last parallel-coordinates draw
   };
   const hook = (window.__dashboard = {
+    importanceRenders: 0,
     renders: 0, firstRenderMs: null, firstFrameMs: null, lastRenderMs: null, points: 0, rows: 0, polls: 0,
     ids: () => S.studies.flatMap((st) => st.cols.trial_id || []),
     plottedIds: () => (S.scatterPts ? Array.from(S.scatterPts.s, (s, k) => S.studies[s].cols.trial_id[S.scatterPts.i[k]]) : []),
@@ -722,6 +724,35 @@
     else if (S.lastOk) { el.className = "live ok"; el.textContent = `live: checks the files every ${POLL_MS / 1000} s, last ${t(S.lastOk)}`; }
   }
 
+  // -- knob importance (api/importance; the static report has it as HTML above instead) ----
+  function renderImportance() {
+    const data = S.importance; if (!data) return;
+    const many = data.studies.length > 1;
+    $("importance-panel").innerHTML = data.studies.map((st) => {
+      const who = many ? `<b>${esc(st.label)}</b>: ` : "";
+      if (st.error) return `<p class="note">${who}not available: ${esc(st.error)}</p>`;
+      return st.families.map((f) => {
+        const title = (f.model ? `family ${f.family} (${f.model}), ` : "") + `${f.complete_trials} COMPLETE trial${f.complete_trials === 1 ? "" : "s"}`;
+        const warn = f.warning ? `<p class="note warn">${esc(f.warning)}</p>` : "";
+        if (!f.knobs.length) return `<div class="fam"><h3>${who}${esc(title)}</h3>${warn}<p class="note">Fewer than 2 COMPLETE trials: nothing to compare.</p></div>`;
+        const head = "<tr><th>knob</th>" + f.objectives.map((o) => `<th>${esc(o)}</th>`).join("") + "</tr>";
+        const rows = f.knobs.map((k, r) => `<tr><td class="mono">${esc(k)}</td>` + f.objectives.map((o) => {
+          const v = f.shares[o][r];
+          return `<td><span class="bar" style="width:${Math.round(v * 80)}px"></span>${v.toFixed(3)}</td>`;
+        }).join("") + "</tr>").join("");
+        return `<div class="fam"><h3>${who}${esc(title)}</h3>${warn}<table class="importance-table">${head}${rows}</table></div>`;
+      }).join("");
+    }).join("");
+    hook.importanceRenders += 1;
+  }
+  async function pollImportance() {
+    try {
+      const headers = S.importanceEtag ? { "If-None-Match": S.importanceEtag } : {};
+      const resp = await fetch("api/importance", { headers, cache: "no-store" });
+      if (resp.status === 200) { S.importanceEtag = resp.headers.get("ETag"); S.importance = await resp.json(); renderImportance(); }
+    } catch (err) { /* the next new data asks again; the data's own poll reports a dead server */ }
+  }
+
   // -- all --------------------------------------------------------------------------------
   function render() {
     const t0 = performance.now();
@@ -743,7 +774,9 @@
     try {
       const headers = S.etag ? { "If-None-Match": S.etag } : {};
       const resp = await fetch("api/data", { headers, cache: "no-store" });
-      if (resp.status === 200) { S.etag = resp.headers.get("ETag"); ingest(await resp.json()); }
+      // the importance after new data, and every 5th poll: the journal may change after the last Parquet write
+      if (resp.status === 200) { S.etag = resp.headers.get("ETag"); ingest(await resp.json()); pollImportance(); }
+      else if (hook.polls % 5 === 0) pollImportance();
       else if (resp.status !== 304) throw new Error("HTTP " + resp.status);
       S.lastOk = new Date(); S.failingSince = null;
     } catch (err) {
@@ -818,6 +851,6 @@
   let resizeTimer = null;
   window.addEventListener("resize", () => { clearTimeout(resizeTimer); resizeTimer = setTimeout(() => { renderScatter(); renderHV(); renderParallel(); renderTableBody(); }, 100); });
 
-  if (S.static) { ingest(EMBEDDED_DATA); setLive(); }
+  if (S.static) { ingest(EMBEDDED_DATA); setLive(); $("importance-card").hidden = true; }
   else poll();
 })();
