@@ -231,7 +231,8 @@ def measure_throughput(
         x = x.contiguous(memory_format=torch.channels_last)
     best = None  # (median seconds per batch, CPU share, which round)
     ratios, contended_ratios = [], []  # per round: the model's median batch time over the reference's
-    counted_times, counted_ratios = [], []  # every batch of the counted rounds: its time; its time over the reference's
+    # every batch of the counted rounds (of all rounds, where none counted): its time; its time over the reference's
+    counted_times, counted_ratios, all_times, all_ratios = [], [], [], []
     with torch.inference_mode(), _autocast(precision, device):
         for _ in range(warmup):
             for net, _ in timed:
@@ -256,9 +257,12 @@ def measure_throughput(
             if best is None or median < best[0]:
                 best = (median, cpu_share, attempt)
             counted = device.type != "cpu" or cpu_share >= CPU_SHARE_FLOOR
+            batch_ratios = [t / r for t, r in zip(times, reference_times)]
+            all_times += times
+            all_ratios += batch_ratios
             if counted:
                 counted_times += times
-                counted_ratios += [t / r for t, r in zip(times, reference_times)]
+                counted_ratios += batch_ratios
             if reference_times:
                 (ratios if counted else contended_ratios).append(median / statistics.median(reference_times))
             if device.type != "cpu":
@@ -272,8 +276,8 @@ def measure_throughput(
     for net, training in timed:
         net.train(training)
     median, cpu_share, kept_round = best
-    fast_s, slow_s = median_interval(counted_times or times)  # seconds per batch
-    ratio_low, ratio_high = median_interval(counted_ratios) if reference is not None and counted_ratios else (None, None)
+    fast_s, slow_s = median_interval(counted_times or all_times)  # seconds per batch
+    ratio_low, ratio_high = median_interval(counted_ratios or all_ratios) if reference is not None else (None, None)
     return ThroughputResult(
         images_per_s=batch_size / median,
         median_batch_s=median,

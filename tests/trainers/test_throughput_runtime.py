@@ -57,3 +57,16 @@ def test_eager_times_with_the_kernels_off_and_each_runtime_has_its_own_cache_ent
     assert len(list(tmp_path.glob("*.json"))) == 2
     with pytest.raises(ValueError, match="runtime must be"):
         measure_model(spy, input_shape=SHAPE, batch_size=4, runtime="onnx")
+
+
+def test_a_measurement_whose_rounds_were_all_contended_still_has_its_interval(monkeypatch):
+    import trainers.throughput as throughput
+
+    # no round counts as uncontended (another process always had the cores): every round is timed,
+    # none counted, and the interval comes from all of them (it once raised a TypeError)
+    monkeypatch.setattr(throughput, "CPU_SHARE_FLOOR", 2.0)
+    monkeypatch.setattr(throughput, "CPU_ATTEMPTS", 2)
+    monkeypatch.setattr(throughput, "CPU_RETRY_PAUSE_S", 0.0)
+    record = measure_model(_nano("ls_convit_nano"), input_shape=SHAPE, batch_size=8, warmup=1, repeats=6,
+                           reference=_nano("ls_gmm_nano"))
+    assert record["throughput_low"] <= record["throughput"] <= record["throughput_high"]
