@@ -5,6 +5,7 @@ The study lives on a small tmpfs mounted for the test (root only: elsewhere skip
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import errno
 import os
@@ -23,14 +24,14 @@ OBJECTIVES = [("val_acc", "max"), ("throughput", "max")]
 PARQUET = ("trials.parquet", "epochs.parquet", "pareto.parquet", "progress.parquet")
 
 
-@pytest.fixture
-def small_fs(tmp_path):
-    """A 512 KiB tmpfs at tmp_path/fs, unmounted afterwards."""
+@contextlib.contextmanager
+def mounted_tmpfs(mount: Path, size: str):
+    """A tmpfs of ``size`` (mount's -o size=) at ``mount``, unmounted on leaving; the test is
+    skipped, saying why, where this process may not mount one."""
     if os.geteuid() != 0:
         pytest.skip("mounting a small tmpfs needs root (mount -t tmpfs); run as root to test a full disk")
-    mount = tmp_path / "fs"
-    mount.mkdir()
-    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k,mode=0755", "tmpfs", str(mount)],
+    mount.mkdir(parents=True, exist_ok=True)
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(mount)],
                           capture_output=True, text=True)
     if made.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here ({made.stderr.strip() or made.returncode}); a container without "
@@ -41,7 +42,14 @@ def small_fs(tmp_path):
         subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
-def _fill(folder: Path) -> Path:
+@pytest.fixture
+def small_fs(tmp_path):
+    """A 512 KiB tmpfs at tmp_path/fs."""
+    with mounted_tmpfs(tmp_path / "fs", "512k") as mount:
+        yield mount
+
+
+def fill(folder: Path) -> Path:
     """A file taking every free byte of ``folder``'s file system."""
     filler = folder / "filler"
     fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o644)
@@ -82,7 +90,7 @@ def test_a_store_write_that_does_not_fit(small_fs):
     experiment = (study / "experiment.json").read_bytes()
     listing = sorted(p.name for p in study.iterdir())
 
-    filler = _fill(small_fs)
+    filler = fill(small_fs)
     _add(store, 5, 50)  # more rows than the space left: the next file does not fit
     with pytest.raises(DiskFullError) as info:
         store.flush()
@@ -107,7 +115,7 @@ def test_a_store_write_that_does_not_fit(small_fs):
 def test_a_new_study_on_a_full_disk_leaves_nothing_half_written(small_fs):
     store = ResultsStore(small_fs / "study", space=SPACE, objectives=OBJECTIVES)
     _add(store, 0, 5)
-    _fill(small_fs)
+    fill(small_fs)
     with pytest.raises(DiskFullError, match="the disk is full") as info:
         store.flush()
     assert "\n" not in str(info.value)
