@@ -154,6 +154,10 @@ def workdir(tmp_path, monkeypatch):
     from search.views.dashboard import server
 
     monkeypatch.setattr(server._DashboardServer, "serve_forever", lambda self, poll_interval=0.5: None)
+    # a gs:// study with no network gives up after this bound (30 s by default, seconds here)
+    from search.results import location
+
+    monkeypatch.setattr(location, "GCS_RETRY_LIMIT_S", 1)
     return tmp_path
 
 
