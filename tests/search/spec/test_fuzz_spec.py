@@ -90,6 +90,8 @@ def _mutate(doc: dict, changes: list) -> dict:
             target = parent[path[-1]]
         except (KeyError, IndexError, TypeError):
             continue
+        if not isinstance(parent, (dict, list)):  # an earlier change made it a string: path[-1] indexed a character
+            continue
         if how == "replace":
             parent[path[-1]] = value
         elif how == "delete":
