@@ -139,7 +139,8 @@ MALFORMED = [
     ({"budget.trials": "10"}, "budget.trials: expected a whole number, got '10'"),
     ({"train": {"cuda_graph": "yes"}}, "train.cuda_graph: expected true or false, got 'yes'"),
     ({"train": {"batchsize": 64}}, "train.batchsize: unknown key; did you mean 'batch_size'?"),
-    # ranges the fuzzer (test_fuzz_spec.py) found open: each passed the check and failed or hung later
+    # ranges found open while writing test_fuzz_spec.py (by reading where each value goes): each passed
+    # the check and would fail or hang the run later
     ({"budget.trials": 2**64}, "budget.trials: 18446744073709551616 is too large a whole number"),
     ({"algorithm": {"seed": 2**32}}, "algorithm.seed: must be <= 4294967295, got 4294967296"),
     ({"scheduler": {"reduction_factor": 1.000001}}, "scheduler.reduction_factor: must be at least 1.01"),
