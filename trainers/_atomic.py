@@ -2,15 +2,32 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
-from trainers.errors import ConfigError
+from trainers.errors import ConfigError, DiskFullError
 
-__all__ = ["atomic_write", "check_output_file", "folder_problem"]
+__all__ = ["atomic_write", "check_output_file", "folder_problem", "current_umask"]
+
+
+def current_umask() -> int:
+    """The process's umask, read without changing it where Linux shows it (/proc/self/status,
+    kernel 4.7+): os.umask can only read it by setting it, a moment in which another thread's
+    new file would get the wrong mode."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def folder_problem(path: str | os.PathLike) -> str | None:
@@ -48,16 +65,37 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> 
     """Call ``write(handle)`` on a temporary file next to ``path``, then rename it over ``path``.
 
     The rename is atomic on one filesystem, so a concurrent reader gets the old file or the new
-    one; a crash leaves the old file (and at worst a stray ``.NAME.*.tmp``)."""
+    one; a crash leaves the old file (and at worst a stray ``.NAME.*.tmp``). The file gets the
+    mode a plain ``open(path, "w")`` would (0666 less the umask): mkstemp makes it 0600, which
+    would keep a study on shared storage from the colleagues the umask lets read it."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        _raise_if_full(exc, path)
+        raise
     try:
         with os.fdopen(fd, "wb") as handle:
             write(handle)
             handle.flush()
+            os.fchmod(handle.fileno(), 0o666 & ~current_umask())  # before the rename: never seen private
             os.fsync(handle.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            _raise_if_full(exc, path)
         raise
+
+
+FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def _raise_if_full(exc: OSError, path: Path) -> None:
+    """A DiskFullError (one line, the fix) for a write that failed for want of space. pyarrow
+    raises its own OSError for a failed write ("[Errno 28] ..." in the message, no errno)."""
+    if exc.errno in FULL or any(f"[Errno {code}]" in str(exc) for code in FULL):
+        kept = "the file there is unchanged" if path.exists() else "nothing was written"
+        raise DiskFullError(f"{path}: the disk is full (no space left on {path.parent}'s file system; {kept}); "
+                            "free space there and run again", path=str(path)) from None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["ConfigError"]
+__all__ = ["ConfigError", "DiskFullError"]
 
 
 class ConfigError(ValueError):
@@ -13,3 +13,12 @@ class ConfigError(ValueError):
     dataset-fashion-mnist or pass --data-dir DIR``. The CLI turns this (and only this) error type
     into a one-line message and exit code 2; anything else is a bug and keeps its traceback.
     """
+
+
+class DiskFullError(ConfigError):
+    """A file did not fit on its file system (ENOSPC, or the user's quota: EDQUOT); the file it was
+    to replace is unchanged. ``path``: the file; callers that know the fix better re-raise with it."""
+
+    def __init__(self, message: str, path: "str | None" = None) -> None:
+        super().__init__(message)
+        self.path = path

@@ -86,6 +86,18 @@ def resuming_at(location: "StudyLocation") -> Iterator[list[str]]:
         _resuming = previous
 
 
+# Arrow's GCS client retries an unreachable or unauthorised bucket for 15 minutes by default: a
+# command on a gs:// study without network or credentials looked hung. Ask for a bound instead.
+GCS_RETRY_LIMIT_S = 30
+
+
+def _bounded_retries(uri: str) -> str:
+    """``uri`` with a retry limit where its scheme retries unbounded by default and it sets none."""
+    if not uri.startswith("gs://") or "retry_limit_seconds=" in uri:
+        return uri
+    return f"{uri}{'&' if '?' in uri else '?'}retry_limit_seconds={GCS_RETRY_LIMIT_S}"
+
+
 def default_cache_dir() -> Path:
     """Where converted datasets (.beton files) are kept between studies; staged study files go
     beside it (``studies/``)."""
@@ -113,7 +125,7 @@ class StudyLocation:
 
         _check_uri(self.uri)
         try:
-            self.fs, self.path = pyarrow.fs.FileSystem.from_uri(self.uri)
+            self.fs, self.path = pyarrow.fs.FileSystem.from_uri(_bounded_retries(self.uri))
         except (pyarrow.ArrowInvalid, pyarrow.ArrowNotImplementedError, OSError) as exc:
             raise ConfigError(f"storage {self.uri}: pyarrow cannot open it ({str(exc).splitlines()[0]}); "
                               "use a path, or an s3://, gs://, hdfs:// or file:// URI") from None

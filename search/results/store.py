@@ -32,7 +32,7 @@ from search.results.hypervolume import hypervolume
 from search.results.intervals import tied_with
 from search.results.pareto import DEVICE_COLUMN, device_groups, pareto_mask
 from trainers import atomic_write
-from trainers.errors import ConfigError
+from trainers.errors import ConfigError, DiskFullError
 
 if TYPE_CHECKING:
     from search.results.location import StudyLocation
@@ -356,10 +356,15 @@ class ResultsStore:
         return front
 
     def flush(self) -> None:
-        write_atomic(pa.Table.from_pylist(list(self._epochs.values()), schema=self.epoch_schema), self.directory / "epochs.parquet")
-        write_atomic(self.trials_table(), self.directory / "trials.parquet")
-        write_atomic(self.pareto_table(), self.directory / "pareto.parquet")
-        write_atomic(pa.Table.from_pylist(list(self._progress.values()), schema=self.progress_schema), self.directory / "progress.parquet")
+        try:
+            write_atomic(pa.Table.from_pylist(list(self._epochs.values()), schema=self.epoch_schema), self.directory / "epochs.parquet")
+            write_atomic(self.trials_table(), self.directory / "trials.parquet")
+            write_atomic(self.pareto_table(), self.directory / "pareto.parquet")
+            write_atomic(pa.Table.from_pylist(list(self._progress.values()), schema=self.progress_schema), self.directory / "progress.parquet")
+        except DiskFullError as exc:  # the files written before stay whole; the study goes on from them
+            raise DiskFullError(f"{exc.path}: the disk is full; the study's files are as the last write left them: "
+                                f"free space on {self.directory}'s file system, then python -m search resume "
+                                f"{self.location or self.directory}", path=exc.path) from None
         if self.location is not None:
             try:
                 self.location.push()  # the Parquet files and the Optuna journal beside them

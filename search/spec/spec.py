@@ -177,7 +177,7 @@ class Budget(Record):
 
 class AlgorithmSpec(Record):
     name: one_of("tpe", "nsga2", "random") = "tpe"  # type: ignore[valid-type]
-    seed: Annotated[Whole, Field(ge=0)] = 0  # numpy's seeds are >= 0; a negative one fails the sampler mid-run
+    seed: Annotated[Whole, Field(ge=0, le=2**32 - 1)] = 0  # numpy's seeds: 0 to 2**32 - 1; others fail the sampler mid-run
     n_startup_trials: Annotated[Whole, Field(ge=0)] | None = None  # tpe: random trials before the model kicks in
 
     @model_validator(mode="after")
@@ -197,6 +197,8 @@ class SchedulerSpec(Record):
     def _check(self) -> "SchedulerSpec":
         if self.reduction_factor <= 1:
             raise FieldError("reduction_factor", f"must be > 1, got {self.reduction_factor}; 2 or 3 is usual")
+        if self.reduction_factor < 1.01:  # rungs at grace * rf**k: thousands of them below that, millions near 1
+            raise FieldError("reduction_factor", f"must be at least 1.01, got {self.reduction_factor}; 2 or 3 is usual")
         return self
 
 
@@ -612,10 +614,40 @@ def _probe_each_value(knobs: dict[str, tuple[ParamSpec, str]], where: SpecLocati
                 ) from None
 
 
+# repr((model, args)) -> the class a meta-device build made, or what the build raised. `check` and
+# every profile of a file rebuild the same models; a build is 10-100 ms (each module's init).
+_META_BUILDS: dict[str, Any] = {}
+
+
+def _build_on_meta(name: str, args: dict[str, Any]) -> type:
+    """The class of ``timm.create_model(name, **args)`` built on the meta device (no memory), or
+    the exception it raised: a TypeError or ValueError as raised, anything else (a RuntimeError
+    for a negative size, an OverflowError, ...) as a ValueError naming it, so the spec's check
+    reports it in one line instead of a traceback."""
+    import timm
+    import torch
+
+    key = repr((name, sorted(args.items())))
+    if key not in _META_BUILDS:
+        if len(_META_BUILDS) >= 4096:
+            _META_BUILDS.clear()
+        try:
+            with torch.device("meta"):
+                _META_BUILDS[key] = type(timm.create_model(name, **args))
+        except (TypeError, ValueError) as exc:
+            _META_BUILDS[key] = exc
+        except Exception as exc:  # noqa: BLE001  (arguments the model never meant to take)
+            first = (str(exc).strip().splitlines() or [""])[0]
+            _META_BUILDS[key] = ValueError(f"{type(exc).__name__}: {first}" if first else type(exc).__name__)
+    built = _META_BUILDS[key]
+    if isinstance(built, BaseException):
+        raise built.with_traceback(None)
+    return built
+
+
 def _check_one_model(model_spec: ModelSpec, knobs: dict[str, tuple[ParamSpec, str]], where: SpecLocation,
                      prefix: str) -> None:
     import timm
-    import torch
 
     import trainers.models  # noqa: F401  (registers the project's families with timm)
 
@@ -625,11 +657,10 @@ def _check_one_model(model_spec: ModelSpec, knobs: dict[str, tuple[ParamSpec, st
             f"{model_spec.name!r} is not a registered model; use one of this project's ({ours}) or any timm model name"
         )
     try:
-        with torch.device("meta"):
-            model = timm.create_model(model_spec.name, **model_spec.args)
+        model_class = _build_on_meta(model_spec.name, model_spec.args)
     except (TypeError, ValueError) as exc:
         raise where.child(f"{prefix}.args").error(f"{exc}".splitlines()[0] + "; fix the fixed model arguments") from None
-    params = inspect.signature(type(model).__init__).parameters
+    params = inspect.signature(model_class.__init__).parameters
     takes_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     for key, (_, path) in knobs.items():
         if key not in params and not takes_kwargs:
@@ -638,9 +669,6 @@ def _check_one_model(model_spec: ModelSpec, knobs: dict[str, tuple[ParamSpec, st
                 f"is neither a training setting ({', '.join(TRAIN_KEYS)}) nor an argument of "
                 f"{model_spec.name} ({', '.join(choices)}); rename it"
             )
-    def build(key: str, value: Any) -> None:
-        with torch.device("meta"):
-            timm.create_model(model_spec.name, **{**model_spec.args, key: value})
 
-    _probe_each_value(knobs, where, build,
+    _probe_each_value(knobs, where, lambda key, value: _build_on_meta(model_spec.name, {**model_spec.args, key: value}),
                       lambda key, value, message: f"{model_spec.name} does not accept {value!r}: {message}")

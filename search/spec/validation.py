@@ -101,11 +101,19 @@ def _type_name(tp: Any) -> str:
 
 # -- field types ------------------------------------------------------------------------------
 
+# The store keeps whole numbers as int64 (and Ray, Optuna and torch as C integers): beyond it a
+# value passes the check and fails the run.
+WHOLE_LIMIT = 2**63 - 1
+
+
 def _whole(value: Any) -> Any:
     if isinstance(value, float) and value.is_integer():
-        return int(value)
+        value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
         raise PydanticCustomError("whole_number", "expected a whole number, got {got}; write e.g. 10",
+                                  {"got": _describe(value)})
+    if abs(value) > WHOLE_LIMIT:
+        raise PydanticCustomError("whole_number", "{got} is too large a whole number; use one of at most 2**63 - 1",
                                   {"got": _describe(value)})
     return value
 

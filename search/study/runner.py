@@ -20,7 +20,7 @@ from search.study.driver import driving
 from search.text import count
 from trainers import PROJECT_ROOT, folder_problem, git_commit
 from trainers.data import DatasetRequest, prepare_dataset
-from trainers.errors import ConfigError
+from trainers.errors import ConfigError, DiskFullError
 
 # Ray, Optuna, torch and the Tune plug-ins (searcher, callbacks, scheduler) are imported inside the
 # functions that use them: `search pareto` and the other readers import this module's package
@@ -460,10 +460,30 @@ def _run(spec: SearchSpec, location: StudyLocation, data, *, cache_dir: str | os
     if location.uri:
         print(f"staging the study's files in {exp_dir} (each uploaded after every write; "
               f"`python -m search dashboard {exp_dir}` shows it live)", file=out, flush=True)
-    with _no_results_preview_warning():
+    with _no_results_preview_warning(), _disk_full_in_one_line(location):
         tuner.fit()
     store.flush()
     return exp_dir
+
+
+@contextlib.contextmanager
+def _disk_full_in_one_line(location: StudyLocation):
+    """A full disk anywhere under Tune (the store's files, the Optuna journal, Tune's snapshot) as
+    one line naming the fix, however Tune wrapped the error it met."""
+    from trainers._atomic import FULL
+
+    try:
+        yield
+    except Exception as exc:
+        seen: BaseException | None = exc
+        while seen is not None:
+            if isinstance(seen, DiskFullError):
+                raise seen.with_traceback(None) from None
+            if isinstance(seen, OSError) and (seen.errno in FULL or any(f"[Errno {c}]" in str(seen) for c in FULL)):
+                raise DiskFullError(f"{seen.filename or location}: the disk is full; free space on the study's file "
+                                    f"system, then python -m search resume {location}", path=seen.filename) from None
+            seen = seen.__cause__ or seen.__context__
+        raise
 
 
 @contextlib.contextmanager
@@ -563,6 +583,6 @@ def _resume(location: StudyLocation, *, address: str | None, cache_dir: str | os
         if elsewhere:
             print(f"the study was in {', '.join(elsewhere)} when it stopped; it carries on in {location}",
                   file=out, flush=True)
-        with _no_results_preview_warning():
+        with _no_results_preview_warning(), _disk_full_in_one_line(location):
             tuner.fit()
     return exp_dir

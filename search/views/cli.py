@@ -22,9 +22,15 @@ __all__ = ["main"]
 EXIT_USER_ERROR = 2
 
 
+def _one_line(message: str) -> str:
+    """``message`` on one line: a line break or other control character in what the user typed
+    (a path, a profile name) is shown escaped, as repr shows it."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in message)
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # argparse's own exit code is 2 too; keep one line
-        print(f"error: {self.prog}: {message}; see {self.prog} --help", file=sys.stderr)
+        print(_one_line(f"error: {self.prog}: {message}; see {self.prog} --help"), file=sys.stderr)
         sys.exit(EXIT_USER_ERROR)
 
 
@@ -356,7 +362,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return handler(args)
     except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(_one_line(f"error: {exc}"), file=sys.stderr)
         return EXIT_USER_ERROR
     except KeyboardInterrupt:
         kept = "; finished trials are in the study folder" if args.command in ("run", "resume") else ""

@@ -287,12 +287,8 @@ def _importance_section(study: Path) -> str:
 
 
 def _write_shared(path: Path, data: bytes) -> None:
-    """Atomically, readable as the umask allows (a report is meant to be passed on; the
-    temporary file atomic_write starts from is private)."""
+    """Atomically, readable as the umask allows (atomic_write gives it a normal file's mode)."""
     atomic_write(path, lambda handle: handle.write(data))
-    umask = os.umask(0)
-    os.umask(umask)
-    path.chmod(0o666 & ~umask)
 
 
 def _report_path(out: str | os.PathLike | None) -> Path | None:

@@ -54,9 +54,14 @@ def _pair(name: str, value: Any) -> Tuple[int, int]:
     raise ValueError(f'{name}={value!r}: expected a positive int or an (height, width) pair of ints')
 
 
-def _check_int(name: str, value: Any, low: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, Integral) or value < low:
-        raise ValueError(f'{name}={value!r}: expected an int >= {low}')
+MAX_DEPTH = 1024
+MAX_WIDTH = 2**16
+MAX_MLP_RATIO = 64.0
+
+
+def _check_int(name: str, value: Any, low: int, high: Optional[int] = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, Integral) or value < low or (high is not None and value > high):
+        raise ValueError(f'{name}={value!r}: expected an int >= {low}' + ('' if high is None else f' and <= {high}'))
 
 
 def _check_real(name: str, value: Any, low: float, high: Optional[float] = None, high_open: bool = True) -> None:
@@ -85,10 +90,12 @@ def _check_vit_args(*, img_size: Any, patch_size: Any, in_chans: Any, num_classe
     _check_int('patch_size', patch_size, 1)
     _check_int('in_chans', in_chans, 1)
     _check_int('num_classes', num_classes, 0)
-    _check_int('embed_dim', embed_dim, 1)
-    _check_int('depth', depth, 1)
-    _check_int('num_heads', num_heads, 1)
-    _check_real('mlp_ratio', mlp_ratio, 0., None)
+    # Upper bounds far above any trainable size: a spec's check builds the model on the meta
+    # device, where a depth of 10**9 would loop for hours rather than fail.
+    _check_int('embed_dim', embed_dim, 1, MAX_WIDTH)
+    _check_int('depth', depth, 1, MAX_DEPTH)
+    _check_int('num_heads', num_heads, 1, MAX_WIDTH)
+    _check_real('mlp_ratio', mlp_ratio, 0., MAX_MLP_RATIO, high_open=False)
     _check_real('drop_rate', drop_rate, 0., 1.)
     _check_real('drop_path_rate', drop_path_rate, 0., 1.)
     _check_bool('qkv_bias', qkv_bias)

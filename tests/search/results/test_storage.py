@@ -257,3 +257,13 @@ def test_unreachable_storage_is_a_one_line_error_and_loses_nothing(tmp_path, mon
     store.flush()
     assert "uploaded at the next write" in capsys.readouterr().err
     assert pq.read_table(location.local / "trials.parquet").to_pylist()[0]["trial_id"] == "t0"
+
+
+def test_a_gcs_uri_gets_a_bounded_retry():
+    # Arrow retries an unreachable gs:// bucket for 15 minutes by default: a command looked hung
+    from search.results.location import _bounded_retries
+
+    assert _bounded_retries("gs://bucket/studies") == "gs://bucket/studies?retry_limit_seconds=30"
+    assert _bounded_retries("gs://bucket/s?anonymous=true") == "gs://bucket/s?anonymous=true&retry_limit_seconds=30"
+    assert _bounded_retries("gs://bucket/s?retry_limit_seconds=600") == "gs://bucket/s?retry_limit_seconds=600"
+    assert _bounded_retries("s3://bucket/s") == "s3://bucket/s"

@@ -139,6 +139,16 @@ MALFORMED = [
     ({"budget.trials": "10"}, "budget.trials: expected a whole number, got '10'"),
     ({"train": {"cuda_graph": "yes"}}, "train.cuda_graph: expected true or false, got 'yes'"),
     ({"train": {"batchsize": 64}}, "train.batchsize: unknown key; did you mean 'batch_size'?"),
+    # ranges found open while writing test_fuzz_spec.py (by reading where each value goes): each passed
+    # the check and would fail or hang the run later
+    ({"budget.trials": 2**64}, "budget.trials: 18446744073709551616 is too large a whole number"),
+    ({"algorithm": {"seed": 2**32}}, "algorithm.seed: must be <= 4294967295, got 4294967296"),
+    ({"scheduler": {"reduction_factor": 1.000001}}, "scheduler.reduction_factor: must be at least 1.01"),
+    ({"space.depth": {"type": "int", "low": 2, "high": 10**9}},
+     "space.depth: ls_convit_nano does not accept 1000000000: depth=1000000000: expected an int >= 1 and <= 1024"),
+    ({"model.args": {"embed_dim": -48}}, "model.args: embed_dim=-48: expected an int >= 1 and <= 65536"),
+    ({"space.mlp_ratio": {"type": "uniform", "low": 1.0, "high": 1e300}},
+     "space.mlp_ratio: ls_convit_nano does not accept 1e+300: mlp_ratio=1e+300: expected a finite number >= 0.0 and <= 64.0"),
 ]
 
 
@@ -165,6 +175,12 @@ def test_a_value_that_depends_on_another_searched_knob_is_left_to_the_trials(tmp
         "space.depth": {"type": "int", "low": 2, "high": 4},
         "space.refiner_blocks": {"type": "int", "low": 0, "high": 4}})))
     assert load_spec(path).model_keys() == ["depth", "refiner_blocks"]
+
+
+def test_a_line_break_in_what_the_user_typed_stays_on_the_one_line(tmp_path, capsys):
+    assert main(["check", str(tmp_path / "a\nb.yaml"), "--profile=x\ry"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "a\\nb.yaml: no such spec file" in err
 
 
 def test_missing_file_and_bad_yaml(tmp_path, capsys):
