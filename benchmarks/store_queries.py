@@ -129,6 +129,13 @@ def _study(n: int, seed: int = 0) -> tuple[ResultsStore, pa.Table]:
         "converted_at_epoch": [None] * n,
         "throughput_timed": throughput * rng.uniform(0.85, 1.0, n),  # its own rounds, before the reference's scaling
         "throughput_reference": [f"ls_{f}_micro-default" for f in family],
+        "throughput_low": throughput * 0.85,  # the noise floor's +-15%
+        "throughput_high": throughput * 1.15,
+        "throughput_runtime": ["eager"] * n,
+        "val_images": np.full(n, 6000),
+        "val_acc_low": np.clip(val_acc - 0.01, 0, 1),
+        "val_acc_high": np.clip(val_acc + 0.01, 0, 1),
+        "tied_with": [None] * n,
         "throughput_device": ["cpu: bench"] * n,
         "throughput_batch": np.full(n, 256),
         "throughput_precision": ["fp32"] * n,

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import errno
 import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
-from trainers.errors import ConfigError, DiskFullError
+from trainers.errors import ConfigError, DiskFullError, is_disk_full
 
 __all__ = ["atomic_write", "check_output_file", "folder_problem", "current_umask"]
 
@@ -89,13 +88,10 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> 
         raise
 
 
-FULL = (errno.ENOSPC, errno.EDQUOT)
-
-
 def _raise_if_full(exc: OSError, path: Path) -> None:
     """A DiskFullError (one line, the fix) for a write that failed for want of space. pyarrow
     raises its own OSError for a failed write ("[Errno 28] ..." in the message, no errno)."""
-    if exc.errno in FULL or any(f"[Errno {code}]" in str(exc) for code in FULL):
+    if is_disk_full(exc):
         kept = "the file there is unchanged" if path.exists() else "nothing was written"
         raise DiskFullError(f"{path}: the disk is full (no space left on {path.parent}'s file system; {kept}); "
                             "free space there and run again", path=str(path)) from None

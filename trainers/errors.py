@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
-__all__ = ["ConfigError", "DiskFullError"]
+import errno
+
+__all__ = ["ConfigError", "DiskFullError", "FULL_DISK_ERRNOS", "is_disk_full"]
+
+FULL_DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """An OSError for want of space; pyarrow raises its own OSError with "[Errno 28] ..." in the
+    message and no errno."""
+    return isinstance(exc, OSError) and (
+        exc.errno in FULL_DISK_ERRNOS or any(f"[Errno {code}]" in str(exc) for code in FULL_DISK_ERRNOS))
 
 
 class ConfigError(ValueError):

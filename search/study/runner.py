@@ -470,7 +470,7 @@ def _run(spec: SearchSpec, location: StudyLocation, data, *, cache_dir: str | os
 def _disk_full_in_one_line(location: StudyLocation):
     """A full disk anywhere under Tune (the store's files, the Optuna journal, Tune's snapshot) as
     one line naming the fix, however Tune wrapped the error it met."""
-    from trainers._atomic import FULL
+    from trainers.errors import is_disk_full
 
     try:
         yield
@@ -479,7 +479,7 @@ def _disk_full_in_one_line(location: StudyLocation):
         while seen is not None:
             if isinstance(seen, DiskFullError):
                 raise seen.with_traceback(None) from None
-            if isinstance(seen, OSError) and (seen.errno in FULL or any(f"[Errno {c}]" in str(seen) for c in FULL)):
+            if is_disk_full(seen):
                 raise DiskFullError(f"{seen.filename or location}: the disk is full; free space on the study's file "
                                     f"system, then python -m search resume {location}", path=seen.filename) from None
             seen = seen.__cause__ or seen.__context__

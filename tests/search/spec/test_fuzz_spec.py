@@ -28,7 +28,7 @@ from search.views.cli import _build_parser, main
 ROOT = Path(__file__).resolve().parents[3]
 SPEC = ROOT / "spaces" / "convit_locality.yaml"
 BASE = yaml.safe_load(SPEC.read_text())
-EXAMPLES = int(os.environ.get("LOCALITY_SEARCH_FUZZ_EXAMPLES", "300"))
+EXAMPLES = int(os.environ.get("LOCALITY_SEARCH_FUZZ_EXAMPLES", "150"))
 # a case slower than this is a hang (a valid spec's check builds its models on the meta device: ~2 s
 # of CPU the first time)
 CASE_CPU_S, CASE_WALL_S = 60, 900
