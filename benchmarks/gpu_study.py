@@ -43,6 +43,8 @@ def derived_spec(source: dict[str, Any], *, profile: str, packing: int, device: 
     block = spec.setdefault("profiles", {}).setdefault(profile, {})
     budget = dict(block.get("budget") or {})
     budget.update(trials=trials, max_epochs=max_epochs, grace_epochs=grace_epochs)
+    # the search alone: trials per hour and GPU use of the search, not of its confirmation seeds
+    budget.pop("confirm", None)
     if time_limit_s is not None:
         budget["time_limit_s"] = time_limit_s
     block["budget"] = budget

@@ -28,6 +28,7 @@ from search.results.hypervolume import front_hypervolume
 from search.results.location import StudyLocation, is_uri
 from search.results.intervals import mark_ties
 from search.results.pareto import DEVICE_COLUMN, device_groups, pareto_front
+from search.results.replicates import REPLICATE_COLUMN, fold_replicates
 from search.results.select import select
 from search.results.store import EPOCH_COLUMNS, TRIAL_COLUMNS, read_table
 from trainers.errors import ConfigError
@@ -119,10 +120,22 @@ def _complete_front(
         if device not in known:
             raise ConfigError(f"device {device!r}: no trial was measured there; the study's devices: {known or 'none yet'}")
         trials = trials[trials[DEVICE_COLUMN] == device]
+    trials = _configs(trials, objectives)
     # Pruned and failed trials stopped early; their numbers do not compete with finished ones.
     front = pareto_front(trials[trials["state"] == "COMPLETE"], objectives=objectives, mix_devices=mix_devices)
     split = not mix_devices and bool(front_devices(front, objectives))
     return mark_ties(front, objectives, groups=DEVICE_COLUMN if split else None)
+
+
+def _configs(trials: pd.DataFrame, objectives: Sequence[tuple[str, str]]) -> pd.DataFrame:
+    """One row per config: confirmation replicates folded into their search trial's row (see
+    search.results.replicates); a study without replicates as it is, with ``seeds`` 1."""
+    if REPLICATE_COLUMN not in trials or not trials[REPLICATE_COLUMN].notna().any():
+        return trials.assign(seeds=1)
+    rows = fold_replicates(trials.to_dict("records"), objectives)
+    return pd.DataFrame.from_records(rows, columns=list(trials.columns)).astype(
+        {c: t for c, t in trials.dtypes.items() if c not in ("seeds", "val_acc_sd", *(o for o, _ in objectives))},
+        errors="ignore")
 
 
 def front_devices(front: pd.DataFrame, objectives: Sequence[tuple[str, str]]) -> list[str]:
@@ -225,6 +238,8 @@ def format_front(
     columns = list(leading) + ["trial_id", "family"]
     for column in objective_columns:  # each objective, then its interval where recorded
         columns += [column] + [f"{column}_{end}" for end in ("low", "high") if f"{column}_{end}" in front]
+    if "seeds" in front and (front["seeds"].fillna(1) > 1).any():  # a confirmed study: what each mean rests on
+        columns += ["seeds"] + (["val_acc_sd"] if "val_acc_sd" in front else [])
     columns += [c for c in ("tied_with", "params", "flops", "epochs_run", "throughput_device") if c in front and c not in columns]
     columns += config_columns
     view = front[columns]
@@ -249,7 +264,7 @@ def format_front(
         shown["params"] = shown["params"].map(lambda v: f"{v / 1e6:.2f}M")
     if "flops" in shown:
         shown["flops"] = shown["flops"].map(lambda v: f"{v / 1e6:.1f}M")
-    for column in config_columns + [c for c in ("val_acc", "val_loss") if c in shown]:
+    for column in config_columns + [c for c in ("val_acc", "val_loss", "val_acc_sd") if c in shown]:
         if shown[column].dtype.kind == "f":
             shown[column] = shown[column].map(lambda v: f"{v:.4g}")
     return shown.to_string(index=False)

@@ -31,6 +31,7 @@ import pyarrow.parquet as pq
 from search.results.hypervolume import hypervolume
 from search.results.intervals import tied_with
 from search.results.pareto import DEVICE_COLUMN, device_groups, pareto_mask
+from search.results.replicates import REPLICATE_COLUMN, fold_replicates
 from trainers import atomic_write
 from trainers.errors import ConfigError, DiskFullError
 
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ResultsStore",
+    "config_front",
     "TRIAL_COLUMNS",
     "EPOCH_COLUMNS",
     "PROGRESS_COLUMNS",
@@ -73,6 +75,10 @@ TRIAL_COLUMNS: dict[str, tuple[pa.DataType, str]] = {
     "val_acc_high": (pa.float64(), "val_acc's 95% Wilson interval, upper bound"),
     "throughput_low": (pa.float64(), "throughput's interval, lower bound: a 95% interval of the median batch cost (distribution-free), at least throughput.noise_floor below the value"),
     "throughput_high": (pa.float64(), "throughput's interval, upper bound (as throughput_low, above the value)"),
+    "seed": (pa.int64(), "training seed (the study's algorithm.seed; a replicate's own)"),
+    "replicate_of": (pa.string(), "confirmation replicate (budget.confirm): the search trial whose config it trains again with its own seed; null for the search's trials"),
+    "seeds": (pa.int64(), "seeds the row's objectives rest on: 1 in trials.parquet; in pareto.parquet, a config's COMPLETE seeds (its replicates averaged in, see search.results.replicates)"),
+    "val_acc_sd": (pa.float64(), "in pareto.parquet: the standard deviation of val_acc over the config's seeds (null: one seed)"),
     "tied_with": (pa.string(), "on the Pareto front: the other front members whose intervals overlap this one's on every objective (comma-separated trial ids; null: separated from all, or not on the front)"),
     "throughput_timed": (pa.float64(), "inference images/s as the architecture's own fastest round read (CPU: throughput is the reference's number over the cost ratio timed beside it)"),
     "throughput_reference": (pa.string(), "architecture fingerprint of the reference the CPU measurement was timed beside (the model as named, default arguments); null on GPUs"),
@@ -87,7 +93,6 @@ TRIAL_COLUMNS: dict[str, tuple[pa.DataType, str]] = {
     "torch_version": (pa.string(), "torch version of the trial"),
     "params": (pa.int64(), "trainable + frozen parameters"),
     "flops": (pa.int64(), "forward FLOPs per image (multiply-add = 2), as the model computes them at inference (e.g. the Refiner's path, see `choose_path`; the CPU kernels' products counted as on torch ops)"),
-    "seed": (pa.int64(), "training seed"),
     "spec_hash": (pa.string(), "hash of the search spec (without storage and trial count)"),
     "git_commit": (pa.string(), "commit of this project that ran the study"),
     "node_ip": (pa.string(), "IP address of the Ray node that ran the trial (its last attempt)"),
@@ -148,6 +153,25 @@ def _with_ties(front: list[dict[str, Any]], objectives: Sequence[tuple[str, str]
         rows = [t for t, k in zip(front, keys) if k == key]
         out += [{**t, "tied_with": tie} for t, tie in zip(rows, tied_with(rows, objectives))]
     return out
+
+
+def config_front(rows: Sequence[Mapping[str, Any]], objectives: Sequence[tuple[str, str]]) -> list[dict[str, Any]]:
+    """The Pareto front of configs over trial rows: confirmation replicates folded into their
+    search trial's row (their mean, see search.results.replicates), COMPLETE ones only, best first
+    on the first objective, one front per throughput device, each member's ``tied_with`` set.
+    (search.load().front() is this front, as a DataFrame.)"""
+    complete = [t for t in fold_replicates(rows, objectives) if t["state"] == "COMPLETE"]
+    if not complete:
+        return []
+    values = [[t[c] if t.get(c) is not None else float("nan") for c, _ in objectives] for t in complete]
+    groups = device_groups([t.get(DEVICE_COLUMN) for t in complete], objectives)
+    mask = pareto_mask(values, modes=[m for _, m in objectives], groups=groups)
+    front = [t for t, keep in zip(complete, mask) if keep]
+    first, mode = objectives[0]
+    front.sort(key=lambda t: t[first], reverse=mode == "max")
+    if groups is not None:  # one front per device
+        front.sort(key=lambda t: (t.get(DEVICE_COLUMN) is None, t.get(DEVICE_COLUMN) or ""))
+    return _with_ties(front, objectives, split=groups is not None)
 
 
 def config_type(param: Mapping[str, Any]) -> pa.DataType:
@@ -271,14 +295,17 @@ class ResultsStore:
                     out = {c: row.get(c) for c in schema.names}
                     _upsert(rows, key(out), out)
 
-    def forget_trials(self, keep: set[str]) -> list[str]:
+    def forget_trials(self, keep: set[str], *, replicates: bool = False) -> list[str]:
         """Drop the rows of trials not in ``keep``; their ids. (After a resume: trials that
-        finished after Tune's last snapshot, so Tune will sample their slots again.)"""
-        gone = sorted(set(self._trials) - keep)
+        finished after Tune's last snapshot, so Tune will sample their slots again.) Only rows of
+        one stage are looked at: the search's trials, or the confirmation ``replicates``."""
+        stage = {k for k, t in self._trials.items() if (t.get(REPLICATE_COLUMN) is not None) == replicates}
+        gone = sorted(stage - keep)
         if gone:
-            self._trials = {k: t for k, t in self._trials.items() if t["trial_id"] in keep}
-            self._epochs = {k: e for k, e in self._epochs.items() if e["trial_id"] in keep}
-            self._progress = {k: p for k, p in self._progress.items() if p["trial_id"] in keep}
+            drop = set(gone)
+            self._trials = {k: t for k, t in self._trials.items() if t["trial_id"] not in drop}
+            self._epochs = {k: e for k, e in self._epochs.items() if e["trial_id"] not in drop}
+            self._progress = {k: p for k, p in self._progress.items() if p["trial_id"] not in drop}
         return gone
 
     def add_progress(self, *, trial_id: str, state: str, elapsed_s: float, at: Any) -> dict[str, Any]:
@@ -340,20 +367,7 @@ class ResultsStore:
         return pa.Table.from_pylist(self._front(), schema=self.trial_schema)
 
     def _front(self) -> list[dict[str, Any]]:
-        complete = [t for t in self._trials.values() if t["state"] == "COMPLETE"]
-        if complete:
-            values = [[t[c] if t[c] is not None else float("nan") for c, _ in self.objectives] for t in complete]
-            groups = device_groups([t.get(DEVICE_COLUMN) for t in complete], self.objectives)
-            mask = pareto_mask(values, modes=[m for _, m in self.objectives], groups=groups)
-            front = [t for t, keep in zip(complete, mask) if keep]
-            first, mode = self.objectives[0]
-            front.sort(key=lambda t: t[first], reverse=mode == "max")
-            if groups is not None:  # one front per device, as search.load().front()
-                front.sort(key=lambda t: (t.get(DEVICE_COLUMN) is None, t.get(DEVICE_COLUMN) or ""))
-            front = _with_ties(front, self.objectives, split=groups is not None)
-        else:
-            front = []
-        return front
+        return config_front(self.trials, self.objectives)
 
     def flush(self) -> None:
         try:

@@ -30,6 +30,7 @@ __all__ = [
     "ParamSpec",
     "Objective",
     "Budget",
+    "ConfirmSpec",
     "AlgorithmSpec",
     "SchedulerSpec",
     "Resources",
@@ -150,6 +151,13 @@ class Objective(Record):
         return DEFAULT_REFERENCE.get(self.metric) if self.mode == "max" else None
 
 
+class ConfirmSpec(Record):
+    """After the search: the front's configs (and those tied with it) trained again with more seeds."""
+
+    seeds: Annotated[Whole, Field(ge=1, le=100)]  # further seeds per config, beside the search's own
+    top: Annotated[Whole, Field(ge=1, le=1000)] = 8  # at most this many configs: the front first, then those tied with it
+
+
 class Budget(Record):
     trials: Whole
     max_epochs: Whole
@@ -157,6 +165,7 @@ class Budget(Record):
     patience: Whole | None = None
     time_limit_s: Number | None = None
     max_failures: Whole = 0  # retries of a trial that raised (from its last checkpoint)
+    confirm: ConfirmSpec | None = None  # confirmation seeds (search.study.confirm); off when left out
 
     @model_validator(mode="after")
     def _check(self) -> "Budget":
@@ -319,6 +328,8 @@ class SearchSpec(Record):
         for key in ("storage", "source", "description", "profile"):
             data.pop(key, None)
         data["budget"].pop("trials", None)
+        if data["budget"].get("confirm") is None:  # studies from before confirmation keep their hash
+            data["budget"].pop("confirm", None)
         return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
     def train_keys(self) -> list[str]:

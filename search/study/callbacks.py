@@ -12,9 +12,10 @@ from ray.tune import Callback
 
 from search.results.intervals import wilson_interval
 from search.results.location import JOURNAL_FILE
+from search.results.replicates import REPLICATE_COLUMN
 from search.results.store import TRIAL_VALUE_OF, ResultsStore
 from search.study.searcher import nonfinite_objectives, prune_running_trials, trial_state
-from search.study.trainable import EARLIER_EPOCHS
+from search.study.trainable import EARLIER_EPOCHS, REPLICATE_KEY, SEED_KEY
 
 __all__ = ["StoreCallback", "PrintingCallback", "error_line"]
 
@@ -70,9 +71,11 @@ class StoreCallback(PrintingCallback):
         time_limit_s: float | None,
         max_epochs: int | None = None,
         objective_keys: list[str] | None = None,
+        replicates: bool = False,  # the confirmation stage's callback (search.study.confirm)
         out: TextIO | None = None,  # None: sys.stdout when called (not when imported)
     ) -> None:
         self.store = store
+        self.replicates = replicates
         self.max_epochs = max_epochs
         # the result keys a COMPLETE trial must have finite (those of the objectives)
         self.objective_keys = list(objective_keys) if objective_keys is not None else [TRIAL_VALUE_OF["val_acc"]]
@@ -93,7 +96,7 @@ class StoreCallback(PrintingCallback):
     def setup(self, **info: Any) -> None:
         """Start of ``fit()``, fresh or resumed: take up the rows already written."""
         self.store.load_existing()
-        self._finished = len(self.store.trials)
+        self._finished = len(self._stage_rows())
         self._study_start = time.monotonic() - self.store.elapsed_s  # elapsed counts on
         self._reconciled = False
 
@@ -101,12 +104,20 @@ class StoreCallback(PrintingCallback):
         if getattr(self, "_reconciled", True):
             return
         self._reconciled = True
-        gone = self.store.forget_trials({t.trial_id for t in trials})
+        gone = self.store.forget_trials({t.trial_id for t in trials}, replicates=self._replicates)
         if gone:
-            self._finished = len(self.store.trials)
+            self._finished = len(self._stage_rows())
             self.store.flush()
             print(f"resume: {len(gone)} trial(s) finished after Tune's last snapshot ({', '.join(gone)}); "
                   "their slots are sampled again", file=self.out, flush=True)
+
+    @property
+    def _replicates(self) -> bool:
+        return getattr(self, "replicates", False)  # a snapshot taken before confirmation existed
+
+    def _stage_rows(self) -> list[dict[str, Any]]:
+        """The store's rows of this callback's stage: the search's trials, or the replicates."""
+        return [t for t in self.store.trials if (t.get(REPLICATE_COLUMN) is not None) == self._replicates]
 
     def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         self._started.setdefault(trial.trial_id, _now())
@@ -160,14 +171,15 @@ class StoreCallback(PrintingCallback):
         if self._timed_out():
             # Tune stops the trials still running when the time budget runs out without an
             # on_trial_complete: recorded here, as the time limit's, with the epochs they ran
-            recorded = {row["trial_id"] for row in self.store.trials}
+            recorded = {row["trial_id"] for row in self._stage_rows()}
             for trial in trials:
                 if trial.trial_id in self._started and trial.trial_id not in recorded:
                     self._finish(trial, state="PRUNED", stop_reason="time_limit", error=None)
             # ... and in the Optuna study, which Tune did not tell either (before the flush, which
-            # uploads the journal with the Parquet files)
-            prune_running_trials(self.store.directory / JOURNAL_FILE, study_name=self.common["experiment"],
-                                 reason="time_limit")
+            # uploads the journal with the Parquet files); replicates are not in it
+            if not self._replicates:
+                prune_running_trials(self.store.directory / JOURNAL_FILE, study_name=self.common["experiment"],
+                                     reason="time_limit")
         self.store.flush()
 
     # -- rows -------------------------------------------------------------------------------
@@ -185,6 +197,9 @@ class StoreCallback(PrintingCallback):
                 "throughput_timed", "throughput_reference", "throughput_cuda_graph", "throughput_low", "throughput_high",
                 "throughput_runtime", "val_images",
             )},
+            "seed": trial.config.get(SEED_KEY, self.common["seed"]),
+            REPLICATE_COLUMN: trial.config.get(REPLICATE_KEY),
+            "seeds": 1,
             "rejected_by": result.get("rejected"),
             "failures": int(getattr(trial, "num_failures", 0) or 0),
             "epochs_budget": self.max_epochs,

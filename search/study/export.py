@@ -30,7 +30,7 @@ from trainers import atomic_write, check_output_file
 from trainers.data import DatasetRequest
 from trainers.errors import ConfigError
 
-__all__ = ["EXPORT_VERSION", "ExportedModel", "ExportedDataset", "ExportedTrial", "export_trial", "write_export", "load_export"]
+__all__ = ["EXPORT_VERSION", "ExportedModel", "ExportedDataset", "ExportedTrial", "export_trial", "sampled_config", "write_export", "load_export"]
 
 EXPORT_VERSION = 1
 
@@ -120,6 +120,20 @@ def _knob_value(key: str, param: ParamSpec, value: Any, where: str) -> Any:
     return float(value)
 
 
+def sampled_config(spec: SearchSpec, row: Mapping[str, Any], *, where: str) -> dict[str, Any]:
+    """The Tune config that ran ``row`` (a trials.parquet row), as the search sampled it: its knobs
+    (``model`` too in a conditional space); ``where`` names the row in errors."""
+    models = {m.name: m for m in spec.candidates}
+    model = _native(row.get("model")) or spec.candidates[0].name
+    if model not in models:
+        raise ConfigError(f"{where}: model {model!r} is not one of the study's models ({', '.join(models)})")
+    knobs = {**spec.space, **models[model].space}
+    sampled: dict[str, Any] = {key: _knob_value(key, param, row.get(key), where) for key, param in knobs.items()}
+    if spec.conditional:
+        sampled["model"] = model
+    return sampled
+
+
 def _study_spec(study: Path, meta: Mapping[str, Any]) -> SearchSpec:
     where = SpecLocation(f"{study}/experiment.json", "spec")
     if not isinstance(meta.get("spec"), dict):
@@ -146,14 +160,7 @@ def export_trial(
     row = dict(trial)
     trial_id = _native(row.get("trial_id"))
     label = f"{study}: trial {trial_id}"
-    models = {m.name: m for m in spec.candidates}
-    model = _native(row.get("model")) or spec.candidates[0].name
-    if model not in models:
-        raise ConfigError(f"{label}: model {model!r} is not one of the study's models ({', '.join(models)})")
-    knobs = {**spec.space, **models[model].space}
-    sampled: dict[str, Any] = {key: _knob_value(key, param, row.get(key), label) for key, param in knobs.items()}
-    if spec.conditional:
-        sampled["model"] = model
+    sampled = sampled_config(spec, row, where=label)
     template = TrialTemplate(
         models={m.name: dict(m.args) for m in spec.candidates},
         data=None,  # type: ignore[arg-type]  # the dataset is prepared by `train`, not here

@@ -346,15 +346,9 @@ def _run(spec: SearchSpec, location: StudyLocation, data, *, cache_dir: str | os
          out: TextIO) -> Path:
     """The study's files, searcher, scheduler and callbacks, then Tune's run to the end (the
     caller drives the study: see search.study.driver)."""
-    from ray import tune
-    from ray.tune.logger import JsonLoggerCallback
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
-    from search.study.callbacks import StoreCallback
-    from search.study.metrics import MetricsCallback
     from search.study.mo_asha import MOASHAScheduler
-    from search.study.progress import ProgressBar
-    from search.study.recovery import CheckpointRecovery
     from search.study.searcher import HonestOptunaSearch, StudySearchGenerator
 
     exp_dir = location.local
@@ -411,46 +405,10 @@ def _run(spec: SearchSpec, location: StudyLocation, data, *, cache_dir: str | os
     else:
         scheduler = FIFOScheduler()
 
-    callback = StoreCallback(
-        store,
-        experiment=spec.name,
-        model=spec.candidates[0].name,
-        spec_hash=spec.spec_hash,
-        git_commit=commit,
-        seed=spec.algorithm.seed,
-        total_trials=spec.budget.trials,
-        time_limit_s=spec.budget.time_limit_s,
-        max_epochs=spec.budget.max_epochs,
-        objective_keys=[TRIAL_VALUE_OF[m] for m, _ in objectives],
-        out=out,
-    )
-    tuner = tune.Tuner(
-        _trainable_for(spec, data, cache_dir),
-        tune_config=tune.TuneConfig(
-            search_alg=StudySearchGenerator(searcher),
-            scheduler=scheduler,
-            num_samples=spec.budget.trials,
-            reuse_actors=True,
-            time_budget_s=spec.budget.time_limit_s,
-            trial_name_creator=trial_label,
-            trial_dirname_creator=trial_dirname,
-        ),
-        run_config=tune.RunConfig(
-            name="ray",
-            # Checkpoints and Tune's own state: written from every node, so a URI or shared path
-            storage_path=location.tune_storage()[0],
-            storage_filesystem=location.tune_storage()[1],
-            # Order matters: checkpoints are recovered before a resumed trial restores, the bar is
-            # erased before the store prints a trial's line, and the metrics read the store after
-            # it has the trial's row.
-            callbacks=[CheckpointRecovery(out=out), ProgressBar(callback, stream=out), callback,
-                       MetricsCallback(store, experiment=spec.name, total_trials=spec.budget.trials),
-                       JsonLoggerCallback()],
-            verbose=0,
-            checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
-            failure_config=tune.FailureConfig(max_failures=spec.budget.max_failures),
-        ),
-    )
+    callback = _store_callback(spec, store, commit, out=out)
+    tuner = _tuner(spec, location, _trainable_for(spec, data, cache_dir), callback, name="ray",
+                   search_alg=StudySearchGenerator(searcher), scheduler=scheduler, num_samples=spec.budget.trials,
+                   time_budget_s=spec.budget.time_limit_s, out=out)
     print(
         f"study {spec.name}: {count(spec.budget.trials, 'trial')} x up to {count(spec.budget.max_epochs, 'epoch')} of "
         f"{' / '.join(m.name for m in spec.candidates)}, objectives {', '.join(f'{m} ({mode})' for m, mode in objectives)}; "
@@ -463,7 +421,114 @@ def _run(spec: SearchSpec, location: StudyLocation, data, *, cache_dir: str | os
     with _no_results_preview_warning(), _disk_full_in_one_line(location):
         tuner.fit()
     store.flush()
+    _confirm(spec, location, data, cache_dir=cache_dir, commit=commit, out=out)
     return exp_dir
+
+
+def _store_callback(spec: SearchSpec, store: ResultsStore, commit: str | None, *, replicates: bool = False,
+                    total_trials: int | None = None, out: TextIO):
+    from search.study.callbacks import StoreCallback
+
+    return StoreCallback(
+        store,
+        experiment=spec.name,
+        model=spec.candidates[0].name,
+        spec_hash=spec.spec_hash,
+        git_commit=commit,
+        seed=spec.algorithm.seed,
+        total_trials=spec.budget.trials if total_trials is None else total_trials,
+        time_limit_s=spec.budget.time_limit_s,
+        max_epochs=spec.budget.max_epochs,
+        objective_keys=[TRIAL_VALUE_OF[o.metric] for o in spec.objectives],
+        replicates=replicates,
+        out=out,
+    )
+
+
+def _tuner(spec: SearchSpec, location: StudyLocation, trainable, callback, *, name: str, search_alg, scheduler,
+           num_samples: int, time_budget_s: float | None, out: TextIO):
+    """Tune's run of one stage of the study: the search (``ray/``) or its confirmation (``ray-confirm/``)."""
+    from ray import tune
+    from ray.tune.logger import JsonLoggerCallback
+
+    from search.study.metrics import MetricsCallback
+    from search.study.progress import ProgressBar
+    from search.study.recovery import CheckpointRecovery
+
+    return tune.Tuner(
+        trainable,
+        tune_config=tune.TuneConfig(
+            search_alg=search_alg,
+            scheduler=scheduler,
+            num_samples=num_samples,
+            reuse_actors=True,
+            time_budget_s=time_budget_s,
+            trial_name_creator=trial_label,
+            trial_dirname_creator=trial_dirname,
+        ),
+        run_config=tune.RunConfig(
+            name=name,
+            # Checkpoints and Tune's own state: written from every node, so a URI or shared path
+            storage_path=location.tune_storage()[0],
+            storage_filesystem=location.tune_storage()[1],
+            # Order matters: checkpoints are recovered before a resumed trial restores, the bar is
+            # erased before the store prints a trial's line, and the metrics read the store after
+            # it has the trial's row.
+            callbacks=[CheckpointRecovery(out=out), ProgressBar(callback, stream=out), callback,
+                       MetricsCallback(callback.store, experiment=spec.name, total_trials=callback.total_trials),
+                       JsonLoggerCallback()],
+            verbose=0,
+            checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
+            failure_config=tune.FailureConfig(max_failures=spec.budget.max_failures),
+        ),
+    )
+
+
+def _confirm(spec: SearchSpec, location: StudyLocation, data, *, cache_dir: str | os.PathLike | None,
+             commit: str | None, out: TextIO) -> None:
+    """The confirmation stage (``budget.confirm``, see search.study.confirm): started once the
+    search's trials are done, or taken up where a killed driver left it."""
+    if spec.budget.confirm is None:
+        return
+    from ray import tune
+    from ray.tune.schedulers import FIFOScheduler
+
+    from search.study.confirm import CONFIRM_FILE, CONFIRM_TUNE_DIR, ReplicateSearcher, confirmation_plan
+    from search.study.searcher import StudySearchGenerator
+
+    store = _store_for(spec, location)
+    store.load_existing()
+    tune_dir, filesystem = location.tune_dir(CONFIRM_TUNE_DIR), location.tune_storage()[1]
+    if tune.Tuner.can_restore(tune_dir, storage_filesystem=filesystem):
+        print(f"resuming the confirmation of study {spec.name}", file=out, flush=True)
+        with _no_results_preview_warning():
+            tuner = tune.Tuner.restore(tune_dir, trainable=_trainable_for(spec, data, cache_dir),
+                                       storage_filesystem=filesystem, resume_unfinished=True,
+                                       resume_errored=False, restart_errored=False)
+    else:
+        limit = spec.budget.time_limit_s
+        left = None if limit is None else limit - store.elapsed_s
+        if left is not None and left <= 0:
+            print(f"confirmation: none (the search used the time limit, budget.time_limit_s: {limit:g})", file=out, flush=True)
+            return
+        plan = confirmation_plan(spec, store, location.local)
+        location.push([CONFIRM_FILE])
+        configs = plan["configs"]
+        if not configs:
+            print("confirmation: none (no trial completed)", file=out, flush=True)
+            return
+        # Replicate rows a driver killed before Tune's first snapshot recorded: trained again.
+        if store.forget_trials(set(), replicates=True):
+            store.flush()
+        print(f"confirmation: {count(len(plan['trials']), 'config')} (the front, then those tied with it; "
+              f"budget.confirm.top: {plan['top']}) x {count(plan['seeds'], 'further seed')} = "
+              f"{count(len(configs), 'trial')} at the full budget", file=out, flush=True)
+        callback = _store_callback(spec, store, commit, replicates=True, total_trials=len(configs), out=out)
+        tuner = _tuner(spec, location, _trainable_for(spec, data, cache_dir), callback, name=CONFIRM_TUNE_DIR,
+                       search_alg=StudySearchGenerator(ReplicateSearcher(configs)), scheduler=FIFOScheduler(),
+                       num_samples=len(configs), time_budget_s=left, out=out)
+    with _no_results_preview_warning(), _disk_full_in_one_line(location):
+        tuner.fit()
 
 
 @contextlib.contextmanager
@@ -585,4 +650,5 @@ def _resume(location: StudyLocation, *, address: str | None, cache_dir: str | os
                   file=out, flush=True)
         with _no_results_preview_warning(), _disk_full_in_one_line(location):
             tuner.fit()
+        _confirm(spec, location, data, cache_dir=cache_dir, commit=git_commit(), out=out)
     return exp_dir

@@ -18,10 +18,14 @@ from trainers.config import TRAIN_KEYS, Constraint, ThroughputSettings, TrainSet
 from trainers.data import DatasetRequest, PreparedDataset, prepare_dataset
 from trainers.errors import ConfigError
 
-__all__ = ["TrialTemplate", "trial_config", "run_tune_trial", "STATE_FILE", "EARLIER_EPOCHS"]
+__all__ = ["TrialTemplate", "trial_config", "run_tune_trial", "STATE_FILE", "EARLIER_EPOCHS", "SEED_KEY", "REPLICATE_KEY"]
 
 STATE_FILE = "trial_state.pt"
 EARLIER_EPOCHS = "epochs_before_restore"  # result key: the metrics of the epochs a restored trial had run
+# Config keys of a confirmation replicate (search.study.confirm): its training seed, and the search
+# trial whose config it trains again. Not knobs: they go to the trial's row, not to the model.
+SEED_KEY = "seed"
+REPLICATE_KEY = "replicate_of"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,9 +73,12 @@ def on_this_node(template: TrialTemplate) -> TrialTemplate:
 
 def trial_config(template: TrialTemplate, sampled: dict[str, Any]) -> TrialConfig:
     """``model`` (searched when there are several) picks the model; searched training settings
-    replace the template's; the rest are arguments of that model's constructor."""
+    replace the template's; ``seed`` (a replicate's) replaces the study's; the rest are arguments
+    of that model's constructor."""
     sampled = dict(sampled)
     model = sampled.pop("model", None) or next(iter(template.models))
+    seed = int(sampled.pop(SEED_KEY, template.seed))
+    sampled.pop(REPLICATE_KEY, None)
     train_values = {k: v for k, v in sampled.items() if k in TRAIN_KEYS}
     model_values = {k: v for k, v in sampled.items() if k not in TRAIN_KEYS}
     return TrialConfig(
@@ -82,7 +89,7 @@ def trial_config(template: TrialTemplate, sampled: dict[str, Any]) -> TrialConfi
         train=dataclasses.replace(template.train, **train_values),
         throughput=template.throughput,
         patience=template.patience,
-        seed=template.seed,
+        seed=seed,
         constraints=template.constraints,
         throughput_cache_dir=template.throughput_cache_dir,
     )

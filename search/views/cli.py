@@ -86,7 +86,9 @@ def _plan(spec) -> str:
     return (f"{count(spec.budget.trials, 'trial')} x up to {count(spec.budget.max_epochs, 'epoch')} "
             f"(scheduler {spec.scheduler.name}, grace {spec.budget.grace_epochs}{limit}) of "
             f"{' / '.join(m.name for m in spec.candidates)} on {data.train_fraction:.0%} of {data.name}'s training "
-            f"images, batch {spec.train.batch_size}; each trial asks for {', '.join(asks)}")
+            f"images, batch {spec.train.batch_size}; each trial asks for {', '.join(asks)}"
+            + (f"; then up to {count(spec.budget.confirm.top, 'config')} of the front x "
+               f"{count(spec.budget.confirm.seeds, 'further seed')} (budget.confirm)" if spec.budget.confirm else ""))
 
 
 def _build_parser() -> argparse.ArgumentParser:

@@ -45,9 +45,8 @@ import pyarrow as pa
 from search.hosts import check_bind_host, is_loopback_host
 from search.results.importance import VIEW_MAX_TRIALS, by_family, knob_importance
 from search.results.location import JOURNAL_FILE
-from search.results.pareto import DEVICE_COLUMN, device_groups, pareto_mask
 from search.results.query import read_experiment_json
-from search.results.store import TRIAL_COLUMNS, read_table
+from search.results.store import TRIAL_COLUMNS, config_front, read_table
 from trainers.errors import ConfigError
 
 __all__ = [
@@ -69,6 +68,7 @@ PAGE_COLUMNS = (
     "trial_id", "model", "family", "state", "stop_reason", "error", "rejected_by", "epochs_run", "epochs_budget",
     "val_acc", "val_loss", "final_val_acc", "throughput", "params", "flops", "duration_s", "ended_at",
     "val_acc_low", "val_acc_high", "throughput_low", "throughput_high", "tied_with",  # error bars, ties
+    "seed", "replicate_of", "seeds",  # confirmation replicates (a front member's seeds)
 )
 # Text columns with few distinct values go as a dictionary plus codes: smaller and faster to parse.
 DICT_COLUMNS = ("model", "family", "state", "stop_reason")
@@ -162,25 +162,20 @@ def study_payload(path: str | os.PathLike, *, label: str | None = None) -> dict[
     shown = [c for c in PAGE_COLUMNS if c in table.column_names] + [k for k in knob_names if k not in PAGE_COLUMNS]
     columns = {name: _column_json(table.column(name), name) for name in shown}
 
-    # The front: COMPLETE trials no other COMPLETE trial beats on every objective (as search.load().front()).
+    # The front: of configs, as search.load().front() (a confirmed config: the mean over its seeds,
+    # drawn at its search trial's row, whose objectives and intervals become the mean's).
     n = table.num_rows
     front: list[int] = []
     if n and objectives and all(c in table.column_names for c, _ in objectives):
-        state = np.asarray(table.column("state").to_pylist(), dtype=object)
-        complete = np.flatnonzero(state == "COMPLETE")
-        if complete.size:
-            values = np.column_stack([
-                table.column(c).to_numpy(zero_copy_only=False).astype(float)[complete] for c, _ in objectives
-            ])
-            devices = table.column(DEVICE_COLUMN).to_pylist() if DEVICE_COLUMN in table.column_names else None
-            groups = device_groups([devices[i] for i in complete] if devices else None, objectives)
-            mask = pareto_mask(values, modes=[m for _, m in objectives], groups=groups)  # one front per device
-            rows = complete[mask]
-            first, mode = objectives[0]
-            key = values[mask, 0]
-            rows = rows[np.argsort(-key if mode == "max" else key, kind="stable")]
-            front = [int(i) for i in rows]
-
+        rows = table.to_pylist()
+        index = {r["trial_id"]: i for i, r in enumerate(rows)}
+        members = config_front(rows, objectives)
+        front = [index[m["trial_id"]] for m in members]
+        for m in members:
+            if (m.get("seeds") or 1) > 1:
+                for column in columns.keys() & {*(c for c, _ in objectives), "val_acc_low", "val_acc_high", "seeds"}:
+                    value = m.get(column)
+                    columns[column][index[m["trial_id"]]] = value if value is None or math.isfinite(value) else None
     progress = None
     if ptable is not None:
         progress = {c: _column_json(ptable.column(c), c) for c in PROGRESS_PAGE_COLUMNS if c in ptable.column_names}

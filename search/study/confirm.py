@@ -1,0 +1,129 @@
+"""Confirmation seeds: after the search, the front's configs trained again with further seeds.
+
+``budget.confirm: {seeds: S, top: K}``. When the search's trials are done, the configs to confirm
+are picked once and written to ``confirm.json`` in the study's folder (a resumed study reads them
+back, so a kill cannot change the choice):
+
+1. the front's members (COMPLETE trials, best first on the first objective), then
+2. the COMPLETE trials off the front that are tied with a front member (their intervals overlap
+   on every objective: nothing measured says the front beats them), best first,
+
+at most K configs in all. Each is trained S more times at the full budget, with the seeds
+``algorithm.seed + 1 .. algorithm.seed + S`` (the search's own trials train with
+``algorithm.seed``), as ordinary Ray trials of a second Tune experiment (``ray-confirm/``): the
+time limit, resume, patience and the store's rules apply as to any trial. Their rows name the
+search trial in ``replicate_of``; the front is then taken over configs, each the mean over its
+seeds with its interval (``search.results.replicates``).
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from ray.tune.search import Searcher
+
+from search.results.intervals import bounds, tied_pairs
+from search.results.pareto import DEVICE_COLUMN
+from search.results.query import read_experiment_json
+from search.results.replicates import REPLICATE_COLUMN
+from search.results.store import write_json_atomic
+from search.spec.spec import SearchSpec
+from search.study.export import sampled_config
+from search.study.trainable import REPLICATE_KEY, SEED_KEY
+
+__all__ = ["CONFIRM_FILE", "CONFIRM_TUNE_DIR", "configs_to_confirm", "replicate_configs", "confirmation_plan",
+           "ReplicateSearcher"]
+
+CONFIRM_FILE = "confirm.json"  # the configs picked and the replicates' Tune configs, written once
+CONFIRM_TUNE_DIR = "ray-confirm"  # Tune's experiment of the replicates, beside the search's ("ray")
+
+
+def configs_to_confirm(front: Sequence[Mapping[str, Any]], complete: Sequence[Mapping[str, Any]],
+                       objectives: Sequence[tuple[str, str]], *, top: int) -> list[Mapping[str, Any]]:
+    """The rows to confirm: ``front`` (best first), then the rows of ``complete`` off the front
+    that are tied with a member of it on the same device, best first on the first objective;
+    at most ``top``."""
+    on_front = {r["trial_id"] for r in front}
+    rest = [r for r in complete if r["trial_id"] not in on_front]
+    picked = list(front)
+    if rest and front:
+        rows = list(front) + rest
+        pairs = [bounds(rows, column) for column, _ in objectives]
+        tied = tied_pairs(np.stack([lo for lo, _ in pairs], axis=1), np.stack([hi for _, hi in pairs], axis=1))
+        device = [r.get(DEVICE_COLUMN) for r in rows]
+        n = len(front)
+        near = [r for i, r in enumerate(rest, start=n)
+                if any(tied[i, j] and device[i] == device[j] for j in range(n))]
+        first, mode = objectives[0]
+        near.sort(key=lambda r: r[first], reverse=mode == "max")
+        picked += near
+    return picked[:top]
+
+
+def replicate_configs(spec: SearchSpec, rows: Sequence[Mapping[str, Any]], *, seeds: int) -> list[dict[str, Any]]:
+    """The Tune configs of the replicates: each row's sampled config, once per further seed."""
+    out = []
+    for row in rows:
+        config = sampled_config(spec, row, where=f"trial {row['trial_id']}")
+        for k in range(1, seeds + 1):
+            out.append({**config, SEED_KEY: spec.algorithm.seed + k, REPLICATE_KEY: row["trial_id"]})
+    return out
+
+
+def confirmation_plan(spec: SearchSpec, store, folder: Path) -> dict[str, Any]:
+    """The plan in ``folder``'s confirm.json, or a new one from the search's trials in ``store``
+    (written there before any replicate starts)."""
+    path = folder / CONFIRM_FILE
+    if path.is_file():
+        return read_experiment_json(path)
+    assert spec.budget.confirm is not None
+    search = [t for t in store.trials if t.get(REPLICATE_COLUMN) is None]
+    complete = [t for t in search if t["state"] == "COMPLETE"]
+    front_ids = {t["trial_id"] for t in store.pareto_table().to_pylist()}
+    front = [t for t in complete if t["trial_id"] in front_ids]
+    first, mode = store.objectives[0]
+    front.sort(key=lambda r: r[first], reverse=mode == "max")
+    rows = configs_to_confirm(front, complete, store.objectives, top=spec.budget.confirm.top)
+    plan = {
+        "seeds": spec.budget.confirm.seeds,
+        "top": spec.budget.confirm.top,
+        "trials": [{"trial_id": r["trial_id"], "on_front": r["trial_id"] in front_ids} for r in rows],
+        "configs": replicate_configs(spec, rows, seeds=spec.budget.confirm.seeds),
+    }
+    write_json_atomic(plan, path)
+    return plan
+
+
+class ReplicateSearcher(Searcher):
+    """Tune's searcher of the confirmation stage: the plan's configs, each once, in order.
+
+    (Tune's ``BasicVariantGenerator(points_to_evaluate=...)`` wants every key in a param space;
+    these configs are whole.) Its state, the next config, is saved with Tune's snapshot, so a
+    resumed stage starts none twice."""
+
+    def __init__(self, configs: Sequence[Mapping[str, Any]]) -> None:
+        super().__init__()
+        self.configs = [dict(c) for c in configs]
+        self.next = 0
+
+    def suggest(self, trial_id: str) -> dict[str, Any] | None:
+        if self.next >= len(self.configs):
+            return Searcher.FINISHED
+        self.next += 1
+        return dict(self.configs[self.next - 1])
+
+    def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
+        pass  # nothing to learn: the configs are fixed
+
+    def save(self, checkpoint_path: str) -> None:
+        with open(checkpoint_path, "wb") as handle:
+            pickle.dump({"configs": self.configs, "next": self.next}, handle)
+
+    def restore(self, checkpoint_path: str) -> None:
+        with open(checkpoint_path, "rb") as handle:
+            state = pickle.load(handle)  # Tune's own snapshot (Tune unpickles the rest of it too)
+        self.configs, self.next = state["configs"], state["next"]
