@@ -110,6 +110,17 @@ class StoreCallback(PrintingCallback):
             self.store.flush()
             print(f"resume: {len(gone)} trial(s) finished after Tune's last snapshot ({', '.join(gone)}); "
                   "their slots are sampled again", file=self.out, flush=True)
+        # ... and the other way: trials Tune's snapshot has as ended whose rows never reached the
+        # files (the driver stopped between the two: a kill, or a full disk failing the write)
+        recorded = {row["trial_id"] for row in self._stage_rows()}
+        for trial in trials:
+            if trial.trial_id not in recorded and trial.status in ("TERMINATED", "ERROR"):
+                print(f"resume: trial {trial.trial_id} ended before the driver stopped but was not recorded; "
+                      "recorded now from Tune's snapshot", file=self.out, flush=True)
+                if trial.status == "ERROR":
+                    self.on_trial_error(iteration, trials, trial)
+                else:
+                    self.on_trial_complete(iteration, trials, trial)
 
     @property
     def _replicates(self) -> bool:

@@ -18,8 +18,6 @@ pytestmark = pytest.mark.ray
 TRIALS = 3
 
 
-@pytest.mark.skip(reason="open (issue 61's note): in CI at 53bbd6b the resumed study held 1 of its 3 trials "
-                         "(resume exited 0); to be found before this test runs again")
 def test_a_study_on_a_disk_that_fills_stops_in_one_line_and_resumes(tmp_path):
     with mounted_tmpfs(tmp_path / "fs", "256m") as fs:
         spec = yaml.safe_load((ROOT / "spaces" / "synthetic_smoke.yaml").read_text())
