@@ -320,7 +320,9 @@ def write_report(study: str | os.PathLike, *, out: str | os.PathLike | None = No
     modes = [m for _, m in objectives[:2]]
     name = exp.spec.get("name") or study.name
     png = front_png(trials, front=front, x=x, y=y, modes=modes,
-                    title=f"{name}: {count(len(front), 'trial')} on the Pareto front, of {len(trials)} finished")
+                    title=f"{name}: {count(len(front), 'trial')} on the Pareto front, of {len(trials)} finished"
+                    + (f" (front: means over up to {int(front['seeds'].max())} seeds)"
+                       if "seeds" in front and len(front) and front["seeds"].max() > 1 else ""))
 
     counts = trials["state"].value_counts().to_dict() if len(trials) else {}
     payload = studies_payload([study])
