@@ -249,7 +249,8 @@ def check_study(study: Path, name: str, trials: int, max_epochs: int, confirm: i
 def soak_one(index: int, folder: Path, *, kill_at: float | None, trials: int, max_epochs: int, poll: float,
              cache: Path, confirm: int = 0) -> dict[str, Any]:
     name = f"soak{index}"
-    spec = write_spec(folder, name, trials=trials, max_epochs=max_epochs, seed=index, confirm=confirm)
+    seed = index if index >= 0 else 10_000  # the unkilled calibration run is index -1 (seeds are >= 0)
+    spec = write_spec(folder, name, trials=trials, max_epochs=max_epochs, seed=seed, confirm=confirm)
     study = folder / "results" / name
     env = _env(cache)
     record = {"run": index, **run_killed(spec, study, env, folder / f"{name}-run.log", kill_at=kill_at, trials=trials,
@@ -264,7 +265,7 @@ def soak_one(index: int, folder: Path, *, kill_at: float | None, trials: int, ma
             # killed before the study's first file or Tune's first snapshot: nothing to resume, as
             # the line says; run it again (under another name, as a half-made folder asks)
             name = f"{name}-again"
-            spec = write_spec(folder, name, trials=trials, max_epochs=max_epochs, seed=index, confirm=confirm)
+            spec = write_spec(folder, name, trials=trials, max_epochs=max_epochs, seed=seed, confirm=confirm)
             study = folder / "results" / name
             rerun = subprocess.run([sys.executable, "-m", "search", "run", str(spec)], cwd=ROOT, env=env,
                                    capture_output=True, text=True, timeout=900)
@@ -384,6 +385,8 @@ def soak(runs: int, *, trials: int, max_epochs: int, window: float | None, seed:
         calibration = soak_one(-1, folder, kill_at=None, trials=trials, max_epochs=max_epochs, poll=poll, cache=cache,
                                confirm=confirm)
         window = calibration["killed_at_s"]
+        if calibration["problems"]:  # a window from a run that never got going would put every kill in set-up
+            raise RuntimeError(f"the unkilled run failed: {calibration['problems']}; see {folder}/soak-1-run.log")
         print(f"unkilled run: {window:.1f} s ({'ok' if not calibration['problems'] else calibration['problems']})",
               file=out, flush=True)
     records = []
