@@ -1,11 +1,13 @@
 """A study's results: where it lives (``location``), its Parquet store (``store``) and what is
-read from it (``query``, ``pareto``, ``hypervolume``, ``filter``, ``select``, ``compare``), and the
-knobs' importance from its Optuna journal (``importance``).
+read from it (``query``, ``pareto``, ``hypervolume``, ``filter``, ``select``, ``compare``), the
+knobs' importance from its Optuna journal (``importance``), and a grid study's knob effects
+(``effects``).
 
 Reading results needs neither Ray nor torch.
 """
 
 from search.results.compare import Comparison, compare_studies
+from search.results.effects import format_effects, knob_effects, study_effects
 from search.results.filter import filter_trials
 from search.results.hypervolume import front_hypervolume, hypervolume
 from search.results.importance import format_importance, importance_warnings, knob_importance
@@ -43,4 +45,7 @@ __all__ = [
     "knob_importance",
     "importance_warnings",
     "format_importance",
+    "knob_effects",
+    "study_effects",
+    "format_effects",
 ]

@@ -170,6 +170,9 @@ def knob_importance(study: str | Path, *, evaluator: str = "fanova", seed: int =
 
     exp = load(study)
     spec = exp.spec.get("spec") or {}
+    if (spec.get("algorithm") or {}).get("name") == "grid":
+        raise ConfigError(f"{exp.path}: a grid study has no Optuna journal (its points are listed, not sampled); "
+                          f"`python -m search effects {exp.path}` gives each knob's effect")
     optuna_study = _open_study(exp.path, str(exp.spec.get("name") or exp.path.name))
     _check_directions(optuna_study, exp.objectives, exp.path / JOURNAL_FILE)
     complete = optuna_study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))

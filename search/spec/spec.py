@@ -9,7 +9,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import inspect
+import itertools
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, Callable
 
@@ -184,16 +186,63 @@ class Budget(Record):
         return self
 
 
+GRID_MAX_POINTS = 1000  # a grid's points (the product of its knobs' values), at most
+GRID_MAX_SEEDS = 100
+
+
+def grid_values(param: ParamSpec) -> tuple[Any, ...] | None:
+    """The values a grid takes of ``param``: its choices, or every step of an int range from low
+    to high; None for a continuous range (a grid needs its values listed)."""
+    if param.type == "choice":
+        return tuple(param.values or ())
+    if param.type == "int":
+        return tuple(range(int(param.low), int(param.high) + 1, int(param.step or 1)))
+    return None
+
+
+def _grid_size(param: ParamSpec) -> int:
+    """len(grid_values(param)) without listing an int range (which may be huge)."""
+    if param.type == "int":
+        return (int(param.high) - int(param.low)) // int(param.step or 1) + 1
+    return len(param.values or ())
+
+
+def _distinct(values: Sequence[Any]) -> list[Any]:
+    """``values`` without repeats (1 and 1.0 are one value, as in the store's column)."""
+    out: list[Any] = []
+    for v in values:
+        if not any(v == o and isinstance(v, str) == isinstance(o, str) for o in out):
+            out.append(v)
+    return out
+
+
 class AlgorithmSpec(Record):
-    name: one_of("tpe", "nsga2", "random") = "tpe"  # type: ignore[valid-type]
+    """An Optuna sampler (tpe, nsga2, random), or ``grid``: every point of the space (the product
+    of each knob's values), each trained with ``seeds`` seeds, for ablations (`grid_points`)."""
+
+    name: one_of("tpe", "nsga2", "random", "grid") = "tpe"  # type: ignore[valid-type]
     seed: Annotated[Whole, Field(ge=0, le=2**32 - 1)] = 0  # numpy's seeds: 0 to 2**32 - 1; others fail the sampler mid-run
     n_startup_trials: Annotated[Whole, Field(ge=0)] | None = None  # tpe: random trials before the model kicks in
+    # grid: seeds per point, seed + 0 .. seed + seeds - 1 (None: 1; left out of the hash of other studies)
+    seeds: Annotated[Whole, Field(ge=1, le=GRID_MAX_SEEDS)] | None = None
 
     @model_validator(mode="after")
     def _check(self) -> "AlgorithmSpec":
         if self.n_startup_trials is not None and self.name != "tpe":
             raise FieldError("n_startup_trials", f"only tpe starts with random trials; remove it for {self.name}")
+        if self.seeds is not None and self.name != "grid":
+            raise FieldError("seeds", f"only a grid trains each point with several seeds; remove it for {self.name} "
+                             "(or use budget.confirm for further seeds of the front)")
+        if self.seeds is not None and self.seed + self.seeds - 1 > 2**32 - 1:
+            raise FieldError("seed", f"the grid's seeds run from {self.seed} to {self.seed + self.seeds - 1}, past "
+                             f"2**32 - 1; use a seed of at most {2**32 - self.seeds}")
         return self
+
+    @property
+    def grid_seeds(self) -> tuple[int, ...]:
+        """The training seeds of every grid point: seed, seed + 1, ... (one per ``seeds``), the same
+        at every point, so two points' trials pair up by seed."""
+        return tuple(self.seed + k for k in range(self.seeds or 1))
 
 
 class SchedulerSpec(Record):
@@ -287,7 +336,31 @@ class SearchSpec(Record):
                 Constraint.parse(text)
             except SettingError as exc:
                 raise FieldError(f"constraints[{i}]", str(exc)) from None
+        if self.algorithm.name == "grid":
+            self._check_grid()
         return self
+
+    def _check_grid(self) -> None:
+        if self.conditional:
+            raise FieldError("models", "a grid runs one model; conditional spaces (several models:) are not supported "
+                             "for algorithm: grid: run one grid study per model")
+        if self.budget.confirm is not None:
+            raise FieldError("budget.confirm", "a grid trains every point with algorithm.seeds seeds already; "
+                             "remove budget.confirm (or raise algorithm.seeds)")
+        params = {f"space.{k}": p for k, p in self.space.items()}
+        params.update({f"models[0].space.{k}": p for k, p in self.candidates[0].space.items()})
+        points = 1
+        for path, param in params.items():
+            knob = path.rsplit(".", 1)[1]
+            if param.type in ("uniform", "loguniform"):
+                raise FieldError(path, f"grid: knob {knob} is continuous; list its values with type: choice")
+            if param.type == "choice" and len(_distinct(param.values or ())) != len(param.values or ()):
+                raise FieldError(path, f"grid: knob {knob} lists a value twice; list each value once")
+            points *= _grid_size(param)
+        if points > GRID_MAX_POINTS:
+            sizes = " x ".join(str(_grid_size(p)) for p in params.values())
+            raise FieldError("space", f"grid of {points} points ({sizes} values), more than {GRID_MAX_POINTS}; "
+                             "list fewer values (type: choice) or give int ranges a larger step")
 
     # -- derived -------------------------------------------------------------------------
     @property
@@ -299,6 +372,44 @@ class SearchSpec(Record):
     def conditional(self) -> bool:
         """True when the model itself is searched (the ``model`` column is a knob)."""
         return len(self.candidates) > 1
+
+    @property
+    def is_grid(self) -> bool:
+        return self.algorithm.name == "grid"
+
+    def grid_points(self) -> list[dict[str, Any]]:
+        """Every point of a grid study's space (the product of its knobs' `grid_values`), the
+        first knob varying slowest, as {knob: value}."""
+        knobs = self.all_params()
+        values = [grid_values(p) for p in knobs.values()]
+        assert all(v is not None for v in values), "grid_points of a spec with a continuous knob"
+        return [dict(zip(knobs, point)) for point in itertools.product(*values)]  # type: ignore[arg-type]
+
+    @property
+    def planned_trials(self) -> int:
+        """The trials a run makes: a grid's points x seeds, else budget.trials."""
+        if self.is_grid:
+            return len(self.grid_points()) * len(self.algorithm.grid_seeds)
+        return self.budget.trials
+
+    def grid_plan(self) -> str:
+        """'grid of 6 points x 2 seeds = 12 trials' ('' for a sampler's study)."""
+        if not self.is_grid:
+            return ""
+        points, seeds = len(self.grid_points()), len(self.algorithm.grid_seeds)
+        return (f"grid of {points} point{'s' * (points != 1)} x {seeds} seed{'s' * (seeds != 1)} = "
+                f"{points * seeds} trial{'s' * (points * seeds != 1)}")
+
+    def notes(self) -> list[str]:
+        """What a run of this spec does that its text may not say (printed by `check` and `run`)."""
+        notes = []
+        if self.is_grid and self.budget.trials != self.planned_trials:
+            notes.append(f"budget.trials is {self.budget.trials}, but a grid runs every point once per seed: "
+                         f"{self.grid_plan()} (the study records that many)")
+        if self.is_grid and self.scheduler.name != "none":
+            notes.append(f"scheduler {self.scheduler.name} stops grid trials early (PRUNED rows are left out of "
+                         "`python -m search effects`); scheduler: {name: none} trains every point to the end")
+        return notes
 
     def all_params(self) -> dict[str, ParamSpec]:
         """Every knob of every model (a key shared between models has one definition)."""
@@ -330,6 +441,8 @@ class SearchSpec(Record):
         data["budget"].pop("trials", None)
         if data["budget"].get("confirm") is None:  # studies from before confirmation keep their hash
             data["budget"].pop("confirm", None)
+        if data["algorithm"].get("seeds") is None:  # ... and those from before grids
+            data["algorithm"].pop("seeds", None)
         return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
     def train_keys(self) -> list[str]:

@@ -99,7 +99,8 @@ def confirmation_plan(spec: SearchSpec, store, folder: Path) -> dict[str, Any]:
 
 
 class ReplicateSearcher(Searcher):
-    """Tune's searcher of the confirmation stage: the plan's configs, each once, in order.
+    """Tune's searcher of the confirmation stage: the plan's configs, each once, in order (also a
+    grid study's searcher: its points x seeds, see search.study.runner).
 
     (Tune's ``BasicVariantGenerator(points_to_evaluate=...)`` wants every key in a param space;
     these configs are whole.) Its state, the next config, is saved with Tune's snapshot, so a

@@ -168,7 +168,8 @@ def export_trial(
         train=spec.train,
         throughput=spec.throughput,
         patience=spec.budget.patience,
-        seed=spec.algorithm.seed,
+        # the seed the trial trained with: a grid's trials (and replicates) have their own
+        seed=int(_native(row.get("seed")) if _native(row.get("seed")) is not None else spec.algorithm.seed),
     )
     cfg = trial_config(template, sampled)
     measured = ("family", "epochs_run", "stop_reason", "val_acc", "val_loss", "final_val_acc", "throughput",

@@ -328,6 +328,10 @@ def run_study(
     ``allow_remote_dashboard`` (``--allow-remote-dashboard``)."""
     out = out or sys.stdout
     check_dashboard_host(dashboard_host, allow_remote=allow_remote_dashboard, address=address)
+    for note in spec.notes():
+        print(f"note: {note}", file=out, flush=True)
+    if spec.budget.trials != spec.planned_trials:  # a grid: what it runs is what the study records (experiment.json)
+        spec = spec.with_overrides(trials=spec.planned_trials)
     _tune_environment()
     location = study_location(spec.storage, spec.name)
     _check_experiment_dir(location)
@@ -375,16 +379,19 @@ def _run(spec: SearchSpec, location: StudyLocation, data, *, cache_dir: str | os
     store = _store_for(spec, location)
     store.flush()  # empty files with the full schema: readers can open them from the start
 
-    # The Optuna study lives in a journal next to the results: it survives a killed driver,
-    # and optuna-dashboard opens it (optuna-dashboard <dir>/optuna.journal).
-    searcher = HonestOptunaSearch(
-        space=OptunaSpace(spec.space, {m.name: m.space for m in spec.candidates}),
-        metric=[TRIAL_VALUE_OF[m] for m, _ in objectives],
-        mode=[mode for _, mode in objectives],
-        sampler=make_sampler(spec),
-        study_name=spec.name,
-        journal=location,
-    )
+    if spec.is_grid:
+        searcher = _grid_searcher(spec)
+    else:
+        # The Optuna study lives in a journal next to the results: it survives a killed driver,
+        # and optuna-dashboard opens it (optuna-dashboard <dir>/optuna.journal).
+        searcher = HonestOptunaSearch(
+            space=OptunaSpace(spec.space, {m.name: m.space for m in spec.candidates}),
+            metric=[TRIAL_VALUE_OF[m] for m, _ in objectives],
+            mode=[mode for _, mode in objectives],
+            sampler=make_sampler(spec),
+            study_name=spec.name,
+            journal=location,
+        )
     if spec.scheduler.name == "asha":
         scheduler = ASHAScheduler(
             time_attr="training_iteration",
@@ -407,10 +414,11 @@ def _run(spec: SearchSpec, location: StudyLocation, data, *, cache_dir: str | os
 
     callback = _store_callback(spec, store, commit, out=out)
     tuner = _tuner(spec, location, _trainable_for(spec, data, cache_dir), callback, name="ray",
-                   search_alg=StudySearchGenerator(searcher), scheduler=scheduler, num_samples=spec.budget.trials,
+                   search_alg=StudySearchGenerator(searcher), scheduler=scheduler, num_samples=spec.planned_trials,
                    time_budget_s=spec.budget.time_limit_s, out=out)
+    trials = spec.grid_plan() or count(spec.budget.trials, "trial")
     print(
-        f"study {spec.name}: {count(spec.budget.trials, 'trial')} x up to {count(spec.budget.max_epochs, 'epoch')} of "
+        f"study {spec.name}: {trials} x up to {count(spec.budget.max_epochs, 'epoch')} of "
         f"{' / '.join(m.name for m in spec.candidates)}, objectives {', '.join(f'{m} ({mode})' for m, mode in objectives)}; "
         f"results in {location}",
         file=out, flush=True,
@@ -425,6 +433,18 @@ def _run(spec: SearchSpec, location: StudyLocation, data, *, cache_dir: str | os
     return exp_dir
 
 
+def _grid_searcher(spec: SearchSpec):
+    """Tune's searcher of a grid study: every point of the grid once per seed, seed by seed (all
+    points at the first seed, then at the second: a study the time limit cuts short has whole
+    replicates of the grid). No Optuna study: nothing is sampled. The searcher's position is saved
+    with Tune's snapshot (see ReplicateSearcher), so a resumed grid repeats and skips no point."""
+    from search.study.confirm import ReplicateSearcher
+    from search.study.trainable import SEED_KEY
+
+    points = spec.grid_points()
+    return ReplicateSearcher([{**point, SEED_KEY: seed} for seed in spec.algorithm.grid_seeds for point in points])
+
+
 def _store_callback(spec: SearchSpec, store: ResultsStore, commit: str | None, *, replicates: bool = False,
                     total_trials: int | None = None, out: TextIO):
     from search.study.callbacks import StoreCallback
@@ -436,7 +456,7 @@ def _store_callback(spec: SearchSpec, store: ResultsStore, commit: str | None, *
         spec_hash=spec.spec_hash,
         git_commit=commit,
         seed=spec.algorithm.seed,
-        total_trials=spec.budget.trials if total_trials is None else total_trials,
+        total_trials=spec.planned_trials if total_trials is None else total_trials,
         time_limit_s=spec.budget.time_limit_s,
         max_epochs=spec.budget.max_epochs,
         objective_keys=[TRIAL_VALUE_OF[o.metric] for o in spec.objectives],

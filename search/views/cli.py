@@ -83,7 +83,8 @@ def _plan(spec) -> str:
     asks += [f"{amount:g} {name}" for name, amount in res.custom.items()]
     data = spec.dataset
     limit = f", time limit {spec.budget.time_limit_s:g} s" if spec.budget.time_limit_s else ""
-    return (f"{count(spec.budget.trials, 'trial')} x up to {count(spec.budget.max_epochs, 'epoch')} "
+    trials = spec.grid_plan() or count(spec.budget.trials, "trial")
+    return (f"{trials} x up to {count(spec.budget.max_epochs, 'epoch')} "
             f"(scheduler {spec.scheduler.name}, grace {spec.budget.grace_epochs}{limit}) of "
             f"{' / '.join(m.name for m in spec.candidates)} on {data.train_fraction:.0%} of {data.name}'s training "
             f"images, batch {spec.train.batch_size}; each trial asks for {', '.join(asks)}"
@@ -172,6 +173,17 @@ def _build_parser() -> argparse.ArgumentParser:
                             help="Optuna's importance evaluator: fanova (default, seeded) or ped-anova")
     importance.add_argument("--seed", type=int, default=0, help="fANOVA's random forest seed (default 0: the same "
                             "journal gives the same numbers)")
+
+    effects = commands.add_parser(
+        "effects", help="each knob's effect in a grid study: per value, each objective's mean and its difference to a "
+        "baseline value (paired t test on trials matched by seed and the other knobs)")
+    effects.add_argument("study", help="a grid study's folder or URI (algorithm: {name: grid, seeds: N})")
+    effects.add_argument("--baseline", action="append", default=[], metavar="KNOB=VALUE",
+                         help="compare KNOB's values with this one (default: its first value in the spec; repeat for "
+                         "other knobs)")
+    effects.add_argument("--objective", action="append", default=[], metavar="NAME",
+                         help="only this objective of the study (repeat for more; default: all of them)")
+    effects.add_argument("--format", choices=("table", "json", "csv"), default="table")
 
     report = commands.add_parser("report", help="write one self-contained HTML report (and a PNG of the front) of a study")
     report.add_argument("study", help="a study folder or URI, e.g. results/convit_locality")
@@ -319,10 +331,12 @@ def _cmd_check(args: argparse.Namespace) -> int:
         models = f"{count(len(spec.candidates), 'model')}, " if spec.conditional else ""
         listed = f", profiles {', '.join(profiles)}" if profiles else ""
         print(f"{path}: ok ({spec.name}: {models}{count(len(spec.all_params()), 'knob')}, "
-              f"{count(spec.budget.trials, 'trial')}{listed})")
+              f"{count(spec.planned_trials, 'trial')}{listed})")
         if spec.profile:
             print(f"  {_profile_line(spec, why)}")
         print(f"  would run {_plan(spec)}")
+        for note in spec.notes():
+            print(f"  note: {note}")
     return 0
 
 
@@ -344,6 +358,14 @@ def _cmd_importance(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_effects(args: argparse.Namespace) -> int:
+    from search.results.effects import format_effects, study_effects
+
+    table = study_effects(args.study, objectives=args.objective, baselines=args.baseline)
+    print(format_effects(table, fmt=args.format))
+    return 0
+
+
 def _cmd_report(args: argparse.Namespace) -> int:
     from search.views.report import write_report
 
@@ -359,7 +381,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.command_parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     handler = {
         "run": _cmd_run, "resume": _cmd_resume, "pareto": _cmd_pareto, "train": _cmd_train, "compare": _cmd_compare, "check": _cmd_check,
-        "dashboard": _cmd_dashboard, "report": _cmd_report, "importance": _cmd_importance,
+        "dashboard": _cmd_dashboard, "report": _cmd_report, "importance": _cmd_importance, "effects": _cmd_effects,
     }[args.command]
     try:
         return handler(args)

@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from search.results.effects import TEST, effect_lines, study_effects
 from search.results.importance import MIN_COMPLETE_TRIALS, MIN_TRIALS_PER_KNOB, VIEW_MAX_TRIALS, by_family, knob_importance
 from search.results.intervals import bounds
 from search.results.query import load, study_dir
@@ -286,6 +287,30 @@ def _importance_section(study: Path) -> str:
     return "".join(parts) + "</section>"
 
 
+def _effects_section(study: Path) -> str:
+    """A grid study's knob effects (search.results.effects): per objective and knob, each value's
+    mean and its difference to the baseline value, by a paired t test; in place of the importance,
+    which needs the Optuna journal a grid does not keep."""
+    head = '<section class="report card" id="effects"><h3>Knob effects (grid)</h3>'
+    try:
+        table = study_effects(study)
+    except ConfigError as exc:
+        return f'{head}<p class="note">Not available: {html.escape(str(exc))}</p></section>'
+    parts = [head, "<p class=\"note\">COMPLETE trials only. Each value's mean with its 95% t interval over its trials "
+             f"(over the seeds and the other knobs' values); the difference to the baseline value by a {TEST} on "
+             "trials matched by seed and every other knob's value, with its 95% interval and p-value. "
+             "<b>inconclusive</b>: that interval covers 0. Another baseline, one objective, JSON or CSV: "
+             f"<code>python -m search effects {html.escape(shlex.quote(str(study)))} --baseline KNOB=VALUE</code></p>"]
+    if table.empty:
+        return "".join(parts) + '<p class="note">No knob with more than one value: nothing to compare.</p></section>'
+    for heading, columns, cells in effect_lines(table):
+        parts.append(f"<h3>{html.escape(heading)}</h3>")
+        header = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+        body = "".join("<tr>" + "".join(f"<td>{html.escape(v)}</td>" for v in row) + "</tr>" for row in cells)
+        parts.append(f'<table class="front-table effects-table"><thead><tr>{header}</tr></thead><tbody>{body}</tbody></table>')
+    return "".join(parts) + "</section>"
+
+
 def _write_shared(path: Path, data: bytes) -> None:
     """Atomically, readable as the umask allows (atomic_write gives it a normal file's mode)."""
     atomic_write(path, lambda handle: handle.write(data))
@@ -319,6 +344,7 @@ def write_report(study: str | os.PathLike, *, out: str | os.PathLike | None = No
     x = objectives[1][0] if len(objectives) > 1 else "throughput"
     modes = [m for _, m in objectives[:2]]
     name = exp.spec.get("name") or study.name
+    grid = ((exp.spec.get("spec") or {}).get("algorithm") or {}).get("name") == "grid"
     png = front_png(trials, front=front, x=x, y=y, modes=modes,
                     title=f"{name}: {count(len(front), 'trial')} on the Pareto front, of {len(trials)} finished"
                     + (f" (front: means over up to {int(front['seeds'].max())} seeds)"
@@ -357,7 +383,7 @@ def write_report(study: str | os.PathLike, *, out: str | os.PathLike | None = No
         f"<h3>Pareto front ({count(len(front), 'trial')})</h3>" + _front_table(front, objectives) +
         f'<p class="note">Retrain one of them (replace TRIAL with its id):</p><pre class="export">{html.escape(export)}</pre>'
         '<p class="note">Below: every trial, interactive (needs JavaScript; the data is inside this file).</p>'
-        "</section>" + _importance_section(study)
+        "</section>" + (_effects_section(study) if grid else _importance_section(study))
     )
     page = render_page(data=payload, title=f"{name}: Pareto report", static_html=static_html)
     _write_shared(png_path, png)

@@ -1,0 +1,284 @@
+"""Ablations: each knob's effect in a grid study, as a difference to a baseline value with its interval.
+
+A grid study (``algorithm: {name: grid, seeds: N}``) trains every point of its space once per
+seed, with the same seeds at every point. For a knob K and one of its values v, two numbers:
+
+- the mean of each objective over the COMPLETE trials at K = v (marginal: over the seeds and every
+  value of the other knobs), with Student's t interval at 95%;
+- the difference to K's baseline value b (its first value, or the one asked for): the trials at
+  v and at b are matched by seed and every other knob's value, and the pairs' differences give a
+  paired t test (Student 1908) -- their mean, its t interval at 95% and the two-sided p-value.
+  Pairing takes out what the seed and the other knobs do to both trials alike, so an effect far
+  smaller than the spread between seeds can be seen.
+
+An interval of the difference that covers 0 is **inconclusive**: the study does not tell v from b.
+Otherwise the value is ``better`` or ``worse`` than the baseline by the objective's mode. With
+fewer than 2 pairs there is no test (``too few pairs``); where every pair differs by the same
+amount (a device measurement, e.g. throughput, is the architecture's, one per architecture and
+shared by every seed) the t test does not apply: the difference is shown, without an interval or
+a p-value (``no spread``; ``no difference`` where it is 0).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from search.results.query import load
+from search.results.replicates import REPLICATE_COLUMN, mean_interval
+from search.spec.spec import SearchSpec, grid_values
+from search.spec.validation import SpecLocation, from_plain
+from trainers.errors import ConfigError
+
+__all__ = ["EFFECT_COLUMNS", "TEST", "knob_effects", "parse_baselines", "grid_knobs", "study_effects", "effect_lines",
+           "format_effects"]
+
+TEST = "paired t test (Student 1908)"
+CONFIDENCE = 0.95
+
+# One row per objective, knob and value (the baseline's row first-listed in the knob's order).
+EFFECT_COLUMNS = ("objective", "mode", "knob", "value", "baseline", "n", "seeds", "mean", "low", "high",
+                  "pairs", "diff", "diff_low", "diff_high", "p_value", "verdict")
+
+
+def _missing(value: Any) -> bool:
+    return value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value))
+
+
+def _matches(stored: Any, value: Any) -> bool:
+    """Whether a store cell holds the knob value ``value`` (the store keeps a choice of mixed
+    types as strings, whole numbers as int64, numbers as float64)."""
+    if isinstance(stored, np.generic):
+        stored = stored.item()
+    if _missing(stored):
+        return value is None
+    if isinstance(stored, str):
+        return stored == (value if isinstance(value, str) else str(value))
+    if isinstance(stored, bool) or isinstance(value, bool):
+        return isinstance(stored, bool) and isinstance(value, bool) and stored == value
+    if isinstance(stored, (int, float)) and isinstance(value, (int, float)):
+        return float(stored) == float(value)
+    return bool(stored == value)
+
+
+def _index(stored: Any, values: Sequence[Any]) -> int | None:
+    return next((i for i, v in enumerate(values) if _matches(stored, v)), None)
+
+
+def _verdict(diff: float, low: float, high: float, mode: str) -> str:
+    if low <= 0 <= high:
+        return "inconclusive"
+    return "better" if (diff > 0) == (mode == "max") else "worse"
+
+
+def knob_effects(trials: pd.DataFrame, *, objectives: Sequence[tuple[str, str]], knobs: Mapping[str, Sequence[Any]],
+                 baselines: Mapping[str, Any] | None = None) -> pd.DataFrame:
+    """Each knob's effect on each objective (see the module doc), from ``trials`` (rows of a grid
+    study's trials.parquet: its knob columns, ``seed``, ``state`` and the objectives).
+
+    ``objectives``: (column, mode) pairs, mode ``max`` or ``min``; ``knobs``: every knob of the
+    grid and its values in the spec's order (a knob with one value is only matched on);
+    ``baselines``: a value per knob to compare with (default: the knob's first value). Only
+    COMPLETE trials count (search trials, not confirmation replicates); a trial with a knob value
+    outside the grid is left out. One row per objective, knob and value (:data:`EFFECT_COLUMNS`):
+    ``n`` trials (``seeds`` distinct seeds) with ``mean`` and its t interval ``low``-``high``;
+    ``pairs`` matched with the baseline's trials, the mean difference ``diff`` (value minus
+    baseline), its interval ``diff_low``-``diff_high``, ``p_value`` and ``verdict``. ConfigError
+    where a baseline is not a knob or not one of its values."""
+    baselines = dict(baselines or {})
+    for knob, value in baselines.items():
+        if knob not in knobs:
+            raise ConfigError(f"baseline {knob}: not a knob of the study; use one of {', '.join(knobs) or 'none'}")
+        if _index(value, list(knobs[knob])) is None:
+            raise ConfigError(f"baseline {knob}={value!r}: not one of its values "
+                              f"({', '.join(map(str, knobs[knob]))}); pick one of them")
+    rows = trials
+    if "state" in rows:
+        rows = rows[rows["state"] == "COMPLETE"]
+    if REPLICATE_COLUMN in rows:
+        rows = rows[rows[REPLICATE_COLUMN].isna()]
+    names = list(knobs)
+    cells = {k: [_index(v, list(knobs[k])) for v in rows[k]] if k in rows else [None] * len(rows) for k in names}
+    on_grid = np.array([all(cells[k][i] is not None for k in names) for i in range(len(rows))], dtype=bool)
+    seeds = rows["seed"].tolist() if "seed" in rows else [0] * len(rows)
+    out = []
+    for objective, mode in objectives:
+        y = (pd.to_numeric(rows[objective], errors="coerce").to_numpy(dtype=float, na_value=np.nan)
+             if objective in rows else np.full(len(rows), np.nan))
+        usable = [i for i in range(len(rows)) if on_grid[i] and math.isfinite(y[i])]
+        for knob in names:
+            values = list(knobs[knob])
+            if len(values) < 2:
+                continue
+            base = _index(baselines[knob], values) if knob in baselines else 0
+            others = [k for k in names if k != knob]
+            # (seed, the other knobs' values) -> this knob's value -> the objective's values there
+            matched: dict[tuple, dict[int, list[float]]] = {}
+            for i in usable:
+                key = (seeds[i], *(cells[k][i] for k in others))
+                matched.setdefault(key, {}).setdefault(cells[knob][i], []).append(y[i])
+            for at, value in enumerate(values):
+                here = [y[i] for i in usable if cells[knob][i] == at]
+                mean, _, low, high = mean_interval(here) if here else (math.nan,) * 4
+                row = {"objective": objective, "mode": mode, "knob": knob, "value": value, "baseline": values[base],
+                       "n": len(here), "seeds": len({seeds[i] for i in usable if cells[knob][i] == at}),
+                       "mean": mean, "low": low, "high": high, "pairs": 0, "diff": math.nan, "diff_low": math.nan,
+                       "diff_high": math.nan, "p_value": math.nan}
+                if at == base:
+                    out.append({**row, "verdict": "baseline"})
+                    continue
+                pairs = [(float(np.mean(by[at])), float(np.mean(by[base]))) for by in matched.values()
+                         if at in by and base in by]
+                row.update(_paired(pairs, mode))
+                out.append(row)
+    table = pd.DataFrame(out, columns=list(EFFECT_COLUMNS))
+    for column in ("n", "seeds", "pairs"):
+        table[column] = table[column].astype("int64")
+    return table
+
+
+def _paired(pairs: Sequence[tuple[float, float]], mode: str) -> dict[str, Any]:
+    """The paired t test of (value, baseline) pairs: the mean difference, its t interval, p."""
+    result: dict[str, Any] = {"pairs": len(pairs)}
+    if not pairs:
+        return {**result, "verdict": "too few pairs"}
+    diffs = [a - b for a, b in pairs]
+    diff, sd, low, high = mean_interval(diffs, confidence=CONFIDENCE)
+    result["diff"] = diff
+    if len(pairs) < 2:
+        return {**result, "verdict": "too few pairs"}
+    if not sd > 1e-12 * max(1.0, abs(diff)):  # every pair the same difference (up to rounding)
+        return {**result, "verdict": "no difference" if abs(diff) <= 1e-12 else "no spread"}
+    from scipy import stats  # only where effects are computed
+
+    p = float(stats.ttest_rel([a for a, _ in pairs], [b for _, b in pairs]).pvalue)
+    return {**result, "diff_low": low, "diff_high": high, "p_value": p, "verdict": _verdict(diff, low, high, mode)}
+
+
+def parse_baselines(texts: Iterable[str], knobs: Mapping[str, Sequence[Any]]) -> dict[str, Any]:
+    """``KNOB=VALUE`` texts (``--baseline``) as {knob: the knob's value that VALUE names}; a
+    one-line ConfigError for a text that is not KNOB=VALUE, a knob that is not the study's, a value
+    that is not one of the knob's."""
+    out: dict[str, Any] = {}
+    for text in texts:
+        knob, sep, given = text.partition("=")
+        knob, given = knob.strip(), given.strip()
+        if not sep or not knob:
+            raise ConfigError(f"--baseline {text!r}: expected KNOB=VALUE, e.g. --baseline local_up_to_layer=0")
+        if knob not in knobs:
+            raise ConfigError(f"--baseline {text}: {knob!r} is not a knob of the study; use one of {', '.join(knobs)}")
+        values = list(knobs[knob])
+        found = [v for v in values if str(v) == given or (not isinstance(v, (bool, str)) and isinstance(v, (int, float))
+                                                          and _number(given) == float(v))]
+        if not found:
+            raise ConfigError(f"--baseline {text}: {given!r} is not one of {knob}'s values "
+                              f"({', '.join(map(str, values))})")
+        out[knob] = found[0]
+    return out
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def _grid_spec(meta: Mapping[str, Any], path: Path) -> SearchSpec:
+    plain = meta.get("spec")
+    if not isinstance(plain, dict):
+        raise ConfigError(f"{path}/experiment.json: no 'spec' object; the study's files are damaged")
+    plain = {k: v for k, v in plain.items() if k not in ("source", "profile")}
+    spec = from_plain(SearchSpec, plain, SpecLocation(f"{path}/experiment.json", "spec"))
+    if not spec.is_grid:
+        raise ConfigError(f"{path}: not a grid study (algorithm: {spec.algorithm.name}); effects pair trials by seed "
+                          "and every other knob, which only a grid trains: algorithm: {name: grid, seeds: N}")
+    return spec
+
+
+def grid_knobs(meta: Mapping[str, Any], path: str | Path) -> dict[str, tuple[Any, ...]]:
+    """A grid study's knobs and their values in the spec's order, from its experiment.json ``meta``;
+    ConfigError where the study is not a grid study."""
+    spec = _grid_spec(meta, Path(path))
+    return {k: grid_values(p) or () for k, p in spec.all_params().items()}
+
+
+def study_effects(study: str | Path, *, objectives: Sequence[str] = (), baselines: Iterable[str] = ()) -> pd.DataFrame:
+    """:func:`knob_effects` of the grid study at ``study`` (a folder or URI), for ``objectives``
+    (column names; default: the study's objectives) and ``baselines`` (``KNOB=VALUE`` texts)."""
+    exp = load(study)
+    knobs = grid_knobs(exp.spec, exp.path)
+    modes = dict(exp.objectives)
+    for name in objectives:
+        if name not in modes:
+            raise ConfigError(f"--objective {name}: not an objective of this study; use one of {', '.join(modes)}")
+    chosen = [(name, modes[name]) for name in dict.fromkeys(objectives)] or list(exp.objectives)
+    return knob_effects(exp.trials, objectives=chosen, knobs=knobs, baselines=parse_baselines(baselines, knobs))
+
+
+def _fmt(value: Any, objective: str) -> str:
+    if _missing(value):
+        return "-"
+    if objective in ("throughput", "params", "flops"):
+        return f"{value:,.0f}"
+    return f"{value:.4f}"
+
+
+def _signed(value: Any, objective: str) -> str:
+    text = _fmt(value, objective)
+    return text if text == "-" or text.startswith("-") else "+" + text
+
+
+def _p(value: Any) -> str:
+    if _missing(value):
+        return "-"
+    return "<0.0001" if value < 1e-4 else f"{value:.4f}"
+
+
+def effect_lines(table: pd.DataFrame) -> list[tuple[str, list[str], list[list[str]]]]:
+    """``table`` as (heading, column names, cells) per objective and knob: what the CLI's table
+    and the report show."""
+    groups = []
+    for (objective, knob), group in table.groupby(["objective", "knob"], sort=False):
+        mode = group["mode"].iloc[0]
+        baseline = group["baseline"].iloc[0]
+        heading = f"{knob} on {objective} ({mode}), baseline {knob}={baseline}"
+        columns = ["value", "n", "mean", "95% t interval", f"diff to {baseline}", "diff 95%", "pairs", "p", "verdict"]
+        cells = []
+        for _, r in group.iterrows():
+            interval = "-" if _missing(r["low"]) else f"{_fmt(r['low'], objective)} to {_fmt(r['high'], objective)}"
+            diff_interval = ("-" if _missing(r["diff_low"])
+                             else f"{_signed(r['diff_low'], objective)} to {_signed(r['diff_high'], objective)}")
+            versus = ([_signed(r["diff"], objective), diff_interval, str(r["pairs"]), _p(r["p_value"])]
+                      if r["verdict"] != "baseline" else ["", "", "", ""])
+            cells.append([str(r["value"]), str(r["n"]), _fmt(r["mean"], objective), interval, *versus, r["verdict"]])
+        groups.append((heading, columns, cells))
+    return groups
+
+
+def format_effects(table: pd.DataFrame, *, fmt: str) -> str:
+    """``table`` (:func:`knob_effects`) as JSON records, CSV, or for people: per objective and
+    knob, its values against the baseline, the test named in the header."""
+    if fmt == "json":
+        return table.to_json(orient="records", indent=2)
+    if fmt == "csv":
+        return table.to_csv(index=False)
+    if table.empty:
+        return "(no knob with more than one value: nothing to compare)"
+    out = [f"knob effects on COMPLETE trials: each value's mean with its 95% t interval over its trials; the "
+           f"difference to the baseline by a {TEST} on trials matched by seed and every other knob "
+           "(inconclusive: its 95% interval covers 0)"]
+    for heading, columns, cells in effect_lines(table):
+        widths = [max(len(c), *(len(row[j]) for row in cells)) for j, c in enumerate(columns)]
+        out += ["", f"{heading}:", "  " + "  ".join(c.rjust(w) if j else c.ljust(w)
+                                                    for j, (c, w) in enumerate(zip(columns, widths)))]
+        for row in cells:
+            out.append("  " + "  ".join(v.rjust(w) if j else v.ljust(w) for j, (v, w) in enumerate(zip(row, widths))))
+    if not table["n"].any():
+        out += ["", "(no COMPLETE trial yet: nothing to compare)"]
+    return "\n".join(out)
