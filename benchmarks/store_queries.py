@@ -147,6 +147,9 @@ def _study(n: int, seed: int = 0) -> tuple[ResultsStore, pa.Table]:
         "params": params,
         "flops": params * 50,
         "seed": np.zeros(n, dtype=np.int64),
+        "replicate_of": [None] * n,  # no confirmation seeds in this study
+        "seeds": np.ones(n, dtype=np.int64),
+        "val_acc_sd": np.full(n, np.nan),
         "spec_hash": ["abc"] * n,
         "git_commit": ["0" * 40] * n,
         "node_ip": ["127.0.0.1"] * n,

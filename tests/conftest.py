@@ -21,13 +21,19 @@ _XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
 
 def pytest_collection_modifyitems(config, items):
     """A test marked with hardware this machine lacks (cuda, triton, avx2, avx512, avx512_bf16,
-    chromium) is skipped, saying what it needs; the markers are the only hardware gates."""
+    chromium) is skipped, saying what it needs; the markers are the only hardware gates.
+
+    Files with ``ray`` tests (the slow ones: minutes each) go first, in their order: xdist hands
+    out files in this order, so the long ones start early and the short ones fill in beside them,
+    instead of one worker running the last long file while the other waits."""
     for item in items:
         for name in dict.fromkeys(mark.name for mark in item.iter_markers()):
             reason = name in _hardware.MARKERS and _hardware.missing(name)
             if reason:
                 item.add_marker(pytest.mark.skip(reason=reason))
                 break
+    slow = {item.path for item in items if item.get_closest_marker("ray")}
+    items.sort(key=lambda item: item.path not in slow)  # stable: the order within each group stays
 
 
 @pytest.fixture(autouse=True)

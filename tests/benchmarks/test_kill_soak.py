@@ -1,4 +1,4 @@
-"""The kill soak, short: two small real studies SIGKILLed at random moments and resumed, each
+"""The kill soak, short: one small real study SIGKILLed at a random moment and resumed,
 checked (trial count, no duplicate epochs, states, readable files, the Optuna journal). The soak
 itself (`python -m benchmarks kill_soak --runs N`) runs many; see benchmarks/kill_soak.py."""
 
@@ -15,10 +15,10 @@ from benchmarks.kill_soak import PHASES, check_study, soak
 pytestmark = pytest.mark.ray
 
 
-def test_two_random_kills_resume_to_a_whole_study(tmp_path):
-    result = soak(2, trials=2, max_epochs=1, window=25.0, seed=61, poll=0.05, folder=tmp_path)
+def test_a_random_kill_resumes_to_a_whole_study(tmp_path):
+    result = soak(1, trials=2, max_epochs=1, window=25.0, seed=61, poll=0.05, folder=tmp_path)
     assert result["failures"] == [], result["failures"]
-    assert sum(result["phases"].values()) == 2 and set(result["phases"]) == set(PHASES)
+    assert sum(result["phases"].values()) == 1 and set(result["phases"]) == set(PHASES)
     assert all(r["polls"] > 0 for r in result["records"])
 
     # the checks can fail: the same study with one epoch row twice, or a trial missing
