@@ -14,9 +14,30 @@ import sys
 import time
 from pathlib import Path
 
-__all__ = ["Cluster"]
+__all__ = ["Cluster", "two_node_spec"]
 
 BIN = Path(sys.executable).parent
+
+
+def two_node_spec(*, trials: int, epochs: int) -> str:
+    """A study for the cluster: one trial slot per node (so trials land on both), synthetic data at
+    32 px (epochs of 0.5-1 s: trials outlast a worker's start), retries from checkpoints."""
+    return f"""
+name: two_nodes
+dataset: {{name: synthetic, val_fraction: 0.2, image_size: 32}}
+model: {{name: ls_convit_nano}}
+space:
+  lr: {{type: loguniform, low: 1.0e-3, high: 5.0e-3}}
+objectives:
+  - {{metric: val_acc, mode: max}}
+  - {{metric: throughput, mode: max}}
+budget: {{trials: {trials}, max_epochs: {epochs}, max_failures: 3}}
+algorithm: {{name: random, seed: 0}}
+scheduler: {{name: none}}
+resources: {{cpus: 1, custom: {{trial_slot: 1}}}}
+train: {{batch_size: 64, num_workers: 1, warmup_epochs: 0.2}}
+throughput: {{batch_size: 64, warmup: 1, repeats: 3}}
+"""
 
 
 def _free_port() -> int:

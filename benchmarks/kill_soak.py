@@ -280,28 +280,12 @@ def soak_one(index: int, folder: Path, *, kill_at: float | None, trials: int, ma
 
 
 WORKER_TRIALS, WORKER_EPOCHS = 4, 8
-WORKER_SPEC = f"""
-name: two_nodes
-dataset: {{name: synthetic, val_fraction: 0.2, image_size: 32}}
-model: {{name: ls_convit_nano}}
-space:
-  lr: {{type: loguniform, low: 1.0e-3, high: 5.0e-3}}
-objectives:
-  - {{metric: val_acc, mode: max}}
-  - {{metric: throughput, mode: max}}
-budget: {{trials: {WORKER_TRIALS}, max_epochs: {WORKER_EPOCHS}, max_failures: 3}}
-algorithm: {{name: random, seed: 0}}
-scheduler: {{name: none}}
-resources: {{cpus: 1, custom: {{trial_slot: 1}}}}
-train: {{batch_size: 64, num_workers: 1, warmup_epochs: 0.2}}
-throughput: {{batch_size: 64, warmup: 1, repeats: 3}}
-"""
 
 
 def worker_kill_one(index: int, folder: Path, *, kill_at: float, poll: float) -> dict[str, Any]:
     """One study on a fresh two-node cluster, its worker node SIGKILLed ``kill_at`` s after the
     driver started; the driver left to finish."""
-    from benchmarks._cluster import Cluster
+    from benchmarks._cluster import Cluster, two_node_spec
 
     root = folder / f"cluster{index}"
     root.mkdir(parents=True)
@@ -314,7 +298,7 @@ def worker_kill_one(index: int, folder: Path, *, kill_at: float, poll: float) ->
         cluster.start_node("worker", head=False)
         worker_id = cluster.wait_for({"head", "worker"})["worker"]
         spec = root / "two_nodes.yaml"
-        spec.write_text(WORKER_SPEC)
+        spec.write_text(two_node_spec(trials=WORKER_TRIALS, epochs=WORKER_EPOCHS))
         env = {**cluster.env, "LOCALITY_SEARCH_CACHE": str(root / "cache-driver"), "PYTHONPATH": str(ROOT)}
         log = root / "driver.log"
         started = time.monotonic()

@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from benchmarks._cluster import Cluster
+from benchmarks._cluster import Cluster, two_node_spec
 from search.results.location import StudyLocation, study_location
 
 pytestmark = pytest.mark.ray
@@ -33,22 +33,7 @@ pytestmark = pytest.mark.ray
 ROOT = Path(__file__).resolve().parents[3]
 TRIALS, EPOCHS = 4, 16  # with one slot per node: the killed trial and two more run on the head
 
-SPEC = f"""
-name: two_nodes
-dataset: {{name: synthetic, val_fraction: 0.2, image_size: 32}}  # 32 px: epochs of 0.5-1 s, trials outlast a worker start
-model: {{name: ls_convit_nano}}
-space:
-  lr: {{type: loguniform, low: 1.0e-3, high: 5.0e-3}}
-objectives:
-  - {{metric: val_acc, mode: max}}
-  - {{metric: throughput, mode: max}}
-budget: {{trials: {TRIALS}, max_epochs: {EPOCHS}, max_failures: 3}}
-algorithm: {{name: random, seed: 0}}
-scheduler: {{name: none}}
-resources: {{cpus: 1, custom: {{trial_slot: 1}}}}
-train: {{batch_size: 64, num_workers: 1, warmup_epochs: 0.2}}
-throughput: {{batch_size: 64, warmup: 1, repeats: 3}}
-"""
+SPEC = two_node_spec(trials=TRIALS, epochs=EPOCHS)
 
 
 @pytest.fixture()
