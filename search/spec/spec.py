@@ -161,7 +161,7 @@ class ConfirmSpec(Record):
 
 
 class Budget(Record):
-    trials: Whole
+    trials: Whole | None = None  # required, except by a grid: its points x seeds
     max_epochs: Whole
     grace_epochs: Whole = 1
     patience: Whole | None = None
@@ -171,7 +171,7 @@ class Budget(Record):
 
     @model_validator(mode="after")
     def _check(self) -> "Budget":
-        if self.trials < 1:
+        if self.trials is not None and self.trials < 1:
             raise FieldError("trials", f"must be at least 1, got {self.trials}")
         if self.max_epochs < 1:
             raise FieldError("max_epochs", f"must be at least 1, got {self.max_epochs}")
@@ -338,6 +338,10 @@ class SearchSpec(Record):
                 raise FieldError(f"constraints[{i}]", str(exc)) from None
         if self.algorithm.name == "grid":
             self._check_grid()
+            if self.budget.trials is None:  # what a grid runs; frozen record, so set in place once
+                object.__setattr__(self, "budget", self.budget.model_copy(update={"trials": self.planned_trials}))
+        elif self.budget.trials is None:
+            raise FieldError("budget.trials", "missing; add 'trials:' (a whole number)")
         return self
 
     def _check_grid(self) -> None:
