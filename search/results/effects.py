@@ -35,7 +35,7 @@ from search.spec.spec import SearchSpec, grid_values
 from search.spec.validation import SpecLocation, from_plain
 from trainers.errors import ConfigError
 
-__all__ = ["EFFECT_COLUMNS", "TEST", "knob_effects", "parse_baselines", "grid_knobs", "study_effects", "effect_lines",
+__all__ = ["EFFECT_COLUMNS", "TEST", "knob_effects", "paired_differences", "parse_baselines", "grid_knobs", "study_effects", "effect_lines",
            "format_effects"]
 
 TEST = "paired t test (Student 1908)"
@@ -97,31 +97,17 @@ def knob_effects(trials: pd.DataFrame, *, objectives: Sequence[tuple[str, str]],
         if _index(value, list(knobs[knob])) is None:
             raise ConfigError(f"baseline {knob}={value!r}: not one of its values "
                               f"({', '.join(map(str, knobs[knob]))}); pick one of them")
-    rows = trials
-    if "state" in rows:
-        rows = rows[rows["state"] == "COMPLETE"]
-    if REPLICATE_COLUMN in rows:
-        rows = rows[rows[REPLICATE_COLUMN].isna()]
+    rows, cells, on_grid, seeds = _grid_cells(trials, knobs)
     names = list(knobs)
-    cells = {k: [_index(v, list(knobs[k])) for v in rows[k]] if k in rows else [None] * len(rows) for k in names}
-    on_grid = np.array([all(cells[k][i] is not None for k in names) for i in range(len(rows))], dtype=bool)
-    seeds = rows["seed"].tolist() if "seed" in rows else [0] * len(rows)
     out = []
     for objective, mode in objectives:
-        y = (pd.to_numeric(rows[objective], errors="coerce").to_numpy(dtype=float, na_value=np.nan)
-             if objective in rows else np.full(len(rows), np.nan))
+        y = _objective_values(rows, objective)
         usable = [i for i in range(len(rows)) if on_grid[i] and math.isfinite(y[i])]
         for knob in names:
             values = list(knobs[knob])
             if len(values) < 2:
                 continue
             base = _index(baselines[knob], values) if knob in baselines else 0
-            others = [k for k in names if k != knob]
-            # (seed, the other knobs' values) -> this knob's value -> the objective's values there
-            matched: dict[tuple, dict[int, list[float]]] = {}
-            for i in usable:
-                key = (seeds[i], *(cells[k][i] for k in others))
-                matched.setdefault(key, {}).setdefault(cells[knob][i], []).append(y[i])
             for at, value in enumerate(values):
                 here = [y[i] for i in usable if cells[knob][i] == at]
                 mean, _, low, high = mean_interval(here) if here else (math.nan,) * 4
@@ -132,14 +118,59 @@ def knob_effects(trials: pd.DataFrame, *, objectives: Sequence[tuple[str, str]],
                 if at == base:
                     out.append({**row, "verdict": "baseline"})
                     continue
-                pairs = [(float(np.mean(by[at])), float(np.mean(by[base]))) for by in matched.values()
-                         if at in by and base in by]
-                row.update(_paired(pairs, mode))
+                row.update(_paired(_pairs(y, usable, cells, seeds, names, knob, at, base), mode))
                 out.append(row)
     table = pd.DataFrame(out, columns=list(EFFECT_COLUMNS))
     for column in ("n", "seeds", "pairs"):
         table[column] = table[column].astype("int64")
     return table
+
+
+def _grid_cells(trials: pd.DataFrame, knobs: Mapping[str, Sequence[Any]]):
+    """The COMPLETE search trials of ``trials``; per knob, each row's index into the knob's values
+    (None off the grid); whether a row is on the grid; each row's seed."""
+    rows = trials
+    if "state" in rows:
+        rows = rows[rows["state"] == "COMPLETE"]
+    if REPLICATE_COLUMN in rows:
+        rows = rows[rows[REPLICATE_COLUMN].isna()]
+    names = list(knobs)
+    cells = {k: [_index(v, list(knobs[k])) for v in rows[k]] if k in rows else [None] * len(rows) for k in names}
+    on_grid = np.array([all(cells[k][i] is not None for k in names) for i in range(len(rows))], dtype=bool)
+    seeds = rows["seed"].tolist() if "seed" in rows else [0] * len(rows)
+    return rows, cells, on_grid, seeds
+
+
+def _objective_values(rows: pd.DataFrame, objective: str) -> np.ndarray:
+    return (pd.to_numeric(rows[objective], errors="coerce").to_numpy(dtype=float, na_value=np.nan)
+            if objective in rows else np.full(len(rows), np.nan))
+
+
+def _pairs(y: np.ndarray, usable: Sequence[int], cells: Mapping[str, list], seeds: Sequence[Any], names: Sequence[str],
+           knob: str, at: int, base: int) -> list[tuple[float, float]]:
+    """(objective at value ``at``, at value ``base``) of ``knob`` for each seed and setting of the
+    other knobs where both were trained (a cell trained twice counts as its mean)."""
+    others = [k for k in names if k != knob]
+    matched: dict[tuple, dict[int, list[float]]] = {}  # (seed, the other knobs' values) -> value -> objective
+    for i in usable:
+        key = (seeds[i], *(cells[k][i] for k in others))
+        matched.setdefault(key, {}).setdefault(cells[knob][i], []).append(y[i])
+    return [(float(np.mean(by[at])), float(np.mean(by[base]))) for by in matched.values() if at in by and base in by]
+
+
+def paired_differences(trials: pd.DataFrame, *, objective: str, knobs: Mapping[str, Sequence[Any]], knob: str,
+                       value: Any, baseline: Any) -> list[float]:
+    """The differences (``knob`` = ``value`` minus ``knob`` = ``baseline``) of ``objective`` over
+    the pairs :func:`knob_effects` tests: matched by seed and every other knob's value."""
+    values = list(knobs.get(knob, ()))
+    at, base = _index(value, values), _index(baseline, values)
+    if at is None or base is None:
+        raise ConfigError(f"{knob}={value!r} or {knob}={baseline!r} is not on the grid "
+                          f"({knob}: {', '.join(map(str, values)) or 'not a knob'}); use one of its values")
+    rows, cells, on_grid, seeds = _grid_cells(trials, knobs)
+    y = _objective_values(rows, objective)
+    usable = [i for i in range(len(rows)) if on_grid[i] and math.isfinite(y[i])]
+    return [a - b for a, b in _pairs(y, usable, cells, seeds, list(knobs), knob, at, base)]
 
 
 def _paired(pairs: Sequence[tuple[float, float]], mode: str) -> dict[str, Any]:

@@ -597,7 +597,7 @@ def pick_profile(path: str | Path, *, profile: str | None = None) -> tuple[str |
     """(the profile ``load_spec`` applies to the file at ``path``, why, every profile of the file)
     without validating the rest (`load_spec` does)."""
     path = Path(path)
-    data = _read_yaml(path)
+    data = read_yaml(path)
     block = _profile_block(data, SpecLocation(str(path)))
     name, why = block.pick(profile, str(path))
     return name, why, tuple(block.profiles)
@@ -606,7 +606,7 @@ def pick_profile(path: str | Path, *, profile: str | None = None) -> tuple[str |
 def _load(path: str | Path, *, check_model: bool, profile: str | None) -> tuple[SearchSpec, str]:
     path = Path(path)
     where = SpecLocation(str(path))
-    data = _read_yaml(path)
+    data = read_yaml(path)
     block = _profile_block(data, where)
     chosen, why = block.pick(profile, str(path))
     data = {k: v for k, v in data.items() if k not in PROFILE_KEYS}
@@ -648,10 +648,10 @@ def _profile_block(data: dict[str, Any], where: SpecLocation) -> SpecProfiles:
     return from_plain(SpecProfiles, {k: data[k] for k in PROFILE_KEYS if k in data}, where)
 
 
-def _read_yaml(path: Path) -> dict[str, Any]:
-    """The file's top-level mapping, or a one-line ConfigError."""
+def read_yaml(path: Path, *, example: str = "spaces/convit_locality.yaml") -> dict[str, Any]:
+    """The YAML file's top-level mapping (``yaml.safe_load``), or a one-line ConfigError."""
     if not path.is_file():
-        raise ConfigError(f"{path}: no such spec file; pass a YAML file such as spaces/convit_locality.yaml")
+        raise ConfigError(f"{path}: no such file; pass a YAML file such as {example}")
     try:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
@@ -660,9 +660,9 @@ def _read_yaml(path: Path) -> dict[str, Any]:
         problem = getattr(exc, "problem", None) or "not valid YAML"
         raise ConfigError(f"{path}:{line}: {problem}; fix the YAML syntax") from None
     except UnicodeDecodeError:
-        raise ConfigError(f"{path}: not a text file; pass a YAML search spec") from None
+        raise ConfigError(f"{path}: not a text file; pass a YAML file such as {example}") from None
     if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a mapping at the top (name:, dataset:, model:, space:, ...)")
+        raise ConfigError(f"{path}: expected a mapping at the top, as in {example}")
     return data
 
 

@@ -185,6 +185,19 @@ def _build_parser() -> argparse.ArgumentParser:
                          help="only this objective of the study (repeat for more; default: all of them)")
     effects.add_argument("--format", choices=("table", "json", "csv"), default="table")
 
+    claims = commands.add_parser("claims", help="run the papers' claims suite (studies/claims.yaml) and write "
+                                 "docs/claims.md: each claim's number, ours with its interval, and the verdict")
+    claims.add_argument("claims_file", nargs="?", default="studies/claims.yaml", metavar="CLAIMS.yaml",
+                        help="the claims and their studies' specs next to it (default studies/claims.yaml)")
+    _add_profile(claims)
+    claims.add_argument("--storage", metavar="DIR",
+                        help="where the studies go (default results/claims/PROFILE)")
+    claims.add_argument("--out", default="docs/claims.md", metavar="PATH.md", help="the page (default docs/claims.md)")
+    claims.add_argument("--no-run", action="store_true",
+                        help="run nothing: test the claims on the studies there are (the others: 'not run')")
+    claims.add_argument("--only", action="append", default=[], metavar="ID",
+                        help="only this claim (and its studies); repeatable")
+
     report = commands.add_parser("report", help="write one self-contained HTML report (and a PNG of the front) of a study")
     report.add_argument("study", help="a study folder or URI, e.g. results/convit_locality")
     report.add_argument("--out", metavar="PATH.html",
@@ -366,6 +379,44 @@ def _cmd_effects(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_claims(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from search.results.claims import evaluate_claim, load_claims
+    from search.results.query import load
+    from search.spec.spec import pick_profile
+    from search.study.suite import SuiteFailed, run_suite, study_state, suite_studies
+    from search.views.claims_page import claims_page, write_claims_page
+
+    path = Path(args.claims_file)
+    manifest = load_claims(path)
+    claims = manifest.claims
+    if args.only:
+        unknown = [i for i in args.only if i not in {c.id for c in claims}]
+        if unknown:
+            raise ConfigError(f"--only {unknown[0]}: no such claim; use one of {', '.join(c.id for c in claims)}")
+        claims = tuple(c for c in claims if c.id in args.only)
+    names = list(dict.fromkeys(s for c in claims for s in c.test.studies))
+    profile = args.profile or pick_profile(path.parent / f"{names[0]}.yaml")[0]
+    storage = args.storage or f"results/claims/{profile or 'default'}"
+    studies = suite_studies([path.parent / f"{n}.yaml" for n in names], profile=args.profile, storage=storage)
+    if not args.no_run:
+        try:
+            run_suite(studies, profile=args.profile)
+        except SuiteFailed as exc:
+            print(_one_line(f"error: {exc}"), file=sys.stderr)
+            return 1
+    loaded = {s.name: load(s.folder) for s in studies if study_state(s)[0] != "missing"}
+    results = [evaluate_claim(c, loaded) for c in claims]
+    command = ["python", "-m", "search", "claims", *([str(path)] if str(path) != "studies/claims.yaml" else []),
+               *(["--profile", args.profile] if args.profile else [])]
+    out = write_claims_page(args.out, claims_page(results, studies, loaded, command=command, profile=profile))
+    for r in results:
+        print(f"{r.claim.id}: {r.verdict} ({r.n}, diff {r.diff:+.4f}, 95% {r.low:+.4f} to {r.high:+.4f})")
+    print(f"wrote {out}")
+    return 0
+
+
 def _cmd_report(args: argparse.Namespace) -> int:
     from search.views.report import write_report
 
@@ -382,6 +433,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     handler = {
         "run": _cmd_run, "resume": _cmd_resume, "pareto": _cmd_pareto, "train": _cmd_train, "compare": _cmd_compare, "check": _cmd_check,
         "dashboard": _cmd_dashboard, "report": _cmd_report, "importance": _cmd_importance, "effects": _cmd_effects,
+        "claims": _cmd_claims,
     }[args.command]
     try:
         return handler(args)

@@ -180,12 +180,12 @@ def test_a_value_that_depends_on_another_searched_knob_is_left_to_the_trials(tmp
 def test_a_line_break_in_what_the_user_typed_stays_on_the_one_line(tmp_path, capsys):
     assert main(["check", str(tmp_path / "a\nb.yaml"), "--profile=x\ry"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "a\\nb.yaml: no such spec file" in err
+    assert err.count("\n") == 1 and "a\\nb.yaml: no such file" in err
 
 
 def test_missing_file_and_bad_yaml(tmp_path, capsys):
     assert main(["check", str(tmp_path / "nope.yaml")]) == 2
-    assert "no such spec file" in capsys.readouterr().err
+    assert "no such file" in capsys.readouterr().err
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: [unclosed\n")
     assert main(["check", str(bad)]) == 2

@@ -1,0 +1,138 @@
+"""docs/claims.md: the papers' claims against ours, written from the claims suite's studies."""
+
+from __future__ import annotations
+
+import math
+import os
+import shlex
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import pandas as pd
+
+from search.results.claims import ClaimResult
+from search.results.query import Experiment
+from search.results.replicates import REPLICATE_COLUMN
+from search.study.suite import SuiteStudy
+
+__all__ = ["claims_table", "claims_page", "write_claims_page"]
+
+
+def _number(value: float, objective: str, *, signed: bool = False) -> str:
+    if value is None or math.isnan(value):
+        return "-"
+    if objective.endswith("acc"):  # accuracies as percentage points
+        return f"{value * 100:+.2f} pp" if signed else f"{value * 100:.2f}"
+    return f"{value:+,.4g}" if signed else f"{value:,.4g}"
+
+
+def _interval(r: ClaimResult) -> str:
+    objective = r.claim.test.objective
+    if math.isnan(r.diff):
+        return "-"
+    around = "" if math.isnan(r.low) else (f" ({_number(r.low, objective, signed=True)} to "
+                                           f"{_number(r.high, objective, signed=True)})")
+    return _number(r.diff, objective, signed=True) + around
+
+
+def _p(value: float) -> str:
+    return "-" if math.isnan(value) else "<0.0001" if value < 1e-4 else f"{value:.4f}"
+
+
+def _what(r: ClaimResult) -> str:
+    t = r.claim.test
+    measure = t.objective + (f" after epoch {t.epoch}" if t.epoch else "")
+    if t.kind == "effect":
+        return f"{t.knob} {t.value} minus {t.baseline}, {measure} ({t.study})"
+    if t.kind == "shrinks":
+        return f"gap ({t.knob} {t.value} minus {t.baseline}) in {t.study} minus in {t.then}, {measure}"
+    point = ", ".join(f"{k} {v}" for k, v in t.at.items())
+    return f"{t.study} at {point} minus {t.control}, {measure}"
+
+
+EXPECTS = {"higher": "above 0", "lower": "below 0", "no_gain": "below the margin"}
+
+
+def claims_table(results: Sequence[ClaimResult]) -> list[list[str]]:
+    """One row per claim: id, claim, the paper's number, what we measured, ours, p, n, means, verdict."""
+    rows = []
+    for r in results:
+        expect = EXPECTS[r.claim.expect] + (f" (+{_number(r.claim.margin, r.claim.test.objective)} pp)"
+                                            if r.claim.expect == "no_gain" else "")
+        rows.append([r.claim.id, r.claim.claim, f"{r.claim.paper_result} [{r.claim.paper}]", _what(r), expect,
+                     _interval(r), _p(r.p_value), r.n, r.arms, r.test, f"**{r.verdict}**"])
+    return rows
+
+
+def _markdown(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    cell = lambda text: str(text).replace("|", "\\|").replace("\n", " ")  # noqa: E731
+    return (["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+            + ["| " + " | ".join(cell(c) for c in row) + " |" for row in rows])
+
+
+def _study_row(study: SuiteStudy, exp: Experiment | None) -> list[str]:
+    spec = study.spec
+    data = f"{spec.dataset.train_fraction:.0%} of {spec.dataset.name}"
+    plan = spec.grid_plan() or f"{spec.budget.trials} trials"
+    if exp is None:
+        return [study.name, spec.candidates[0].name, data, str(spec.budget.max_epochs), plan, "not run", "-", "-", "-"]
+    trials = exp.trials
+    if REPLICATE_COLUMN in trials:
+        trials = trials[trials[REPLICATE_COLUMN].isna()]
+    complete = int((trials["state"] == "COMPLETE").sum())
+    span = (pd.to_datetime(trials["ended_at"]).max() - pd.to_datetime(trials["started_at"]).min()).total_seconds()
+    span = math.nan if pd.isna(span) else span
+    trained = float(pd.to_numeric(trials["duration_s"]).sum())
+    devices = ", ".join(sorted(set(trials["throughput_device"].dropna()))) if "throughput_device" in trials else "-"
+    commits = ", ".join(sorted({str(c)[:7] for c in trials["git_commit"].dropna()})) if "git_commit" in trials else "-"
+    wall = "-" if math.isnan(span) else f"{span / 60:.1f} min ({trained / 60:.1f} min training)"
+    unfinished = "" if len(trials) >= spec.planned_trials else f" (unfinished: {spec.planned_trials} planned)"
+    return [study.name, spec.candidates[0].name, data, str(spec.budget.max_epochs), plan,
+            f"{complete} of {len(trials)}{unfinished}", wall, devices or "-", commits or "-"]
+
+
+def claims_page(results: Sequence[ClaimResult], studies: Sequence[SuiteStudy], loaded: Mapping[str, Experiment], *,
+                command: Sequence[str], profile: str | None) -> str:
+    """The page's Markdown."""
+    counts = {v: sum(r.verdict == v for r in results) for v in ("reproduced", "not reproduced", "inconclusive",
+                                                                 "not run")}
+    summary = ", ".join(f"{n} {v}" for v, n in counts.items() if n)
+    out = [
+        "# The papers' claims, reproduced on this platform",
+        "",
+        f"Written by `{shlex.join(command)}` (profile {profile or 'as written'}) from the studies listed at the "
+        "end; do not edit it by hand, run that command again (it runs only the studies that are missing or "
+        "unfinished). The claims and how each is tested: `studies/claims.yaml`; the specs: `studies/*.yaml`.",
+        "",
+        f"**{len(results)} claims: {summary}.**",
+        "",
+        "How to read it. Each claim is a difference between two arms of our studies, with its 95% interval: "
+        "*effect*: a knob's value minus its baseline value in one grid study, over pairs of trials with the same "
+        "seed and the same other knobs (paired t test, Student 1908); *shrinks*: that difference in one study minus "
+        "the same difference in another (Welch's t test of the two sets of paired differences, Welch 1947); *versus*: "
+        "one grid point of a study minus a control study of another model, over seeds (Welch's t test). A claim is "
+        "**reproduced** when the interval lies on the side the paper predicts, **not reproduced** when it lies on "
+        "the other side, **inconclusive** when it covers 0 (a saturation claim, *below the margin*: reproduced when "
+        "the whole interval is below that gain). Accuracy differences are in percentage points (pp). The scale is "
+        "not the paper's: small models, a fraction of Fashion-MNIST, a few epochs, a few seeds (the studies' table); "
+        "a claim may fail to reproduce at this scale, and an inconclusive one needs more seeds, not a guess.",
+        "",
+    ]
+    out += _markdown(["id", "claim", "the paper", "ours measures", "reproduced when", "ours (95% interval)", "p",
+                      "n", "means", "test", "verdict"], claims_table(results))
+    out += ["", "## The studies", "",
+            "Wall time is from the first trial's start to the last trial's end (the set-up before it, a few seconds "
+            "to a minute, not counted); training is the sum of the trials' own times.", ""]
+    out += _markdown(["study", "model", "data", "epochs", "grid", "COMPLETE", "wall", "device", "commit"],
+                     [_study_row(s, loaded.get(s.name)) for s in studies])
+    return "\n".join(out) + "\n"
+
+
+def write_claims_page(path: str | Path, text: str) -> Path:
+    """Write ``text`` to ``path`` whole or not at all (a temporary file renamed over it)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+    return path

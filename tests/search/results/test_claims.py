@@ -1,0 +1,236 @@
+"""The claims suite (search.results.claims, search.study.suite, `python -m search claims`): the
+tests against numbers worked out by hand, the verdict rules, each kind of claim on study folders
+with known effects, and the CLI's page and one-line errors."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+
+from search.results.claims import _verdict, evaluate_claim, load_claims, paired, welch
+from search.results.query import load
+from search.results.store import ResultsStore
+from search.spec.spec import load_spec, to_plain
+from search.study.suite import SuiteFailed, run_suite, study_state, suite_studies
+from search.views.cli import main
+from trainers.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def test_paired_and_welch_against_the_formulas_worked_out_by_hand():
+    from scipy import stats
+
+    # paired differences 0.1, 0.2, 0.3: mean 0.2, sd 0.1, t(0.975, 2) = 4.302652729911275 (any t table)
+    mean, low, high, p = paired([0.1, 0.2, 0.3])
+    assert mean == pytest.approx(0.2) and high - mean == pytest.approx(4.302652729911275 * 0.1 / math.sqrt(3))
+    assert low == pytest.approx(0.2 - 4.302652729911275 * 0.1 / math.sqrt(3))
+    assert p == pytest.approx(2 * stats.t.sf(0.2 / (0.1 / math.sqrt(3)), 2))
+    # Welch: a (n 3, var 0.01), b (n 4, var 0.0666..): se^2 = 0.01/3 + 0.2/3/4 = 0.02, df = 4.0755
+    a, b = [0.1, 0.2, 0.3], [0.5, 0.7, 0.9, 1.1]
+    diff, low, high, p = welch(a, b)
+    df = 0.02 ** 2 / ((0.01 / 3) ** 2 / 2 + (0.2 / 3 / 4) ** 2 / 3)
+    assert df == pytest.approx(4.0755, abs=1e-4)
+    half = stats.t.ppf(0.975, df) * math.sqrt(0.02)
+    assert diff == pytest.approx(-0.6) and (low, high) == (pytest.approx(-0.6 - half), pytest.approx(-0.6 + half))
+    assert p == pytest.approx(2 * stats.t.sf(0.6 / math.sqrt(0.02), df))
+    # too few to test: a mean, no interval
+    assert math.isnan(paired([0.3])[1]) and math.isnan(welch([0.1], [0.2, 0.3])[1]) and math.isnan(paired([])[0])
+
+
+@pytest.mark.parametrize("expect,low,high,verdict", [
+    ("higher", 0.01, 0.2, "reproduced"), ("higher", -0.2, -0.01, "not reproduced"), ("higher", -0.1, 0.1, "inconclusive"),
+    ("lower", -0.2, -0.01, "reproduced"), ("lower", 0.01, 0.2, "not reproduced"),
+    ("no_gain", -0.03, 0.009, "reproduced"), ("no_gain", -0.01, 0.02, "inconclusive"), ("no_gain", 0.001, 0.02, "not reproduced"),
+    ("higher", math.nan, math.nan, "inconclusive"),
+])
+def test_the_verdict_rules(expect, low, high, verdict):
+    assert _verdict(expect, low, high, 0.01) == verdict
+
+
+def _study(root: Path, name: str, *, model: str, values: list, accs: dict, epoch1: dict | None = None) -> Path:
+    """A grid study's folder as `search run` leaves it: one knob (local_up_to_layer) with ``values``,
+    ``accs[(value, seed)]`` its final val_acc, ``epoch1[(value, seed)]`` its val_acc after epoch 1."""
+    raw = yaml.safe_load((ROOT / "spaces" / "synthetic_smoke.yaml").read_text())
+    raw.update(name=name, space={"local_up_to_layer": {"type": "choice", "values": values}},
+               algorithm={"name": "grid", "seeds": len({s for _, s in accs})})
+    raw["model"] = {"name": model}
+    raw["budget"].pop("trials", None)
+    raw.pop("profiles", None), raw.pop("default_profile", None)
+    spec_file = root / "specs" / f"{name}.yaml"
+    spec_file.parent.mkdir(parents=True, exist_ok=True)
+    spec_file.write_text(yaml.safe_dump(raw))
+    spec = load_spec(spec_file, check_model=False)
+    study = root / "results" / name
+    study.mkdir(parents=True)
+    (study / "experiment.json").write_text(json.dumps({
+        "name": spec.name, "spec": to_plain(spec), "spec_hash": spec.spec_hash,
+        "objectives": [[o.metric, o.mode] for o in spec.objectives], "reference_point": spec.reference_point}))
+    store = ResultsStore(study, space={k: p.to_json() for k, p in spec.all_params().items()},
+                         objectives=[(o.metric, o.mode) for o in spec.objectives], reference=spec.reference_point)
+    for (value, seed), acc in accs.items():
+        tid = f"{name[:3]}{value}{seed}"
+        store.add_trial({"trial_id": tid, "state": "COMPLETE", "seed": seed, "val_acc": acc, "throughput": 1000.0,
+                         "family": "convit", "model": model, "stop_reason": "max_epochs", "epochs_run": 2,
+                         "started_at": None, "ended_at": None}, {"local_up_to_layer": value})
+        for epoch, at in ((1, (epoch1 or {}).get((value, seed), acc - 0.1)), (2, acc)):
+            store.add_epoch({"trial_id": tid, "epoch": epoch, "val_acc": at})
+    store.flush()
+    return study
+
+
+GAPS_SMALL = {0: 0.10, 1: 0.12, 2: 0.11}  # seed -> ConViT minus DeiT, little data
+GAPS_LARGE = {0: 0.02, 1: 0.01, 2: 0.03}
+
+
+def _suite(tmp_path: Path) -> Path:
+    """Claims over three studies with known effects: a gap of 0.11 on little data, 0.02 on more,
+    and a control study of another model; the claims file next to their specs."""
+    base = {0: 0.50, 1: 0.60, 2: 0.55}
+    _study(tmp_path, "small", model="ls_convit_nano", values=[0, 1],
+           accs={**{(0, s): b for s, b in base.items()}, **{(1, s): b + GAPS_SMALL[s] for s, b in base.items()}},
+           epoch1={(1, s): 0.3 for s in base} | {(0, s): 0.4 for s in base})
+    _study(tmp_path, "large", model="ls_convit_nano", values=[0, 1],
+           accs={**{(0, s): b + 0.2 for s, b in base.items()}, **{(1, s): b + 0.2 + GAPS_LARGE[s] for s, b in base.items()}})
+    _study(tmp_path, "control", model="ls_convit_nano", values=[0], accs={(0, s): 0.40 + 0.01 * s for s in base})
+    claims = {"claims": [
+        {"id": "small", "paper": "P, Table 2", "claim": "B beats A at small data", "paper_result": "59.6 vs 48.0",
+         "expect": "higher", "test": {"kind": "effect", "study": "small", "knob": "local_up_to_layer", "value": 1,
+                                      "baseline": 0}},
+        {"id": "shrinks", "paper": "P", "claim": "the gap shrinks", "paper_result": "+11.6 to +1.5", "expect": "higher",
+         "test": {"kind": "shrinks", "study": "small", "then": "large", "knob": "local_up_to_layer", "value": 1,
+                  "baseline": 0}},
+        {"id": "versus", "paper": "P", "claim": "B beats the control", "paper_result": "95.06 vs 93.65",
+         "expect": "higher", "test": {"kind": "versus", "study": "small", "at": {"local_up_to_layer": 1},
+                                      "control": "control"}},
+        {"id": "early", "paper": "P", "claim": "B learns faster", "paper_result": "261 vs 300 epochs",
+         "expect": "higher", "test": {"kind": "effect", "study": "small", "knob": "local_up_to_layer", "value": 1,
+                                      "baseline": 0, "epoch": 1}},
+        {"id": "saturates", "paper": "P", "claim": "more data adds little to the gap", "paper_result": "-",
+         "expect": "no_gain", "margin": 0.05, "test": {"kind": "effect", "study": "large", "knob": "local_up_to_layer",
+                                                        "value": 1, "baseline": 0}},
+    ]}
+    path = tmp_path / "specs" / "claims.yaml"
+    path.write_text(yaml.safe_dump(claims, sort_keys=False))
+    return path
+
+
+def test_each_kind_of_claim_on_studies_with_known_effects(tmp_path):
+    from scipy import stats
+
+    claims = load_claims(_suite(tmp_path))
+    studies = {n: load(tmp_path / "results" / n) for n in ("small", "large", "control")}
+    results = {c.id: evaluate_claim(c, studies) for c in claims.claims}
+
+    small = results["small"]  # the seeds' levels (0.50/0.60/0.55) cancel in the pairs
+    assert small.diff == pytest.approx(0.11) and small.n == "3 pairs" and small.verdict == "reproduced"
+    assert small.p_value == pytest.approx(stats.ttest_rel([0.60, 0.72, 0.66], [0.50, 0.60, 0.55]).pvalue)
+    assert small.arms == "0.6600 vs 0.5500"
+
+    shrinks = results["shrinks"]  # 0.11 minus 0.02, Welch over the two sets of pairs
+    assert shrinks.diff == pytest.approx(0.09) and shrinks.n == "3 vs 3 pairs" and shrinks.verdict == "reproduced"
+    assert shrinks.p_value == pytest.approx(stats.ttest_ind([0.10, 0.12, 0.11], [0.02, 0.01, 0.03], equal_var=False).pvalue)
+
+    versus = results["versus"]  # 0.60/0.72/0.66 against the control's 0.40/0.41/0.42, unpaired
+    assert versus.diff == pytest.approx(0.66 - 0.41) and versus.n == "3 vs 3 seeds" and versus.verdict == "reproduced"
+
+    early = results["early"]  # after epoch 1 B (0.3) is behind A (0.4) at every seed: no spread, not an interval
+    assert early.diff == pytest.approx(-0.1) and math.isnan(early.low) and early.verdict == "inconclusive"
+
+    saturates = results["saturates"]  # gap 0.02 +- 0.025: below the 0.05 margin as a whole
+    assert saturates.diff == pytest.approx(0.02) and saturates.high < 0.05 and saturates.verdict == "reproduced"
+
+    missing = evaluate_claim(claims.claims[1], {"small": studies["small"]})
+    assert missing.verdict == "not run" and math.isnan(missing.diff)
+
+
+def test_the_cli_writes_the_page_from_the_studies_there_are(tmp_path, capsys):
+    path = _suite(tmp_path)
+    page = tmp_path / "claims.md"
+    assert main(["claims", str(path), "--storage", str(tmp_path / "results"), "--no-run", "--out", str(page)]) == 0
+    out = capsys.readouterr().out
+    assert "small: reproduced" in out and f"wrote {page}" in out
+    text = page.read_text()
+    assert text.startswith("# The papers' claims, reproduced on this platform")
+    assert "**5 claims: 4 reproduced, 1 inconclusive.**" in text  # early: no spread, no interval
+    assert "| small | B beats A at small data | 59.6 vs 48.0 [P, Table 2] |" in text
+    assert "+11.00 pp (" in text and "paired t (Student 1908)" in text and "Welch t (Welch 1947)" in text
+    assert "| control | ls_convit_nano |" in text  # the studies' table
+    assert not list(tmp_path.glob(".claims.md.tmp"))
+
+    # one claim only; a study not there is "not run", and nothing is run with --no-run
+    (tmp_path / "results" / "large").rename(tmp_path / "elsewhere")
+    assert main(["claims", str(path), "--storage", str(tmp_path / "results"), "--no-run", "--out", str(page),
+                 "--only", "shrinks"]) == 0
+    assert "shrinks: not run" in capsys.readouterr().out and "**1 claims: 1 not run.**" in page.read_text()
+
+
+@pytest.mark.parametrize("change,message", [
+    (lambda c: c["claims"][0].update(expect="bigger"), "expect"),
+    (lambda c: c["claims"][0]["test"].update(study="nowhere"), "study 'nowhere' has no spec"),
+    (lambda c: c["claims"][0]["test"].pop("baseline"), "names knob, value and baseline"),
+    (lambda c: c["claims"].append(dict(c["claims"][0])), "an id is listed twice"),
+    (lambda c: c["claims"][0].update(colour="red"), "colour"),
+])
+def test_a_bad_claims_file_is_one_line_and_exit_2(tmp_path, capsys, change, message):
+    path = _suite(tmp_path)
+    claims = yaml.safe_load(path.read_text())
+    change(claims)
+    path.write_text(yaml.safe_dump(claims, sort_keys=False))
+    with pytest.raises(ConfigError):
+        load_claims(path)
+    assert main(["claims", str(path), "--no-run", "--out", str(tmp_path / "c.md")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err and "Traceback" not in err
+    assert not (tmp_path / "c.md").exists()
+
+
+def test_only_an_unknown_claim_is_one_line(tmp_path, capsys):
+    assert main(["claims", str(_suite(tmp_path)), "--no-run", "--only", "nope"]) == 2
+    assert "--only nope: no such claim; use one of small, shrinks" in capsys.readouterr().err
+
+
+def test_the_suite_skips_a_finished_study_and_runs_or_resumes_the_others_as_commands(tmp_path, capfd):
+    path = _suite(tmp_path)
+    specs = [path.parent / f"{n}.yaml" for n in ("small", "large")]
+    studies = suite_studies(specs, profile=None, storage=str(tmp_path / "results"))
+    assert [study_state(s) for s in studies] == [("done", 6), ("done", 6)]
+    assert run_suite(studies, profile=None) == {}  # both done: nothing run
+    assert "claims: small: done (6 trials in" in capfd.readouterr().out
+
+    # a study with no folder is run as `python -m search run SPEC --storage DIR`: for real, so its
+    # failure (a dataset folder that does not exist, refused before Ray starts) stops the suite
+    raw = yaml.safe_load(specs[0].read_text())
+    raw.update(name="fresh", dataset={"name": "fashion_mnist", "data_dir": str(tmp_path / "no-such-data")})
+    (path.parent / "fresh.yaml").write_text(yaml.safe_dump(raw))
+    fresh = suite_studies([path.parent / "fresh.yaml"], profile=None, storage=str(tmp_path / "results"))
+    assert study_state(fresh[0]) == ("missing", 0)
+    with pytest.raises(SuiteFailed, match=r"study fresh: `python -m search run .*fresh.yaml --storage .*` exited 2"):
+        run_suite(fresh, profile=None)
+    assert "claims: fresh: running: -m search run" in capfd.readouterr().out
+
+    # a study with fewer trials than planned is resumed (this one has no Tune state: resume refuses it)
+    small = load_spec(specs[0], check_model=False)
+    partial = tmp_path / "results" / "partial"
+    (tmp_path / "results" / "small").rename(partial)
+    raw = yaml.safe_load(specs[0].read_text())
+    raw.update(name="partial", algorithm={"name": "grid", "seeds": 4})
+    (path.parent / "partial.yaml").write_text(yaml.safe_dump(raw))
+    unfinished = suite_studies([path.parent / "partial.yaml"], profile=None, storage=str(tmp_path / "results"))
+    assert study_state(unfinished[0]) == ("unfinished", 6) and small.planned_trials == 6
+    with pytest.raises(SuiteFailed, match=r"study partial: `python -m search resume .*partial` exited"):
+        run_suite(unfinished, profile=None)
+    assert "claims: partial: resuming (6 trials so far)" in capfd.readouterr().out
+
+
+def test_the_studies_and_claims_in_the_repository_are_valid():
+    claims = load_claims(ROOT / "studies" / "claims.yaml")
+    assert len(claims.claims) >= 8
+    for study in claims.studies():
+        for profile in ("cpu", "gpu"):
+            spec = load_spec(ROOT / "studies" / f"{study}.yaml", profile=profile, check_model=False)
+            assert spec.is_grid and spec.algorithm.seeds >= 3, (study, profile)
