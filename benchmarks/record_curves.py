@@ -1,6 +1,7 @@
 """Record real learning curves once, for benchmarks that replay searches without training.
 
-    python -m benchmarks.record_curves                      # the default grid, ~20 min on 2 CPU cores
+    python -m benchmarks.record_curves                      # the first grid (64 configs x 5 epochs)
+    python -m benchmarks.record_curves --grid convit-wide   # 300 configs x 8 epochs (replay_search's)
     python -m benchmarks.record_curves --epochs 3 --limit 4 # a quick look
 
 Trains every configuration of a ConViT grid on real Fashion-MNIST (a small stratified subset,
@@ -10,8 +11,11 @@ val_loss, and the architecture's params and inference throughput (measured once 
 architecture, cached). Configurations already in the file are skipped, so an interrupted
 recording continues where it stopped.
 
-The grid (knobs of ls_convit_micro): depth x embed_dim x local_up_to_layer x lr. The replay
-benchmark (``benchmarks.replay_search``) lets searchers pick from exactly these points.
+The grids (knobs of ls_convit_micro), in GRIDS: ``convit-fashion_mnist`` (depth x embed_dim x
+local_up_to_layer x lr, 64 points) and ``convit-wide`` (adds the patch size and wider ranges:
+300 points whose throughputs span two orders of magnitude, so that no one configuration holds
+most of the front's hypervolume). The replay benchmark (``benchmarks.replay_search``) lets
+searchers pick from exactly these points.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import itertools
 import time
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 
 from search.results.location import default_cache_dir
@@ -30,42 +35,68 @@ from trainers.data import DatasetRequest, prepare_dataset
 from trainers.train import train_trial
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
-GRID_NAME = "convit-fashion_mnist"
-GRID = {
-    "depth": [2, 4, 6, 8],
-    "embed_dim": [48, 96],
-    "local_up_to_layer": [0, 2],  # 0: every block plain attention (DeiT); 2: two GPSA blocks
-    "lr": [1e-3, 3e-3],
+GRIDS = {
+    "convit-fashion_mnist": {
+        "grid": {
+            "depth": [2, 4, 6, 8],
+            "embed_dim": [48, 96],
+            "local_up_to_layer": [0, 2],  # 0: every block plain attention (DeiT); 2: two GPSA blocks
+            "lr": [1e-3, 3e-3],
+        },
+        "dataset": DatasetRequest(name="fashion_mnist", train_fraction=0.05, val_fraction=0.05, seed=0),
+        "epochs": 5,
+    },
+    "convit-wide": {
+        "grid": {
+            "depth": [1, 2, 3, 4, 6],
+            "embed_dim": [16, 32, 48, 64, 96],  # 4 heads of 4 to 24
+            "patch_size": [4, 7],  # 7x7 or 4x4 tokens: about 3x in cost
+            "local_up_to_layer": [0, 1],  # DeiT, or GPSA in the first block
+            "lr": [1e-3, 2e-3, 4e-3],
+        },
+        "dataset": DatasetRequest(name="fashion_mnist", train_fraction=0.03, val_fraction=0.03, seed=0),
+        "epochs": 8,
+    },
 }
+GRID_NAME = "convit-fashion_mnist"
+GRID = GRIDS[GRID_NAME]["grid"]
 MODEL = "ls_convit_micro"
-DATASET = DatasetRequest(name="fashion_mnist", train_fraction=0.05, val_fraction=0.05, seed=0)
-SCHEMA = pa.schema([
-    ("config_id", pa.int64()), ("depth", pa.int64()), ("embed_dim", pa.int64()), ("local_up_to_layer", pa.int64()),
-    ("lr", pa.float64()), ("epoch", pa.int64()), ("max_epochs", pa.int64()), ("val_acc", pa.float64()),
-    ("best_val_acc", pa.float64()), ("val_loss", pa.float64()), ("params", pa.int64()), ("throughput", pa.float64()),
-    ("epoch_time_s", pa.float64()), ("throughput_device", pa.string()),
-])
+COLUMNS = [("epoch", pa.int64()), ("max_epochs", pa.int64()), ("val_acc", pa.float64()),
+           ("best_val_acc", pa.float64()), ("val_loss", pa.float64()), ("params", pa.int64()), ("throughput", pa.float64()),
+           ("epoch_time_s", pa.float64()), ("throughput_device", pa.string())]
 
 
-def grid_configs() -> list[dict]:
-    keys = list(GRID)
-    return [dict(zip(keys, values)) for values in itertools.product(*(GRID[k] for k in keys))]
+def schema(grid: dict) -> pa.Schema:
+    knobs = [(k, pa.float64() if any(isinstance(v, float) for v in values) else pa.int64()) for k, values in grid.items()]
+    return pa.schema([("config_id", pa.int64()), *knobs, *COLUMNS])
+
+
+def grid_configs(grid: dict | None = None) -> list[dict]:
+    grid = GRID if grid is None else grid
+    keys = list(grid)
+    return [dict(zip(keys, values)) for values in itertools.product(*(grid[k] for k in keys))]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--epochs", type=int, default=5)
+    parser.add_argument("--grid", choices=sorted(GRIDS), default=GRID_NAME)
+    parser.add_argument("--epochs", type=int, help="epochs per configuration (default: the grid's)")
     parser.add_argument("--limit", type=int, help="record only the first N configurations")
-    parser.add_argument("--out", type=Path, default=DATA_DIR / f"curves-{GRID_NAME}.parquet")
+    parser.add_argument("--out", type=Path, help="default: benchmarks/data/curves-GRID.parquet")
     args = parser.parse_args()
+    chosen = GRIDS[args.grid]
+    args.epochs = args.epochs or chosen["epochs"]
+    args.out = args.out or DATA_DIR / f"curves-{args.grid}.parquet"
 
-    data = prepare_dataset(DATASET, cache_dir=default_cache_dir())
+    data = prepare_dataset(chosen["dataset"], cache_dir=default_cache_dir())
     rows = read_table(args.out).to_pylist() if args.out.exists() else []
     done = {r["config_id"] for r in rows}
-    configs = grid_configs()[: args.limit]
+    # a random order (fixed): a recording stopped early is a random subset, not one corner of the grid
+    order = np.random.default_rng(0).permutation(len(grid_configs(chosen["grid"])))
+    configs = [(int(i), grid_configs(chosen["grid"])[i]) for i in order][: args.limit]
     print(f"{len(configs)} configurations x {args.epochs} epochs on {data.counts['train']} train / "
           f"{data.counts['val']} val images; {len(done)} already recorded")
-    for config_id, config in enumerate(configs):
+    for step, (config_id, config) in enumerate(configs):
         if config_id in done:
             continue
         start = time.perf_counter()
@@ -82,8 +113,8 @@ def main() -> None:
                          "val_acc": m["val_acc"], "best_val_acc": m["best_val_acc"], "val_loss": m["val_loss"],
                          "params": m["params"], "throughput": m["throughput"], "epoch_time_s": m["epoch_time_s"],
                          "throughput_device": m["throughput_device"]})
-        write_atomic(pa.Table.from_pylist(rows, schema=SCHEMA), args.out)  # after every configuration
-        print(f"[{config_id + 1}/{len(configs)}] {config}: val_acc {outcome.best_val_acc:.4f}, "
+        write_atomic(pa.Table.from_pylist(rows, schema=schema(chosen["grid"])), args.out)  # after every configuration
+        print(f"[{step + 1}/{len(configs)}] {config}: val_acc {outcome.best_val_acc:.4f}, "
               f"{outcome.measurement['throughput']:,.0f} img/s, {time.perf_counter() - start:.0f} s", flush=True)
     print(f"wrote {args.out}")
 

@@ -1,33 +1,51 @@
-"""Searchers and schedulers compared on replayed real learning curves: hypervolume vs epochs spent.
+"""Search efficiency on replayed real learning curves: methods and peers side by side, many seeds.
 
-    python -m benchmarks.record_curves        # once: trains the grid for real (about 20 min on a CPU)
-    python -m benchmarks.replay_search        # then: replays searches, no training (seconds)
-    python -m benchmarks.replay_search --seeds 10 --budget 60
+    python -m benchmarks.record_curves --grid convit-wide   # once (resumable): trains the grid for real
+    python -m benchmarks.replay_search                      # then: replays searches, no training
+    python -m benchmarks.replay_search --seeds 50 --budget 400
 
 Every trial of a replayed search reads its learning curve and throughput from the recording
-(``benchmarks/data/curves-*.parquet``) instead of training, and goes through the same parts a
-real study uses: an Optuna sampler asked for the grid's knobs (``study.ask``/``tell``), Ray
-Tune's own ``ASHAScheduler`` or this project's ``MOASHAScheduler`` deciding after each epoch,
-and the honest-fidelity rule (``search.study.searcher.optuna_state_for``: only trials that ran the
-full budget are COMPLETE, are told to Optuna with values, and can be on the front). Trials run
-one after another, so "epochs spent" is the cost a single device would pay.
+(``benchmarks/data/curves-*.parquet``) instead of training. Trials run one after another, so
+"epochs spent" is what a single device would pay; every method gets the same budget of epochs,
+the same curves and the same rungs (grace 1 epoch, reduction factor 2). Only trials that ran
+the full budget are COMPLETE and can be on the front (``search.study.searcher.optuna_state_for``).
 
-Methods, all at the same budget of epochs:
-  random+ASHA       Optuna RandomSampler, Ray's ASHA on val_acc (grace 1 epoch, rf 2)
-  optuna+ASHA       Optuna TPE (multi-objective), the same ASHA
-  optuna+MO-ASHA    Optuna TPE, MO-ASHA on (val_acc, throughput), same rungs
-  random            RandomSampler, no early stopping (for reference)
+Methods (ours last):
+  random             Optuna RandomSampler, no early stopping
+  tpe                Optuna TPE (multi-objective), no early stopping
+  nsga2              Optuna NSGA-II (population 8), no early stopping
+  random+ASHA        RandomSampler, Ray Tune's ASHAScheduler on val_acc
+  syne-MOASHA        Syne Tune 0.16.0's MOASHA as shipped (its own random suggestions,
+                     NonDominatedPriority: an epsilon-net order of the rung)
+  syne-MOASHA-fixed  the same with the rung's ranking read as ranks (see below)
+  random+MO-ASHA     RandomSampler, this project's MOASHAScheduler on (val_acc, throughput)
+  tpe+MO-ASHA        Optuna TPE, the same MO-ASHA (what a study with scheduler: mo_asha runs)
 
-Reported per method: the hypervolume of its front (COMPLETE trials; reference point
-(0, 0)) after every trial, as a fraction of the hypervolume of the whole grid's true front, and
-the epochs MO-ASHA needs to reach random+ASHA's final hypervolume, per seed and as a median
-ratio (target: at most 0.4). Written to benchmarks/results/replay_search-<device>.json.
+Syne Tune's ``Bracket.on_result`` reads what ``MOPriority`` returns as one priority per trial
+(lower is better), but ``NonDominatedPriority`` returns the rung's trials' *indices* in their
+order, best first. The rank it then computes for the new trial is the index of whichever trial is
+ordered last, over n, not the new trial's position. ``syne-MOASHA-fixed`` passes a priority that
+is each trial's position in that order (``_RankedNonDominated``): the ranking as meant.
+
+Objectives and their hypervolume: val_acc (best so far, max) and log10(throughput) (max): a
+user weighs speed by ratio (2x faster is 2x faster at any speed), and on a linear axis the
+fastest few configurations would hold almost all of the volume. The reference point is the worst
+value of each objective over the recorded configurations (a user accepts at least that). Reported:
+the share of the true front's hypervolume the best single configuration holds (how much a search
+that finds one point already has); per method the median and IQR of the hypervolume fraction at
+25/50/100% of the budget, the epochs to reach 90% and 95% of the true front (median over the
+seeds that do, and how many), and, paired by seed, Wilcoxon's signed-rank test of tpe+MO-ASHA
+and random+MO-ASHA against each other method on the final fraction and on the mean fraction over
+the budget (the area under the curve: how early a method gets there). Written to
+benchmarks/results/replay_search-<device>.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -36,138 +54,267 @@ import optuna
 from ray.tune.schedulers import ASHAScheduler
 
 from benchmarks._env import write_result
-from benchmarks.record_curves import DATA_DIR, GRID, GRID_NAME
+from benchmarks.record_curves import DATA_DIR, GRIDS
 from search.results.hypervolume import hypervolume
 from search.results.store import read_table
 from search.study.mo_asha import MOASHAScheduler
 from search.study.searcher import optuna_state_for
 
-OBJECTIVES = [("best_val_acc", "max"), ("throughput", "max")]
-REFERENCE = [0.0, 0.0]
-METHODS = ("random+ASHA", "optuna+ASHA", "optuna+MO-ASHA", "random")
+GRID_NAME = "convit-wide"
+OBJECTIVES = [("best_val_acc", "max"), ("log_throughput", "max")]
+MODES = ["max", "max"]
+METHODS = ("random", "tpe", "nsga2", "random+ASHA", "syne-MOASHA", "syne-MOASHA-fixed", "random+MO-ASHA",
+           "tpe+MO-ASHA")
+OURS = ("tpe+MO-ASHA", "random+MO-ASHA")
+SYNE_TUNE = "syne-tune==0.16.0"
 
 
-def load_curves(path: Path) -> tuple[dict[tuple, dict], int]:
-    """knob values (in GRID order) -> {"best": [best_val_acc per epoch], "throughput": x}; epochs."""
+def load_curves(path: Path, grid: dict) -> tuple[dict[tuple, dict], int]:
+    """knob values (in the grid's order) -> {"best": [best_val_acc per epoch], "log_throughput": x}; epochs."""
     rows = read_table(path).to_pylist()
     if not rows:
         raise SystemExit(f"{path} is empty; run python -m benchmarks.record_curves first")
     epochs = rows[0]["max_epochs"]
     curves: dict[tuple, dict] = {}
     for row in sorted(rows, key=lambda r: (r["config_id"], r["epoch"])):
-        key = tuple(row[k] for k in GRID)
-        entry = curves.setdefault(key, {"best": [], "throughput": row["throughput"]})
+        key = tuple(row[k] for k in grid)
+        entry = curves.setdefault(key, {"best": [], "log_throughput": math.log10(row["throughput"])})
         entry["best"].append(row["best_val_acc"])
     complete = {k: v for k, v in curves.items() if len(v["best"]) == epochs}
     return complete, epochs
 
 
-def _scheduler(method: str, epochs: int):
-    if method.endswith("MO-ASHA"):
-        return MOASHAScheduler(objectives=OBJECTIVES, time_attr="epoch", max_t=epochs, grace_period=1, reduction_factor=2)
-    if method.endswith("ASHA"):
-        return ASHAScheduler(time_attr="epoch", metric="best_val_acc", mode="max", max_t=epochs, grace_period=1,
-                             reduction_factor=2)
-    return None
+def _point(curve: dict, epoch: int) -> list[float]:
+    return [curve["best"][epoch - 1], curve["log_throughput"]]
 
 
-def replay(method: str, *, curves: dict[tuple, dict], epochs: int, budget: int, seed: int) -> list[tuple[int, float]]:
+# --- the two Syne Tune variants ------------------------------------------------------------------
+def _syne_tune():
+    try:
+        from syne_tune.backend.trial_status import Trial
+        from syne_tune.config_space import choice
+        from syne_tune.optimizer.scheduler import SchedulerDecision
+        from syne_tune.optimizer.schedulers.multiobjective.moasha import MOASHA
+        from syne_tune.optimizer.schedulers.multiobjective.multiobjective_priority import NonDominatedPriority
+    except ImportError:
+        raise SystemExit(f"the syne-MOASHA peers need Syne Tune: pip install --no-deps {SYNE_TUNE} dill (its scheduler "
+                         "needs none of its other dependencies), or leave them out with --methods") from None
+
+    class _RankedNonDominated(NonDominatedPriority):
+        """NonDominatedPriority read as meant: each trial's position in the order, not the order."""
+
+        def priority_unsafe(self, objectives: np.ndarray) -> np.ndarray:
+            order = np.asarray(super().priority_unsafe(objectives))
+            ranks = np.empty(len(order), dtype=float)
+            ranks[order] = np.arange(len(order))
+            return ranks
+
+    return SimpleNamespace(Trial=Trial, choice=choice, STOP=SchedulerDecision.STOP, MOASHA=MOASHA,
+                           fixed=_RankedNonDominated)
+
+
+class _SyneSearch:
+    """Syne Tune's MOASHA driving one replayed search: its suggestions and its stop decisions."""
+
+    def __init__(self, grid: dict, epochs: int, seed: int, *, fixed: bool):
+        from datetime import datetime
+
+        st = _syne_tune()
+        np.random.seed(seed)  # its suggestions and bracket choice draw from numpy's global generator
+        self._st, self._now = st, datetime.now
+        self._scheduler = st.MOASHA(
+            config_space={k: st.choice(list(v)) for k, v in grid.items()}, metrics=[m for m, _ in OBJECTIVES],
+            do_minimize=False, time_attr="epoch", max_t=epochs, grace_period=1, reduction_factor=2,
+            multiobjective_priority=st.fixed() if fixed else None, random_seed=seed)
+        self._grid, self._trial = grid, None
+
+    def ask(self, number: int) -> tuple:
+        config = self._scheduler.suggest().config
+        self._trial = self._st.Trial(trial_id=number, config=config, creation_time=self._now())
+        self._scheduler.on_trial_add(self._trial)
+        return tuple(config[k] for k in self._grid)
+
+    def report(self, result: dict) -> bool:
+        """Whether the trial goes on after this epoch."""
+        return self._scheduler.on_trial_result(self._trial, result) != self._st.STOP
+
+    def done(self, result: dict, reached_max: bool) -> None:
+        if reached_max:
+            self._scheduler.on_trial_complete(self._trial, result)
+
+
+class _OptunaSearch:
+    """An Optuna sampler asked for the grid's knobs, with Ray's ASHA, our MO-ASHA or no stopping."""
+
+    def __init__(self, method: str, grid: dict, epochs: int, seed: int):
+        name = method.split("+")[0]
+        sampler = {"random": lambda: optuna.samplers.RandomSampler(seed=seed),
+                   "tpe": lambda: optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=8),
+                   "nsga2": lambda: optuna.samplers.NSGAIISampler(seed=seed, population_size=8)}[name]()
+        self._study = optuna.create_study(directions=["maximize", "maximize"], sampler=sampler)
+        self._grid, self._epochs = grid, epochs
+        if method.endswith("MO-ASHA"):
+            self._scheduler = MOASHAScheduler(objectives=OBJECTIVES, time_attr="epoch", max_t=epochs, grace_period=1,
+                                              reduction_factor=2)
+        elif method.endswith("ASHA"):
+            self._scheduler = ASHAScheduler(time_attr="epoch", metric="best_val_acc", mode="max", max_t=epochs,
+                                            grace_period=1, reduction_factor=2)
+        else:
+            self._scheduler = None
+
+    def ask(self, number: int) -> tuple:
+        self._trial = self._study.ask()
+        self._handle = SimpleNamespace(trial_id=str(number))
+        if self._scheduler is not None:
+            self._scheduler.on_trial_add(None, self._handle)
+        return tuple(self._trial.suggest_categorical(k, values) for k, values in self._grid.items())
+
+    def report(self, result: dict) -> bool:
+        if self._scheduler is None:
+            return True
+        return self._scheduler.on_trial_result(None, self._handle, result) != "STOP"
+
+    def done(self, result: dict, reached_max: bool) -> None:
+        if self._scheduler is not None and result:
+            self._scheduler.on_trial_complete(None, self._handle, result)
+        state, values = optuna_state_for(result, error=False, metrics=[k for k, _ in OBJECTIVES])
+        self._study.tell(self._trial, values, state=getattr(optuna.trial.TrialState, state))
+
+
+def replay(method: str, *, curves: dict[tuple, dict], grid: dict, epochs: int, budget: int, seed: int,
+           reference: list[float]) -> list[tuple[int, float]]:
     """(epochs spent, hypervolume of the COMPLETE trials) after every trial of one search."""
-    sampler = (optuna.samplers.RandomSampler(seed=seed) if method.startswith("random")
-               else optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=5))
-    study = optuna.create_study(directions=["maximize", "maximize"], sampler=sampler)
-    scheduler = _scheduler(method, epochs)
-    spent, front_points, history, number = 0, [], [], 0
+    search = (_SyneSearch(grid, epochs, seed, fixed=method.endswith("fixed")) if method.startswith("syne")
+              else _OptunaSearch(method, grid, epochs, seed))
+    spent, front, history, number = 0, [], [], 0
     while spent < budget:
-        trial = study.ask()
-        key = tuple(trial.suggest_categorical(k, values) for k, values in GRID.items())
-        curve = curves[key]
-        handle = SimpleNamespace(trial_id=str(number))
+        curve = curves[search.ask(number)]
         number += 1
-        if scheduler is not None:
-            scheduler.on_trial_add(None, handle)
         result: dict = {}
         for epoch in range(1, epochs + 1):
             if spent >= budget:
                 break  # the budget ran out mid-trial: cut short, like the time limit
             spent += 1
-            result = {"epoch": epoch, "best_val_acc": curve["best"][epoch - 1], "throughput": curve["throughput"]}
+            acc, speed = _point(curve, epoch)
+            result = {"epoch": epoch, "best_val_acc": acc, "log_throughput": speed}
             if epoch == epochs:
                 result["stop_reason"] = "max_epochs"  # the trainer ran it to the end
-            action = scheduler.on_trial_result(None, handle, result) if scheduler is not None else "CONTINUE"
-            if epoch < epochs and action == "STOP":
+            if not search.report(result) or epoch == epochs:
                 break
-        if scheduler is not None and result:
-            scheduler.on_trial_complete(None, handle, result)
-        state, values = optuna_state_for(result, error=False, metrics=[k for k, _ in OBJECTIVES])
-        study.tell(trial, values, state=getattr(optuna.trial.TrialState, state))
-        if state == "COMPLETE":
-            front_points.append(values)
-        volume = hypervolume(front_points, modes=["max", "max"], reference=REFERENCE) if front_points else 0.0
-        history.append((spent, volume))
+        reached = result.get("stop_reason") == "max_epochs"
+        search.done(result, reached)
+        if reached:
+            front.append(_point(curve, epochs))
+        history.append((spent, hypervolume(front, modes=MODES, reference=reference) if front else 0.0))
     return history
+
+
+def at_epochs(history: list[tuple[int, float]], spent: int) -> float:
+    """The hypervolume a search had when it had spent ``spent`` epochs."""
+    return max([v for s, v in history if s <= spent], default=0.0)
 
 
 def epochs_to_reach(history: list[tuple[int, float]], target: float) -> int | None:
     return next((spent for spent, volume in history if volume >= target - 1e-12), None)
 
 
+def _quartiles(values: list[float]) -> dict:
+    q1, median, q3 = np.percentile(values, [25, 50, 75])
+    return {"median": float(median), "q1": float(q1), "q3": float(q3)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--curves", type=Path, default=DATA_DIR / f"curves-{GRID_NAME}.parquet")
-    parser.add_argument("--seeds", type=int, default=10)
-    parser.add_argument("--budget", type=int, help="epochs per search (default: 2 full trials per grid point / 4)")
+    parser.add_argument("--grid", choices=sorted(GRIDS), default=GRID_NAME)
+    parser.add_argument("--curves", type=Path, help="default: benchmarks/data/curves-GRID.parquet")
+    parser.add_argument("--seeds", type=int, default=50)
+    parser.add_argument("--budget", type=int, help="epochs per search (default: a sixth of the grid's epochs)")
+    parser.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated, of {', '.join(METHODS)}")
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    methods = [m for m in args.methods.split(",") if m]
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown:
+        raise SystemExit(f"--methods: unknown {unknown[0]!r}; use some of {', '.join(METHODS)}")
+    if any(m.startswith("syne") for m in methods):
+        _syne_tune()  # missing: one line naming the install, before any replay
+    grid = GRIDS[args.grid]["grid"]
+    curves_file = args.curves or DATA_DIR / f"curves-{args.grid}.parquet"
+    curves, epochs = load_curves(curves_file, grid)
+    # the searchers draw from the recorded points only (a recording may be a random subset of the grid)
+    grid = {k: sorted({key[i] for key in curves}) for i, k in enumerate(grid)}
+    missing = math.prod(len(v) for v in grid.values()) - len(curves)
+    if missing:
+        raise SystemExit(f"{curves_file}: {len(curves)} configurations recorded, {missing} of the grid's points "
+                         "missing; record the rest (python -m benchmarks.record_curves resumes) or give a full grid")
+    finals = [_point(c, epochs) for c in curves.values()]
+    reference = [min(p[0] for p in finals), min(p[1] for p in finals)]
+    true_volume = hypervolume(finals, modes=MODES, reference=reference)
+    best_single = max(hypervolume([p], modes=MODES, reference=reference) for p in finals)
+    budget = args.budget or len(curves) * epochs // 6
+    print(f"{len(curves)} configurations x {epochs} epochs ({curves_file.name}); reference point "
+          f"val_acc {reference[0]:.4f}, throughput {10 ** reference[1]:,.0f} img/s; the best single configuration "
+          f"holds {best_single / true_volume:.3f} of the true front's hypervolume; budget {budget} epochs "
+          f"({budget / epochs:.0f} full trials) per search; {args.seeds} seeds", flush=True)
 
-    curves, epochs = load_curves(args.curves)
-    budget = args.budget or max(epochs * 2, len(curves) * epochs // 2)
-    true_front_volume = hypervolume([[c["best"][-1], c["throughput"]] for c in curves.values()],
-                                    modes=["max", "max"], reference=REFERENCE)
-    print(f"{len(curves)} recorded configurations x {epochs} epochs; budget {budget} epochs per search "
-          f"({budget / epochs:.0f} full trials); {args.seeds} seeds")
+    runs: dict[str, list[list[tuple[int, float]]]] = {m: [] for m in methods}
+    seconds = {}
+    for method in methods:
+        start = time.perf_counter()
+        for seed in range(args.seeds):
+            runs[method].append(replay(method, curves=curves, grid=grid, epochs=epochs, budget=budget, seed=seed,
+                                       reference=reference))
+        seconds[method] = time.perf_counter() - start
+        print(f"  {method}: {args.seeds} searches in {seconds[method]:.0f} s", flush=True)
 
-    runs: dict[str, list[list[tuple[int, float]]]] = {m: [] for m in METHODS}
-    for seed in range(args.seeds):
-        for method in METHODS:
-            runs[method].append(replay(method, curves=curves, epochs=epochs, budget=budget, seed=seed))
+    from scipy import stats
 
-    summary = {}
-    for method in METHODS:
-        finals = [h[-1][1] / true_front_volume for h in runs[method]]
-        trials = [len(h) for h in runs[method]]
-        summary[method] = {"final_hv_fraction_median": statistics.median(finals), "final_hv_fraction": finals,
-                           "trials_median": statistics.median(trials)}
-        print(f"  {method:<15} final hypervolume {statistics.median(finals):.3f} of the grid's "
-              f"(min {min(finals):.3f}, max {max(finals):.3f}), {statistics.median(trials):.0f} trials")
+    marks = {"25%": budget // 4, "50%": budget // 2, "100%": budget}
+    steps = list(range(1, budget + 1))
+    summary, finals_by, area_by = {}, {}, {}
+    for method in methods:
+        fractions = {name: [at_epochs(h, spent) / true_volume for h in runs[method]] for name, spent in marks.items()}
+        area_by[method] = [float(np.mean([at_epochs(h, s) for s in steps])) / true_volume for h in runs[method]]
+        finals_by[method] = fractions["100%"]
+        reach = {}
+        for share in (0.90, 0.95):
+            hit = [e for e in (epochs_to_reach(h, share * true_volume) for h in runs[method]) if e is not None]
+            reach[f"{share:.0%}"] = {"seeds_reaching": len(hit), "median_epochs": statistics.median(hit) if hit else None}
+        summary[method] = {"hv_fraction": {k: _quartiles(v) for k, v in fractions.items()},
+                           "area_fraction": _quartiles(area_by[method]), "epochs_to": reach,
+                           "trials_median": statistics.median(len(h) for h in runs[method]), "seconds": seconds[method]}
+    tests = {}
+    for ours in [m for m in OURS if m in methods]:
+        for other in [m for m in methods if m != ours]:
+            row = {}
+            for what, values in (("final", finals_by), ("area", area_by)):
+                diffs = np.array(values[ours]) - np.array(values[other])
+                p = float(stats.wilcoxon(values[ours], values[other]).pvalue) if np.any(diffs != 0) else 1.0
+                row[what] = {"median_difference": float(np.median(diffs)), "ours_higher": int((diffs > 0).sum()),
+                             "ours_lower": int((diffs < 0).sum()), "p_value": p}
+            tests[f"{ours} vs {other}"] = row
 
-    ratios = []
-    for seed in range(args.seeds):
-        target = runs["random+ASHA"][seed][-1][1]
-        reached = epochs_to_reach(runs["optuna+MO-ASHA"][seed], target)
-        ratios.append(None if reached is None else reached / budget)
-    met = [r for r in ratios if r is not None]
-    median_ratio = statistics.median([r if r is not None else float("inf") for r in ratios])
-    print(f"optuna+MO-ASHA reaches random+ASHA's final hypervolume with {median_ratio:.2f} of the epochs "
-          f"(median over seeds; per seed: {', '.join('never' if r is None else f'{r:.2f}' for r in ratios)}); "
-          f"target <= 0.40: {'met' if median_ratio <= 0.4 else 'NOT met'}")
-
-    # hypervolume against epochs, median over seeds, at every 10% of the budget
-    grid = [int(round(budget * f / 10)) for f in range(1, 11)]
-    curves_out = {}
-    for method in METHODS:
-        at = []
-        for point in grid:
-            values = [max([v for s, v in h if s <= point], default=0.0) / true_front_volume for h in runs[method]]
-            at.append(float(np.median(values)))
-        curves_out[method] = at
-        print(f"  {method:<15} " + " ".join(f"{v:.2f}" for v in at) + "   (hypervolume at 10%, 20%, ... of the budget)")
+    print(f"\n{'method':<18} {'HV at 25%':>19} {'HV at 50%':>19} {'HV at 100%':>19} {'area':>19}  to 90% (seeds)  "
+          f"to 95% (seeds)")
+    for method in methods:
+        s = summary[method]
+        cells = [f"{q['median']:.3f} ({q['q1']:.3f}-{q['q3']:.3f})" for q in
+                 (*s["hv_fraction"].values(), s["area_fraction"])]
+        reach = [f"{r['median_epochs'] or '-':>6} ({r['seeds_reaching']:>2})" for r in s["epochs_to"].values()]
+        print(f"{method:<18} " + " ".join(f"{c:>19}" for c in cells) + "  " + "  ".join(f"{r:>14}" for r in reach))
+    print("\nWilcoxon signed-rank, paired by seed (final fraction; area under the curve):")
+    for name, row in tests.items():
+        f, a = row["final"], row["area"]
+        print(f"  {name:<36} final {f['median_difference']:+.3f} (higher {f['ours_higher']}, lower {f['ours_lower']}, "
+              f"p {f['p_value']:.2g}); area {a['median_difference']:+.3f} (higher {a['ours_higher']}, lower "
+              f"{a['ours_lower']}, p {a['p_value']:.2g})")
 
     path = write_result("replay_search", {
-        "curves_file": str(args.curves.name), "configurations": len(curves), "epochs": epochs, "budget_epochs": budget,
-        "seeds": args.seeds, "true_front_hypervolume": true_front_volume, "methods": summary,
-        "mo_asha_epochs_fraction_to_random_asha_final_hv": ratios, "median_ratio": median_ratio,
-        "target_met": median_ratio <= 0.4, "hv_fraction_at_budget_tenths": {"epochs": grid, **curves_out},
+        "curves_file": curves_file.name, "grid": args.grid, "configurations": len(curves), "epochs": epochs,
+        "budget_epochs": budget, "seeds": args.seeds, "reference_point": {"val_acc": reference[0],
+                                                                         "log10_throughput": reference[1]},
+        "true_front_hypervolume": true_volume, "best_single_config_share": best_single / true_volume,
+        "methods": summary, "wilcoxon": tests, "syne_tune": SYNE_TUNE,
     })
     print(f"wrote {path}")
 
