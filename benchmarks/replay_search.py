@@ -113,6 +113,24 @@ def _syne_tune():
                            fixed=_RankedNonDominated)
 
 
+def syne_tune_ranking_check() -> dict[str, str]:
+    """The reading of the rung's ranking, shown on one rung: six trials recorded (metrics
+    minimised, each dominating the next), then a seventh that dominates them all. Syne Tune's
+    Bracket as shipped computes the newcomer's rank from the index of the trial ordered last (5 of
+    7: 0.71 > 1/rf) and stops it; with the ranking read as ranks it is first and goes on."""
+    st = _syne_tune()
+    from syne_tune.optimizer.schedulers.asha import Bracket
+    from syne_tune.optimizer.schedulers.multiobjective.multiobjective_priority import NonDominatedPriority
+
+    out = {}
+    for name, priority in (("as shipped", NonDominatedPriority()), ("fixed", st.fixed())):
+        bracket = Bracket(min_t=1, max_t=8, reduction_factor=2, s=0, priority=priority)
+        for i, v in enumerate((0.3, 0.4, 0.5, 0.6, 0.7, 0.9)):
+            bracket.on_result(trial_id=i, cur_iter=1, metrics={"error": v, "cost": v})
+        out[name] = str(bracket.on_result(trial_id=6, cur_iter=1, metrics={"error": 0.1, "cost": 0.1}))
+    return out
+
+
 class _SyneSearch:
     """Syne Tune's MOASHA driving one replayed search: its suggestions and its stop decisions."""
 
@@ -236,8 +254,10 @@ def main() -> None:
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
         raise SystemExit(f"--methods: unknown {unknown[0]!r}; use some of {', '.join(METHODS)}")
+    check = None
     if any(m.startswith("syne") for m in methods):
-        _syne_tune()  # missing: one line naming the install, before any replay
+        check = syne_tune_ranking_check()  # Syne Tune missing: one line naming the install, before any replay
+        print(f"Syne Tune's rung ranking on a trial that dominates its rung: {check}")
     grid = GRIDS[args.grid]["grid"]
     curves_file = args.curves or DATA_DIR / f"curves-{args.grid}.parquet"
     curves, epochs = load_curves(curves_file, grid)
@@ -314,7 +334,7 @@ def main() -> None:
         "budget_epochs": budget, "seeds": args.seeds, "reference_point": {"val_acc": reference[0],
                                                                          "log10_throughput": reference[1]},
         "true_front_hypervolume": true_volume, "best_single_config_share": best_single / true_volume,
-        "methods": summary, "wilcoxon": tests, "syne_tune": SYNE_TUNE,
+        "methods": summary, "wilcoxon": tests, "syne_tune": SYNE_TUNE, "syne_tune_ranking_check": check,
     })
     print(f"wrote {path}")
 
