@@ -15,7 +15,7 @@ from search.results.query import Experiment
 from search.results.replicates import REPLICATE_COLUMN
 from search.study.suite import SuiteStudy
 
-__all__ = ["claims_table", "claims_page", "write_claims_page"]
+__all__ = ["claims_table", "claims_page", "difference_text", "write_claims_page"]
 
 
 def _number(value: float, objective: str, *, signed: bool = False) -> str:
@@ -26,7 +26,8 @@ def _number(value: float, objective: str, *, signed: bool = False) -> str:
     return f"{value:+,.4g}" if signed else f"{value:,.4g}"
 
 
-def _interval(r: ClaimResult) -> str:
+def difference_text(r: ClaimResult) -> str:
+    """The claim's difference with its 95% interval, e.g. '+11.54 pp (+1.72 pp to +21.37 pp)'."""
     objective = r.claim.test.objective
     if math.isnan(r.diff):
         return "-"
@@ -60,7 +61,7 @@ def claims_table(results: Sequence[ClaimResult]) -> list[list[str]]:
         expect = EXPECTS[r.claim.expect] + (f" (+{_number(r.claim.margin, r.claim.test.objective)} pp)"
                                             if r.claim.expect == "no_gain" else "")
         rows.append([r.claim.id, r.claim.claim, f"{r.claim.paper_result} [{r.claim.paper}]", _what(r), expect,
-                     _interval(r), _p(r.p_value), r.n, r.arms, r.test, f"**{r.verdict}**"])
+                     difference_text(r), _p(r.p_value), r.n, r.arms, r.test, f"**{r.verdict}**"])
     return rows
 
 

@@ -386,7 +386,7 @@ def _cmd_claims(args: argparse.Namespace) -> int:
     from search.results.query import load
     from search.spec.spec import pick_profile
     from search.study.suite import SuiteFailed, run_suite, study_state, suite_studies
-    from search.views.claims_page import claims_page, write_claims_page
+    from search.views.claims_page import claims_page, difference_text, write_claims_page
 
     path = Path(args.claims_file)
     manifest = load_claims(path)
@@ -412,7 +412,7 @@ def _cmd_claims(args: argparse.Namespace) -> int:
                *(["--profile", args.profile] if args.profile else [])]
     out = write_claims_page(args.out, claims_page(results, studies, loaded, command=command, profile=profile))
     for r in results:
-        print(f"{r.claim.id}: {r.verdict} ({r.n}, diff {r.diff:+.4f}, 95% {r.low:+.4f} to {r.high:+.4f})")
+        print(f"{r.claim.id}: {r.verdict} ({r.n}; {difference_text(r)})")
     print(f"wrote {out}")
     return 0
 
