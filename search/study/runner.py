@@ -474,6 +474,7 @@ def _tuner(spec: SearchSpec, location: StudyLocation, trainable, callback, *, na
     from search.study.metrics import MetricsCallback
     from search.study.progress import ProgressBar
     from search.study.recovery import CheckpointRecovery
+    from search.study.snapshot import SnapshotKeeper
 
     return tune.Tuner(
         trainable,
@@ -496,7 +497,7 @@ def _tuner(spec: SearchSpec, location: StudyLocation, trainable, callback, *, na
             # it has the trial's row.
             callbacks=[CheckpointRecovery(out=out), ProgressBar(callback, stream=out), callback,
                        MetricsCallback(callback.store, experiment=spec.name, total_trials=callback.total_trials),
-                       JsonLoggerCallback()],
+                       SnapshotKeeper(), JsonLoggerCallback()],
             verbose=0,
             checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
             failure_config=tune.FailureConfig(max_failures=spec.budget.max_failures),
@@ -521,6 +522,7 @@ def _confirm(spec: SearchSpec, location: StudyLocation, data, *, cache_dir: str 
     tune_dir, filesystem = location.tune_dir(CONFIRM_TUNE_DIR), location.tune_storage()[1]
     if tune.Tuner.can_restore(tune_dir, storage_filesystem=filesystem):
         print(f"resuming the confirmation of study {spec.name}", file=out, flush=True)
+        _mend_snapshot(location, CONFIRM_TUNE_DIR, out)
         with _no_results_preview_warning():
             tuner = tune.Tuner.restore(tune_dir, trainable=_trainable_for(spec, data, cache_dir),
                                        storage_filesystem=filesystem, resume_unfinished=True,
@@ -549,6 +551,17 @@ def _confirm(spec: SearchSpec, location: StudyLocation, data, *, cache_dir: str 
                        num_samples=len(configs), time_budget_s=left, out=out)
     with _no_results_preview_warning(), _disk_full_in_one_line(location):
         tuner.fit()
+
+
+def _mend_snapshot(location: StudyLocation, name: str, out: TextIO) -> None:
+    """Tune's snapshot cut short by a full disk: the last complete one put back (search.study.snapshot).
+    A study at a URI is read as it is: Tune uploads only snapshots it finished writing."""
+    from search.study.snapshot import restore_last_good
+
+    if location.uri is None:
+        said = restore_last_good(location.local / name)
+        if said:
+            print(said, file=out, flush=True)
 
 
 @contextlib.contextmanager
@@ -652,6 +665,7 @@ def _resume(location: StudyLocation, *, address: str | None, cache_dir: str | os
         data = _prepare_data(spec, cache_dir, out)
         _init_ray(address, dashboard_host, out)
     print(f"resuming study {spec.name} in {location}", file=out, flush=True)
+    _mend_snapshot(location, "ray", out)
     # The searcher, the scheduler and the store callback come back from Tune's own snapshot; the
     # callback reloads the rows already in the Parquet files (StoreCallback.setup). Their study
     # location is this one, wherever the snapshot was taken (a folder moved since, another machine).

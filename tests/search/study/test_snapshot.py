@@ -1,0 +1,82 @@
+"""Tune's snapshot kept whole (search.study.snapshot): a complete snapshot is copied, a half-written
+one is not, and a resume puts the last complete one back where a full disk cut the newest short."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from search.study.snapshot import LAST_GOOD, SnapshotKeeper, restore_last_good, snapshot_files
+from trainers.errors import ConfigError
+
+SESSION = "2026-11-28_10-01-36"
+
+
+def _write_snapshot(folder: Path, trials: int, *, session: str = SESSION, state_text: str | None = None) -> None:
+    state = folder / f"experiment_state-{session}.json"
+    state.write_text(state_text if state_text is not None else json.dumps({"trial_data": [["{}", "{}"]] * trials}))
+    time.sleep(0.01)  # the searcher's files after the trials', as Tune writes them
+    (folder / f"search_gen_state-{session}.json").write_bytes(f"counter {trials}".encode())
+    (folder / f"searcher-state-{session}.pkl").write_bytes(b"searcher")
+
+
+def _step(keeper: SnapshotKeeper, folder: Path) -> None:
+    trial = SimpleNamespace(storage=SimpleNamespace(experiment_driver_staging_path=str(folder)))
+    keeper.on_step_end(iteration=0, trials=[trial])
+
+
+def test_the_keeper_copies_complete_snapshots_only(tmp_path):
+    keeper = SnapshotKeeper()
+    _step(keeper, tmp_path)  # nothing written yet: nothing kept
+    assert not (tmp_path / LAST_GOOD).exists()
+    _write_snapshot(tmp_path, 1)
+    _step(keeper, tmp_path)
+    kept = snapshot_files(tmp_path / LAST_GOOD)
+    assert [f.name for f in kept] == [f.name for f in snapshot_files(tmp_path)]
+    assert json.loads(kept[0].read_text())["trial_data"] == [["{}", "{}"]]
+
+    # Tune between the trials' file and the searcher's: not a snapshot yet
+    state = tmp_path / f"experiment_state-{SESSION}.json"
+    state.write_text(json.dumps({"trial_data": [["{}", "{}"]] * 2}))
+    future = time.time() + 5
+    os.utime(state, (future, future))
+    _step(keeper, tmp_path)
+    assert len(json.loads((tmp_path / LAST_GOOD / state.name).read_text())["trial_data"]) == 1
+
+    # a state cut short (the disk filled while Tune wrote it): the good copy stays
+    _write_snapshot(tmp_path, 3, state_text='{"trial_data": [["{\\n  \\"stub')
+    _step(keeper, tmp_path)
+    assert len(json.loads((tmp_path / LAST_GOOD / state.name).read_text())["trial_data"]) == 1
+    assert not list(tmp_path.glob(LAST_GOOD + ".*"))
+
+
+def test_a_resume_puts_the_last_complete_snapshot_back(tmp_path):
+    keeper = SnapshotKeeper()
+    _write_snapshot(tmp_path, 2)
+    _step(keeper, tmp_path)
+    assert restore_last_good(tmp_path) is None  # the newest reads whole: nothing to do
+
+    _write_snapshot(tmp_path, 3, state_text='{"trial_data": [["{\\n  \\"stub')  # cut short, same session
+    _write_snapshot(tmp_path, 3, session="2026-11-28_10-09-00", state_text="{")  # and a later session's
+    said = restore_last_good(tmp_path)
+    assert said and "cut short" in said and "resuming from the last complete one (2 trials)" in said
+    files = snapshot_files(tmp_path)
+    assert files[0].name == f"experiment_state-{SESSION}.json"
+    assert len(json.loads(files[0].read_text())["trial_data"]) == 2
+    assert (tmp_path / f"search_gen_state-{SESSION}.json").read_bytes() == b"counter 2"
+    damaged = sorted(p.name for p in (tmp_path / ".damaged").iterdir())  # moved aside, not deleted
+    assert damaged == sorted([f"experiment_state-{SESSION}.json", f"search_gen_state-{SESSION}.json",
+                              f"searcher-state-{SESSION}.pkl", "experiment_state-2026-11-28_10-09-00.json",
+                              "search_gen_state-2026-11-28_10-09-00.json", "searcher-state-2026-11-28_10-09-00.pkl"])
+    assert restore_last_good(tmp_path) is None
+
+
+def test_a_cut_snapshot_without_a_copy_is_one_line(tmp_path):
+    _write_snapshot(tmp_path, 1, state_text="{")
+    with pytest.raises(ConfigError, match="cut short .* no complete copy was kept, .* --name NEW_NAME"):
+        restore_last_good(tmp_path)
