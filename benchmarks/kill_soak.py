@@ -399,7 +399,7 @@ def soak(runs: int, *, trials: int, max_epochs: int, window: float | None, seed:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks kill_soak", description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=20, help="killed runs (default 20)")
+    parser.add_argument("--runs", type=int, default=20, help="killed runs (default 20; 0: only --worker-kills)")
     parser.add_argument("--trials", type=int, default=3, help="trials per study (default 3)")
     parser.add_argument("--max-epochs", type=int, default=3, help="epochs per trial (default 3)")
     parser.add_argument("--confirm", type=int, default=2, help="further seeds of the best config after the search "
@@ -417,13 +417,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.worker_kills < 0:
         parser.error("--worker-kills must be at least 0")
-    if args.runs < 1 or args.trials < 1 or args.max_epochs < 1 or args.confirm < 0:
-        parser.error("--runs, --trials and --max-epochs must be at least 1, --confirm at least 0")
+    if args.runs < 0 or args.trials < 1 or args.max_epochs < 1 or args.confirm < 0:
+        parser.error("--trials and --max-epochs must be at least 1, --runs and --confirm at least 0")
+    if args.runs == 0 and not args.worker_kills:
+        parser.error("nothing to do: --runs 0 needs --worker-kills N")
     folder = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="kill-soak-"))
     folder.mkdir(parents=True, exist_ok=True)
     try:
-        result = soak(args.runs, trials=args.trials, max_epochs=args.max_epochs, window=args.window, seed=args.seed,
-                      poll=args.poll, folder=folder, confirm=args.confirm)
+        result = (soak(args.runs, trials=args.trials, max_epochs=args.max_epochs, window=args.window, seed=args.seed,
+                       poll=args.poll, folder=folder, confirm=args.confirm) if args.runs else
+                  {"runs": 0, "phases": {}, "during_store_write": 0, "during_journal_write": 0, "failures": []})
         if args.worker_kills:
             result["worker_kills"] = worker_soak(args.worker_kills, window=args.worker_window, seed=args.seed,
                                                  poll=max(args.poll, 0.2), folder=folder)
