@@ -6,10 +6,12 @@ that fills during the write leaves the file cut short; a resume then cannot read
 of stopping, logs "Failed to restore the run state" and starts the experiment over with an empty
 trial list: the study ends with the trials of that new start only, its earlier ones forgotten.
 
-``SnapshotKeeper`` (a Tune callback) copies each snapshot that Tune finished writing (the searcher's
-files, written after the trials', are at least as new) and that reads whole into ``.last-good/``
-beside it, through a temporary folder renamed into place, so the copy is whole or the previous one
-stays. ``restore_last_good`` runs before a resume: where the newest snapshot does not read, it moves
+Tune writes the snapshot in the driver's staging folder and copies it to the study's storage, file
+by file; the copy is what a resume reads, and what the full disk cuts. ``SnapshotKeeper`` (a Tune
+callback) copies each snapshot in the study's folder that reads whole and whose files agree (the
+searcher's count of the trials it made is the number of trials in the snapshot) into
+``.last-good/`` beside it, through a temporary folder renamed into place, so the copy is whole or
+the previous one stays. ``restore_last_good`` runs before a resume: where the newest snapshot does not read, it moves
 the damaged files aside (``.damaged/``, nothing deleted) and puts the last good set back; the trials
 that finished after it are in the store, and the resume's reconciliation
 (``StoreCallback.on_step_begin``) samples their slots again.
@@ -57,6 +59,19 @@ def _reads_whole(path: Path) -> bool:
         return False
 
 
+def _consistent(files: list[Path]) -> bool:
+    """The experiment state reads whole and the searcher made as many trials as it lists."""
+    import pickle
+
+    try:
+        trials = len(json.loads(files[0].read_bytes())["trial_data"])
+        with open(files[1], "rb") as f:
+            made = pickle.load(f)["counter"]  # Tune's own file in the study's folder (Tune unpickles it to resume)
+    except Exception:  # cut short, or written while we read
+        return False
+    return made == trials
+
+
 def _copy_set(files: list[Path], target: Path) -> None:
     """``files`` into ``target`` as one set: a temporary folder renamed over it."""
     tmp = target.with_name(target.name + ".tmp")
@@ -79,16 +94,18 @@ class SnapshotKeeper(Callback):
         self._kept: tuple | None = None
 
     def on_step_end(self, iteration: int, trials: list, **info: Any) -> None:
-        if not trials:
-            return
-        folder = Path(trials[0].storage.experiment_driver_staging_path)
+        from pyarrow import fs as pafs
+
+        if not trials or not isinstance(trials[0].storage.storage_filesystem, pafs.LocalFileSystem):
+            return  # a study at a URI: Tune uploads a snapshot only once it is written whole
+        folder = Path(trials[0].storage.experiment_fs_path)
         try:
             files = snapshot_files(folder)
             if len(files) != 1 + len(SIDECARS):
                 return
             stamps = tuple((f.name, f.stat().st_mtime_ns, f.stat().st_size) for f in files)
-            if stamps == self._kept or min(s[1] for s in stamps[1:]) < stamps[0][1] or not _reads_whole(files[0]):
-                return  # kept already, or Tune is between writing the trials and the searcher
+            if stamps == self._kept or not _consistent(files):
+                return  # kept already, or being copied
             _copy_set(files, folder / LAST_GOOD)
             self._kept = stamps
         except OSError:  # e.g. the disk is full: the previous copy stays

@@ -4,12 +4,12 @@ one is not, and a resume puts the last complete one back where a full disk cut t
 from __future__ import annotations
 
 import json
-import os
-import time
+import pickle
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from pyarrow import fs as pafs
 
 from search.study.snapshot import LAST_GOOD, SnapshotKeeper, restore_last_good, snapshot_files
 from trainers.errors import ConfigError
@@ -17,17 +17,22 @@ from trainers.errors import ConfigError
 SESSION = "2026-11-28_10-01-36"
 
 
-def _write_snapshot(folder: Path, trials: int, *, session: str = SESSION, state_text: str | None = None) -> None:
+def _write_snapshot(folder: Path, trials: int, *, made: int | None = None, session: str = SESSION,
+                    state_text: str | None = None) -> None:
+    """Tune's files of a snapshot: the trials (``trials`` of them) and the searcher's (``made``)."""
     state = folder / f"experiment_state-{session}.json"
     state.write_text(state_text if state_text is not None else json.dumps({"trial_data": [["{}", "{}"]] * trials}))
-    time.sleep(0.01)  # the searcher's files after the trials', as Tune writes them
-    (folder / f"search_gen_state-{session}.json").write_bytes(f"counter {trials}".encode())
+    (folder / f"search_gen_state-{session}.json").write_bytes(pickle.dumps({"counter": trials if made is None else made}))
     (folder / f"searcher-state-{session}.pkl").write_bytes(b"searcher")
 
 
-def _step(keeper: SnapshotKeeper, folder: Path) -> None:
-    trial = SimpleNamespace(storage=SimpleNamespace(experiment_driver_staging_path=str(folder)))
-    keeper.on_step_end(iteration=0, trials=[trial])
+def _step(keeper: SnapshotKeeper, folder: Path, filesystem=None) -> None:
+    storage = SimpleNamespace(experiment_fs_path=str(folder), storage_filesystem=filesystem or pafs.LocalFileSystem())
+    keeper.on_step_end(iteration=0, trials=[SimpleNamespace(storage=storage)])
+
+
+def _counter(path: Path) -> int:
+    return pickle.loads(path.read_bytes())["counter"]
 
 
 def test_the_keeper_copies_complete_snapshots_only(tmp_path):
@@ -40,19 +45,27 @@ def test_the_keeper_copies_complete_snapshots_only(tmp_path):
     assert [f.name for f in kept] == [f.name for f in snapshot_files(tmp_path)]
     assert json.loads(kept[0].read_text())["trial_data"] == [["{}", "{}"]]
 
-    # Tune between the trials' file and the searcher's: not a snapshot yet
+    # copied half: the trials' file new, the searcher's not yet (it made 1, the file lists 2): not kept
     state = tmp_path / f"experiment_state-{SESSION}.json"
-    state.write_text(json.dumps({"trial_data": [["{}", "{}"]] * 2}))
-    future = time.time() + 5
-    os.utime(state, (future, future))
+    _write_snapshot(tmp_path, 2, made=1)
     _step(keeper, tmp_path)
     assert len(json.loads((tmp_path / LAST_GOOD / state.name).read_text())["trial_data"]) == 1
+    _write_snapshot(tmp_path, 2)  # the copy done: kept
+    _step(keeper, tmp_path)
+    assert _counter(tmp_path / LAST_GOOD / f"search_gen_state-{SESSION}.json") == 2
 
     # a state cut short (the disk filled while Tune wrote it): the good copy stays
     _write_snapshot(tmp_path, 3, state_text='{"trial_data": [["{\\n  \\"stub')
     _step(keeper, tmp_path)
-    assert len(json.loads((tmp_path / LAST_GOOD / state.name).read_text())["trial_data"]) == 1
+    assert len(json.loads((tmp_path / LAST_GOOD / state.name).read_text())["trial_data"]) == 2
     assert not list(tmp_path.glob(LAST_GOOD + ".*"))
+
+    # a study at a URI is not watched (Tune uploads whole snapshots only)
+    other = tmp_path / "uri"
+    other.mkdir()
+    _write_snapshot(other, 1)
+    _step(SnapshotKeeper(), other, filesystem=pafs.SubTreeFileSystem(str(other), pafs.LocalFileSystem()))
+    assert not (other / LAST_GOOD).exists()
 
 
 def test_a_resume_puts_the_last_complete_snapshot_back(tmp_path):
@@ -68,7 +81,7 @@ def test_a_resume_puts_the_last_complete_snapshot_back(tmp_path):
     files = snapshot_files(tmp_path)
     assert files[0].name == f"experiment_state-{SESSION}.json"
     assert len(json.loads(files[0].read_text())["trial_data"]) == 2
-    assert (tmp_path / f"search_gen_state-{SESSION}.json").read_bytes() == b"counter 2"
+    assert _counter(tmp_path / f"search_gen_state-{SESSION}.json") == 2
     damaged = sorted(p.name for p in (tmp_path / ".damaged").iterdir())  # moved aside, not deleted
     assert damaged == sorted([f"experiment_state-{SESSION}.json", f"search_gen_state-{SESSION}.json",
                               f"searcher-state-{SESSION}.pkl", "experiment_state-2026-11-28_10-09-00.json",
