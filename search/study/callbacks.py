@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import sys
 import time
@@ -16,6 +17,7 @@ from search.results.replicates import REPLICATE_COLUMN
 from search.results.store import TRIAL_VALUE_OF, ResultsStore
 from search.study.searcher import nonfinite_objectives, prune_running_trials, trial_state
 from search.study.trainable import EARLIER_EPOCHS, REPLICATE_KEY, SEED_KEY
+from trainers.errors import DiskFullError
 
 __all__ = ["StoreCallback", "PrintingCallback", "error_line"]
 
@@ -99,8 +101,27 @@ class StoreCallback(PrintingCallback):
         self._finished = len(self._stage_rows())
         self._study_start = time.monotonic() - self.store.elapsed_s  # elapsed counts on
         self._reconciled = False
+        self._disk_full = None
+
+    # A full disk met inside a hook that Tune wraps (on_trial_complete: Tune logs the exception with
+    # its traceback and carries on) is raised at the next step instead, where nothing catches it:
+    # the driver stops with the one line of search.study.runner._disk_full_in_one_line.
+    @contextlib.contextmanager
+    def _disk_full_deferred(self):
+        try:
+            yield
+        except DiskFullError as exc:
+            self._disk_full = getattr(self, "_disk_full", None) or exc
+
+    def _raise_disk_full(self) -> None:
+        if getattr(self, "_disk_full", None) is not None:
+            raise self._disk_full
+
+    def on_step_end(self, iteration: int, trials: list, **info: Any) -> None:
+        self._raise_disk_full()
 
     def on_step_begin(self, iteration: int, trials: list, **info: Any) -> None:
+        self._raise_disk_full()
         if getattr(self, "_reconciled", True):
             return
         self._reconciled = True
@@ -134,6 +155,10 @@ class StoreCallback(PrintingCallback):
         self._started.setdefault(trial.trial_id, _now())
 
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
+        with self._disk_full_deferred():
+            self._record_epoch(trial, result)
+
+    def _record_epoch(self, trial: Any, result: dict) -> None:
         if result.get("rejected"):
             return  # no epoch was trained
         for earlier in result.get(EARLIER_EPOCHS) or ():  # a restored trial's epochs the store may lack
@@ -150,6 +175,10 @@ class StoreCallback(PrintingCallback):
             self._flushed_at, self._flush_cost = time.monotonic(), time.monotonic() - now
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        with self._disk_full_deferred():
+            self._complete(trial)
+
+    def _complete(self, trial: Any) -> None:
         result = trial.last_result or {}
         state = trial_state(result, error=False, metrics=self.objective_keys)
         error = None
@@ -176,7 +205,8 @@ class StoreCallback(PrintingCallback):
             error = Path(path).read_text() if path else trial.get_error()
         except Exception as exc:  # an unreadable error file: the trial still failed
             error = exc
-        self._finish(trial, state="FAILED", stop_reason="error", error=error_line(error))
+        with self._disk_full_deferred():
+            self._finish(trial, state="FAILED", stop_reason="error", error=error_line(error))
 
     def on_experiment_end(self, trials: list, **info: Any) -> None:
         if self._timed_out():
@@ -191,6 +221,7 @@ class StoreCallback(PrintingCallback):
             if not self._replicates:
                 prune_running_trials(self.store.directory / JOURNAL_FILE, study_name=self.common["experiment"],
                                      reason="time_limit")
+        self._raise_disk_full()
         self.store.flush()
 
     # -- rows -------------------------------------------------------------------------------

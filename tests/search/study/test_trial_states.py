@@ -187,3 +187,33 @@ def test_trials_running_when_the_time_limit_ends_the_study_are_recorded(tmp_path
     # Tune's end-of-fit results read the unstarted trial's missing result.json: its warning is
     # noise the runner filters (the store has the results)
     assert not [w for w in warnings if w.startswith("Failed to fetch metrics")], warnings
+
+
+def test_a_full_disk_inside_a_hook_tune_wraps_stops_the_driver_at_the_next_step(tmp_path, monkeypatch):
+    """Tune logs (with a traceback) and swallows what on_trial_complete raises: a full disk met
+    there is raised at the next step instead, where it stops the driver with its one line."""
+    from types import SimpleNamespace
+
+    from trainers.errors import DiskFullError
+
+    store = ResultsStore(tmp_path, space={"kind": ParamSpec(type="choice", values=tuple(KINDS)).to_json()},
+                         objectives=[("val_acc", "max")], reference=[0.0])
+    callback = StoreCallback(store, experiment="full", model="fake", spec_hash="x", git_commit=None, seed=0,
+                             total_trials=1, time_limit_s=None, max_epochs=1, objective_keys=["best_val_acc"],
+                             out=io.StringIO())
+    callback.setup()
+    full = DiskFullError(f"{tmp_path}/trials.parquet: the disk is full")
+
+    def no_room() -> None:
+        raise full
+
+    monkeypatch.setattr(store, "flush", no_room)
+    trial = SimpleNamespace(trial_id="t1", config={"kind": "ok"}, last_result={"epoch": 1, "best_val_acc": 0.5,
+                                                                             "stop_reason": "max_epochs"},
+                            num_failures=0)
+    callback.on_trial_complete(iteration=1, trials=[trial], trial=trial)  # as Tune calls it: nothing escapes
+    with pytest.raises(DiskFullError) as raised:
+        callback.on_step_end(iteration=1, trials=[trial])
+    assert raised.value is full
+    with pytest.raises(DiskFullError):
+        callback.on_experiment_end(trials=[trial])
