@@ -93,7 +93,7 @@ def _study_row(study: SuiteStudy, exp: Experiment | None) -> list[str]:
 
 
 def claims_page(results: Sequence[ClaimResult], studies: Sequence[SuiteStudy], loaded: Mapping[str, Experiment], *,
-                command: Sequence[str], profile: str | None) -> str:
+                command: Sequence[str], profile: str | None, storage: str) -> str:
     """The page's Markdown."""
     counts = {v: sum(r.verdict == v for r in results) for v in ("reproduced", "not reproduced", "inconclusive",
                                                                  "not run")}
@@ -101,8 +101,8 @@ def claims_page(results: Sequence[ClaimResult], studies: Sequence[SuiteStudy], l
     out = [
         "# The papers' claims, reproduced on this platform",
         "",
-        f"Written by `{shlex.join(command)}` (profile {profile or 'as written'}) from the studies listed at the "
-        "end; do not edit it by hand, run that command again (it runs only the studies that are missing or "
+        f"Written by `{shlex.join(command)}` (profile {profile or 'as written'}) from the studies in `{storage}`, "
+        "listed at the end; do not edit it by hand, run that command again (it runs only the studies that are missing or "
         "unfinished). The claims and how each is tested: `studies/claims.yaml`; the specs: `studies/*.yaml`.",
         "",
         f"**{len(results)} claims: {summary}.**",

@@ -410,7 +410,8 @@ def _cmd_claims(args: argparse.Namespace) -> int:
     results = [evaluate_claim(c, loaded) for c in claims]
     command = ["python", "-m", "search", "claims", *([str(path)] if str(path) != "studies/claims.yaml" else []),
                *(["--profile", args.profile] if args.profile else [])]
-    out = write_claims_page(args.out, claims_page(results, studies, loaded, command=command, profile=profile))
+    out = write_claims_page(args.out, claims_page(results, studies, loaded, command=command, profile=profile,
+                                                     storage=storage))
     for r in results:
         print(f"{r.claim.id}: {r.verdict} ({r.n}; {difference_text(r)})")
     print(f"wrote {out}")
