@@ -196,14 +196,19 @@ def _effect(exp: Experiment, test: ClaimTest) -> list[float]:
                               knob=test.knob, value=test.value, baseline=test.baseline)
 
 
+def _values(rows: pd.DataFrame, objective: str, at: Mapping[str, Any]) -> list[float]:
+    """``objective`` of the rows whose knobs hold the values of ``at`` (none: every row)."""
+    for knob, value in at.items():
+        rows = rows[[str(v) == str(value) or _same_number(v, value) for v in rows[knob]]]
+    return [float(v) for v in rows[objective] if not pd.isna(v)]
+
+
 def _at_point(exp: Experiment, test: ClaimTest) -> list[float]:
-    rows = _trials(exp, test.objective, test.epoch)
     knobs = grid_knobs(exp.spec, exp.path)
-    for knob, value in test.at.items():
+    for knob in test.at:
         if knob not in knobs:
             raise ConfigError(f"at: {knob} is not a knob of {exp.path}; use one of {', '.join(knobs)}")
-        rows = rows[[str(v) == str(value) or _same_number(v, value) for v in rows[knob]]]
-    return [float(v) for v in rows[test.objective] if not pd.isna(v)]
+    return _values(_trials(exp, test.objective, test.epoch), test.objective, test.at)
 
 
 def _same_number(a: Any, b: Any) -> bool:
@@ -230,10 +235,8 @@ def evaluate_claim(claim: Claim, studies: Mapping[str, Experiment]) -> ClaimResu
         diffs = _effect(exp, test)
         diff, low, high, p = paired(diffs)
         trials = _trials(exp, test.objective, test.epoch)
-        arm = [float(v) for v, k in zip(trials[test.objective], trials[test.knob]) if _same_number(k, test.value)
-               or str(k) == str(test.value)]
-        base = [float(v) for v, k in zip(trials[test.objective], trials[test.knob]) if _same_number(k, test.baseline)
-                or str(k) == str(test.baseline)]
+        arm = _values(trials, test.objective, {test.knob: test.value})
+        base = _values(trials, test.objective, {test.knob: test.baseline})
         n, arms, name = f"{len(diffs)} pairs", _means(arm, base), "paired t (Student 1908)"
     elif test.kind == "shrinks":
         first, then = _effect(studies[test.study], test), _effect(studies[test.then], test)
@@ -241,12 +244,8 @@ def evaluate_claim(claim: Claim, studies: Mapping[str, Experiment]) -> ClaimResu
         gaps = (f"{statistics.fmean(first):+.4f} vs {statistics.fmean(then):+.4f}" if first and then else "-")
         n, arms, name = f"{len(first)} vs {len(then)} pairs", gaps, "Welch t (Welch 1947)"
     else:
-        at, control = _at_point(studies[test.study], test), _at_point_all(studies[test.control], test)
+        at = _at_point(studies[test.study], test)
+        control = _values(_trials(studies[test.control], test.objective, test.epoch), test.objective, {})
         diff, low, high, p = welch(at, control)
         n, arms, name = f"{len(at)} vs {len(control)} seeds", _means(at, control), "Welch t (Welch 1947)"
     return ClaimResult(claim, diff, low, high, p, n, arms, _verdict(claim.expect, low, high, claim.margin), name)
-
-
-def _at_point_all(exp: Experiment, test: ClaimTest) -> list[float]:
-    rows = _trials(exp, test.objective, test.epoch)
-    return [float(v) for v in rows[test.objective] if not pd.isna(v)]
