@@ -170,6 +170,32 @@ def test_a_model_timed_beside_the_reference_gets_the_reference_number_over_their
     assert plain["throughput_reference"] is None
 
 
+def test_a_reference_timed_in_a_slow_phase_is_timed_again_before_any_trial_uses_it(tmp_path, monkeypatch):
+    """The reference's first timing falls in a 4x slow phase (20 img/s); beside the first model its
+    own batches run at 80 img/s, so it is timed again (80) and the model, at 2x its cost, reads 40,
+    not 10. The cache keeps the faster reference for the next trial; a cached reference is not
+    re-checked (a study's trials keep one scale)."""
+    _scripted_rounds(monkeypatch, [(0.4, 1.0)] * 3 + [(0.1, 1.0)] * 3, beside=[(0.2, 0.1, 1.0)] * 6)
+    kwargs = dict(input_shape=(1, 28, 28), batch_size=8, warmup=0, repeats=3, cache_dir=tmp_path)
+    reference = timm.create_model("ls_convit_nano")
+    with pytest.warns(UserWarning, match="reference model read 20 img/s .* timed again: 80"):
+        record = measure_model(timm.create_model("ls_convit_nano", depth=3), reference=reference, **kwargs)
+    assert record["throughput"] == pytest.approx(40.0)
+    own = measure_model(timm.create_model("ls_convit_nano", locality_strength=2.0), reference=reference, **kwargs)
+    assert own["throughput_cached"] and own["throughput"] == pytest.approx(80.0)
+    assert own["throughput_retimed_from"] == pytest.approx(20.0)
+    again = measure_model(timm.create_model("ls_convit_nano", depth=3), reference=reference, **kwargs)
+    assert again["throughput_cached"] and again["throughput"] == pytest.approx(40.0)
+
+
+def test_a_reference_confirmed_beside_the_model_is_not_timed_again(tmp_path, monkeypatch):
+    calls = _scripted_rounds(monkeypatch, [(0.1, 1.0)] * 3, beside=[(0.2, 0.09, 1.0)] * 3)  # 11% faster: noise
+    kwargs = dict(input_shape=(1, 28, 28), batch_size=8, warmup=0, repeats=3, cache_dir=tmp_path)
+    record = measure_model(timm.create_model("ls_convit_nano", depth=3), reference=timm.create_model("ls_convit_nano"),
+                           **kwargs)
+    assert len(calls) == 3 and record["throughput"] == pytest.approx(80.0 / (0.2 / 0.09))
+
+
 def test_cpu_share_of_a_real_round(monkeypatch):
     """The share is measured, not assumed: a real round reports a positive share and which round it kept."""
     result = measure_throughput(timm.create_model("ls_convit_nano"), input_shape=(1, 28, 28), batch_size=8,
