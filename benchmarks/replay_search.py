@@ -20,6 +20,9 @@ Methods (ours last):
   syne-MOASHA-fixed  the same with the rung's ranking read as ranks (see below)
   random+MO-ASHA     RandomSampler, this project's MOASHAScheduler on (val_acc, throughput)
   tpe+MO-ASHA        Optuna TPE, the same MO-ASHA (what a study with scheduler: mo_asha runs)
+  random+MO-ASHA-hvc, tpe+MO-ASHA-hvc
+                     the same with a rung's fronts ordered by hypervolume contribution
+                     (MOASHAScheduler's ranking="hv_contribution") instead of crowding distance
 
 Syne Tune's ``Bracket.on_result`` reads what ``MOPriority`` returns as one priority per trial
 (lower is better), but ``NonDominatedPriority`` returns the rung's trials' *indices* in their
@@ -64,7 +67,7 @@ GRID_NAME = "convit-wide"
 OBJECTIVES = [("best_val_acc", "max"), ("log_throughput", "max")]
 MODES = ["max", "max"]
 METHODS = ("random", "tpe", "nsga2", "random+ASHA", "syne-MOASHA", "syne-MOASHA-fixed", "random+MO-ASHA",
-           "tpe+MO-ASHA")
+           "tpe+MO-ASHA", "random+MO-ASHA-hvc", "tpe+MO-ASHA-hvc")
 OURS = ("tpe+MO-ASHA", "random+MO-ASHA")
 SYNE_TUNE = "syne-tune==0.16.0"
 
@@ -171,9 +174,10 @@ class _OptunaSearch:
                    "nsga2": lambda: optuna.samplers.NSGAIISampler(seed=seed, population_size=8)}[name]()
         self._study = optuna.create_study(directions=["maximize", "maximize"], sampler=sampler)
         self._grid, self._epochs = grid, epochs
-        if method.endswith("MO-ASHA"):
+        if "MO-ASHA" in method:
             self._scheduler = MOASHAScheduler(objectives=OBJECTIVES, time_attr="epoch", max_t=epochs, grace_period=1,
-                                              reduction_factor=2)
+                                              reduction_factor=2,
+                                              ranking="hv_contribution" if method.endswith("-hvc") else "crowding")
         elif method.endswith("ASHA"):
             self._scheduler = ASHAScheduler(time_attr="epoch", metric="best_val_acc", mode="max", max_t=epochs,
                                             grace_period=1, reduction_factor=2)

@@ -54,12 +54,18 @@ import numpy as np
 from ray.tune.experiment import Trial
 from ray.tune.schedulers.trial_scheduler import FIFOScheduler, TrialScheduler
 
+from search.results.hypervolume import hypervolume
 from search.results.pareto import pareto_mask
 
 if TYPE_CHECKING:
     from ray.tune.execution.tune_controller import TuneController
 
-__all__ = ["MOASHAScheduler"]
+__all__ = ["MOASHAScheduler", "RANKINGS"]
+
+# How one front of a rung is ordered (rule 5): NSGA-II's crowding distance, or each point's
+# exclusive hypervolume contribution (SMS-EMOA's; Schmucker et al. 2021 compare such orderings
+# for MO-ASHA). Both give a front's extreme points infinity.
+RANKINGS = ("crowding", "hv_contribution")
 
 CONTINUE = TrialScheduler.CONTINUE
 STOP = TrialScheduler.STOP
@@ -129,23 +135,45 @@ def _crowding_distance(points: np.ndarray) -> np.ndarray:
     return distance
 
 
-def _rung_order(points: np.ndarray, favoured: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(ranks, crowding, order)`` of a rung's rows ``points`` (n, k), maximised, in arrival
-    order. ``order`` lists the valid rows best first: rank ascending, crowding descending, then
-    ``favoured`` (the trial being judged) before exact ties, then arrival. NaN rows have rank
-    -1 and crowding NaN and are left out of ``order``."""
+def _hv_contribution(points: np.ndarray, reference: np.ndarray) -> np.ndarray:
+    """Each row's exclusive hypervolume contribution to one front ``points`` (n, k), maximised,
+    up to ``reference`` (the rung's worst value per objective); the front's extremes get infinity,
+    as in crowding, so that its ends are kept first."""
+    n, k = points.shape
+    if n <= 2:
+        return np.full(n, np.inf)
+    modes = ["max"] * k
+    whole = hypervolume(points, modes=modes, reference=reference)
+    contribution = np.array([whole - hypervolume(np.delete(points, i, axis=0), modes=modes, reference=reference)
+                             for i in range(n)])
+    for j in range(k):
+        contribution[np.argmax(points[:, j])] = contribution[np.argmin(points[:, j])] = np.inf
+    return contribution
+
+
+def _rung_order(points: np.ndarray, favoured: int | None = None,
+                ranking: str = "crowding") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(ranks, spread, order)`` of a rung's rows ``points`` (n, k), maximised, in arrival
+    order. ``spread`` is the crowding distance or hypervolume contribution within each row's
+    front (``ranking``). ``order`` lists the valid rows best first: rank ascending, spread
+    descending, then ``favoured`` (the trial being judged) before exact ties, then arrival. NaN
+    rows have rank -1 and spread NaN and are left out of ``order``."""
     points = np.asarray(points, dtype=float)
     ranks = _nondominated_ranks(points)
     crowding = np.full(len(points), np.nan)
+    valid_points = points[ranks >= 0]
+    reference = valid_points.min(axis=0) if len(valid_points) else None
     for rank in range(ranks.max(initial=-1) + 1):
         members = np.flatnonzero(ranks == rank)
-        crowding[members] = _crowding_distance(points[members])
+        crowding[members] = (_hv_contribution(points[members], reference) if ranking == "hv_contribution"
+                             else _crowding_distance(points[members]))
     valid = np.flatnonzero(ranks >= 0)
     order = sorted(valid, key=lambda i: (ranks[i], -crowding[i], i != favoured, i))
     return ranks, crowding, np.array(order, dtype=int)
 
 
-def _decide(recorded: Mapping[str, np.ndarray], trial_id: str, reduction_factor: float) -> str:
+def _decide(recorded: Mapping[str, np.ndarray], trial_id: str, reduction_factor: float,
+            ranking: str = "crowding") -> str:
     """CONTINUE or STOP for ``trial_id``, already in ``recorded`` (trial id -> maximised
     objective vector, in arrival order, for one rung); the rule is in the module docstring."""
     ids = list(recorded)
@@ -153,7 +181,7 @@ def _decide(recorded: Mapping[str, np.ndarray], trial_id: str, reduction_factor:
     points = np.array([recorded[t] for t in ids], dtype=float)
     if np.isnan(points[me]).any():
         return STOP  # nothing known: the worst
-    ranks, _, order = _rung_order(points, favoured=me)
+    ranks, _, order = _rung_order(points, favoured=me, ranking=ranking)
     if ranks[me] == 0:
         return CONTINUE  # on the rung's Pareto front: nothing recorded here beats it
     quota = max(1, math.ceil(len(order) / reduction_factor))
@@ -192,6 +220,8 @@ class MOASHAScheduler(FIFOScheduler):
         grace_period: The first rung; no trial is stopped before it.
         reduction_factor: About ``1 / reduction_factor`` of a rung's trials go on (more when its
             Pareto front is larger).
+        ranking: How a front is ordered at the quota's edge (``RANKINGS``): "crowding" (NSGA-II)
+            or "hv_contribution".
 
     A FIFOScheduler subclass, like Ray's AsyncHyperBandScheduler: trials start in submission
     order and only ``on_trial_result`` makes decisions.
@@ -205,6 +235,7 @@ class MOASHAScheduler(FIFOScheduler):
         max_t: float,
         grace_period: float = 1,
         reduction_factor: float = 2,
+        ranking: str = "crowding",
     ) -> None:
         objectives = [(str(key), str(mode)) for key, mode in objectives]
         if not objectives:
@@ -220,6 +251,8 @@ class MOASHAScheduler(FIFOScheduler):
             raise ValueError(f"grace_period must be in (0, max_t={max_t}], got {grace_period}")
         if not reduction_factor > 1:
             raise ValueError(f"reduction_factor must be > 1, got {reduction_factor}")
+        if ranking not in RANKINGS:
+            raise ValueError(f"ranking must be one of {', '.join(RANKINGS)}, got {ranking!r}")
 
         super().__init__()
         self._objectives = objectives
@@ -227,6 +260,7 @@ class MOASHAScheduler(FIFOScheduler):
         self._max_t = max_t
         self._grace_period = grace_period
         self._reduction_factor = reduction_factor
+        self._ranking = ranking
         # Milestones below max_t only: at max_t the trial is stopped anyway (ASHA builds a rung
         # at max_t when it is a power of rf, but with stop_last_trials it is never consulted).
         milestones = []
@@ -282,7 +316,7 @@ class MOASHAScheduler(FIFOScheduler):
         if rung is None or trial_id in rung.recorded:
             return CONTINUE
         rung.recorded[trial_id] = _objective_vector(result, self._objectives)
-        action = _decide(rung.recorded, trial_id, self._reduction_factor)
+        action = _decide(rung.recorded, trial_id, self._reduction_factor, self._ranking)
         if action == STOP:
             rung.stopped += 1
         return action

@@ -106,6 +106,20 @@ def test_order_is_rank_then_crowding_then_judged_trial_then_arrival():
     assert order.tolist() == [0, 3, 2, 1, 5, 4]
 
 
+def test_hv_contribution_orders_a_front_by_the_area_each_point_alone_adds():
+    """(5, 9) alone adds 5 x 6 = 30 to its front's area (up to the rung's worst values), (6, 3)
+    adds 1 x 3 = 3: by hypervolume contribution (5, 9) goes first, though crowding (1.3 against
+    1.4) puts it behind. The extremes keep infinity either way."""
+    points = np.array([[0.0, 10.0], [5.0, 9.0], [6.0, 3.0], [10.0, 0.0], [1.0, 1.0], [2.0, 0.5]])
+    _, crowding, order = _rung_order(points)
+    assert crowding[1:3].tolist() == pytest.approx([1.3, 1.4]) and order.tolist() == [0, 3, 2, 1, 4, 5]
+    _, contribution, order = _rung_order(points, ranking="hv_contribution")
+    assert contribution[1:3].tolist() == pytest.approx([30.0, 3.0]) and order.tolist() == [0, 3, 1, 2, 4, 5]
+    assert np.isinf(contribution[[0, 3, 4, 5]]).all()
+    with pytest.raises(ValueError, match="ranking must be one of crowding, hv_contribution"):
+        MOASHAScheduler(objectives=[("a", "max")], max_t=4, ranking="epsilon")
+
+
 # ---------------------------------------------------------------- the promotion rule
 
 
