@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-__all__ = ["main", "summarise_run", "front_span", "run_once"]
+__all__ = ["main", "summarise_run", "front_span", "separated_groups", "run_once"]
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -42,6 +42,24 @@ def front_span(throughputs: Sequence[float]) -> dict[str, Any]:
     ratios = [b / a for a, b in zip(values, values[1:]) if a > 0]
     return {"span": values[-1] / values[0] if values[0] > 0 else None,
             "closest_neighbours_ratio": min(ratios) if ratios else None}
+
+
+def separated_groups(front_rows: Sequence[dict[str, Any]]) -> int:
+    """How many groups the front's members fall into when members tied with each other (their
+    intervals overlap on every objective: ``tied_with``, chained) count as one: the front's
+    points that its measurements tell apart."""
+    group = {r["trial_id"]: r["trial_id"] for r in front_rows}
+
+    def root(t: str) -> str:
+        while group[t] != t:
+            t = group[t]
+        return t
+
+    for r in front_rows:
+        for other in (r.get("tied_with") or "").split(","):
+            if other.strip() in group:
+                group[root(other.strip())] = root(r["trial_id"])
+    return len({root(t) for t in group})
 
 
 def summarise_run(*, trials: Any, epochs: Any, front: Any, started_at: dt.datetime, setup_done_s: float | None,
@@ -62,7 +80,7 @@ def summarise_run(*, trials: Any, epochs: Any, front: Any, started_at: dt.dateti
             first_trial_to_epoch_s = first_start_s - (trial["started_at"].iloc[0].to_pydatetime() - started_at).total_seconds()
     complete = trials[trials["state"] == "COMPLETE"] if len(trials) else trials
     front_rows = [{k: (v.item() if hasattr(v, "item") else v) for k, v in r.items()
-                   if k in ("trial_id", "val_acc", "throughput", "params", "flops", "epochs_run")}
+                   if k in ("trial_id", "val_acc", "throughput", "params", "flops", "epochs_run", "tied_with")}
                   for r in front.to_dict("records")] if len(front) else []
     return {
         "seconds": {
@@ -76,6 +94,7 @@ def summarise_run(*, trials: Any, epochs: Any, front: Any, started_at: dt.dateti
         "trials": {"finished": int(len(trials)), **states},
         "objectives": [list(o) for o in objectives],
         "front_size": len(front_rows),
+        "front_separated_groups": separated_groups(front_rows),
         "front": front_rows,
         "throughput": front_span([r["throughput"] for r in front_rows]),
         "best_val_acc": float(complete["val_acc"].max()) if len(complete) else None,
@@ -142,7 +161,8 @@ def _line(record: dict[str, Any]) -> str:
     s = record["seconds"]
     return (f"set-up {fmt(s['setup'], '.0f')} s, after set-up {fmt(s['after_setup'], '.0f')} s, total "
             f"{fmt(s['total'], '.0f')} s; first epoch started by {fmt(s['to_first_epoch_start'], '.0f')} s; "
-            f"{record['trials']['finished']} trials, front {record['front_size']}, span "
+            f"{record['trials']['finished']} trials, front {record['front_size']} "
+            f"({record.get('front_separated_groups', '-')} groups apart), span "
             f"{fmt(record['throughput']['span'], '.2f')}x, closest neighbours "
             f"{fmt(record['throughput']['closest_neighbours_ratio'], '.2f')}x, best val_acc {fmt(record['best_val_acc'], '.4f')}")
 

@@ -7,7 +7,7 @@ import datetime as dt
 import pandas as pd
 import pytest
 
-from benchmarks.main_job import _front_table, front_span, summarise_run
+from benchmarks.main_job import _front_table, front_span, separated_groups, summarise_run
 
 T0 = dt.datetime(2030, 1, 1, tzinfo=dt.timezone.utc)
 
@@ -20,6 +20,16 @@ def test_front_span_and_the_closest_neighbours():
     assert front_span([1000.0, 3000.0, 1500.0]) == {"span": 3.0, "closest_neighbours_ratio": 1.5}
     assert front_span([800.0]) == {"span": 1.0, "closest_neighbours_ratio": None}
     assert front_span([]) == {"span": None, "closest_neighbours_ratio": None}
+
+
+def test_separated_groups_chain_the_ties():
+    """The benchmark's run of 5 with one tied pair is 4 groups; a chain a~b~c is one group."""
+    rows = [{"trial_id": t, "tied_with": tied} for t, tied in
+            [("a", None), ("b", None), ("c", "d"), ("d", "c"), ("e", None)]]
+    assert separated_groups(rows) == 4
+    chain = [{"trial_id": "a", "tied_with": "b"}, {"trial_id": "b", "tied_with": "a,c"}, {"trial_id": "c", "tied_with": "b"},
+             {"trial_id": "x", "tied_with": ""}]
+    assert separated_groups(chain) == 2 and separated_groups([]) == 0
 
 
 def test_summarise_run_reads_the_first_epoch_the_front_and_the_states():
