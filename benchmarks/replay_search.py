@@ -23,6 +23,9 @@ Methods (ours last):
   random+MO-ASHA-hvc, tpe+MO-ASHA-hvc
                      the same with a rung's fronts ordered by hypervolume contribution
                      (MOASHAScheduler's ranking="hv_contribution") instead of crowding distance
+  random+MO-ASHA-quota, tpe+MO-ASHA-quota
+                     the same without rule 4 (a trial on its rung's front always goes on): the
+                     quota of the rung's order alone decides (keep_front=False), as published
 
 Syne Tune's ``Bracket.on_result`` reads what ``MOPriority`` returns as one priority per trial
 (lower is better), but ``NonDominatedPriority`` returns the rung's trials' *indices* in their
@@ -67,7 +70,7 @@ GRID_NAME = "convit-wide"
 OBJECTIVES = [("best_val_acc", "max"), ("log_throughput", "max")]
 MODES = ["max", "max"]
 METHODS = ("random", "tpe", "nsga2", "random+ASHA", "syne-MOASHA", "syne-MOASHA-fixed", "random+MO-ASHA",
-           "tpe+MO-ASHA", "random+MO-ASHA-hvc", "tpe+MO-ASHA-hvc")
+           "tpe+MO-ASHA", "random+MO-ASHA-hvc", "tpe+MO-ASHA-hvc", "random+MO-ASHA-quota", "tpe+MO-ASHA-quota")
 OURS = ("tpe+MO-ASHA", "random+MO-ASHA")
 SYNE_TUNE = "syne-tune==0.16.0"
 
@@ -177,7 +180,8 @@ class _OptunaSearch:
         if "MO-ASHA" in method:
             self._scheduler = MOASHAScheduler(objectives=OBJECTIVES, time_attr="epoch", max_t=epochs, grace_period=1,
                                               reduction_factor=2,
-                                              ranking="hv_contribution" if method.endswith("-hvc") else "crowding")
+                                              ranking="hv_contribution" if method.endswith("-hvc") else "crowding",
+                                              keep_front=not method.endswith("-quota"))
         elif method.endswith("ASHA"):
             self._scheduler = ASHAScheduler(time_attr="epoch", metric="best_val_acc", mode="max", max_t=epochs,
                                             grace_period=1, reduction_factor=2)

@@ -173,7 +173,7 @@ def _rung_order(points: np.ndarray, favoured: int | None = None,
 
 
 def _decide(recorded: Mapping[str, np.ndarray], trial_id: str, reduction_factor: float,
-            ranking: str = "crowding") -> str:
+            ranking: str = "crowding", keep_front: bool = True) -> str:
     """CONTINUE or STOP for ``trial_id``, already in ``recorded`` (trial id -> maximised
     objective vector, in arrival order, for one rung); the rule is in the module docstring."""
     ids = list(recorded)
@@ -182,7 +182,7 @@ def _decide(recorded: Mapping[str, np.ndarray], trial_id: str, reduction_factor:
     if np.isnan(points[me]).any():
         return STOP  # nothing known: the worst
     ranks, _, order = _rung_order(points, favoured=me, ranking=ranking)
-    if ranks[me] == 0:
+    if ranks[me] == 0 and keep_front:
         return CONTINUE  # on the rung's Pareto front: nothing recorded here beats it
     quota = max(1, math.ceil(len(order) / reduction_factor))
     position = int(np.flatnonzero(order == me)[0])
@@ -222,6 +222,8 @@ class MOASHAScheduler(FIFOScheduler):
             Pareto front is larger).
         ranking: How a front is ordered at the quota's edge (``RANKINGS``): "crowding" (NSGA-II)
             or "hv_contribution".
+        keep_front: Rule 4: a trial on its rung's front always goes on. False: the quota alone
+            decides (the published MO-ASHA's rule, Schmucker et al. 2021).
 
     A FIFOScheduler subclass, like Ray's AsyncHyperBandScheduler: trials start in submission
     order and only ``on_trial_result`` makes decisions.
@@ -236,6 +238,7 @@ class MOASHAScheduler(FIFOScheduler):
         grace_period: float = 1,
         reduction_factor: float = 2,
         ranking: str = "crowding",
+        keep_front: bool = True,
     ) -> None:
         objectives = [(str(key), str(mode)) for key, mode in objectives]
         if not objectives:
@@ -261,6 +264,7 @@ class MOASHAScheduler(FIFOScheduler):
         self._grace_period = grace_period
         self._reduction_factor = reduction_factor
         self._ranking = ranking
+        self._keep_front = keep_front
         # Milestones below max_t only: at max_t the trial is stopped anyway (ASHA builds a rung
         # at max_t when it is a power of rf, but with stop_last_trials it is never consulted).
         milestones = []
@@ -316,7 +320,7 @@ class MOASHAScheduler(FIFOScheduler):
         if rung is None or trial_id in rung.recorded:
             return CONTINUE
         rung.recorded[trial_id] = _objective_vector(result, self._objectives)
-        action = _decide(rung.recorded, trial_id, self._reduction_factor, self._ranking)
+        action = _decide(rung.recorded, trial_id, self._reduction_factor, self._ranking, self._keep_front)
         if action == STOP:
             rung.stopped += 1
         return action

@@ -120,6 +120,15 @@ def test_hv_contribution_orders_a_front_by_the_area_each_point_alone_adds():
         MOASHAScheduler(objectives=[("a", "max")], max_t=4, ranking="epsilon")
 
 
+def test_without_keep_front_the_quota_alone_decides():
+    """Five trade-offs at a rung, rf 4: all on the front, so rule 4 lets the newcomer on; with
+    keep_front=False it is last in the order (the most crowded) and the quota is 2."""
+    recorded = _rung((0.1, 5.0), (0.5, 4.0), (0.9, 1.0), (0.2, 4.9), (0.6, 3.5))
+    assert _decide(recorded, "t3", 4) == CONTINUE
+    assert _decide(recorded, "t3", 4, keep_front=False) == STOP
+    assert _decide(recorded, "t2", 4, keep_front=False) == CONTINUE  # an extreme: first in the order
+
+
 # ---------------------------------------------------------------- the promotion rule
 
 
