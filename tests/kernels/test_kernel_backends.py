@@ -73,6 +73,7 @@ def _backend(name: str, monkeypatch: pytest.MonkeyPatch, *, bf16: bool,
     elif name == "torch_ops":  # the kernels on, their libraries off: the explicit core, heads-first inference
         monkeypatch.setattr(_library, "_USE_LIBRARIES", False)
         monkeypatch.setattr(_linear, "_USE_ONEDNN_FP32", False)
+        monkeypatch.setattr(_linear, "_USE_BF16_KERNEL_LINEAR", False)  # where it beats oneDNN (a Zen 4): a library too
         yield lambda calls: not any(op.startswith((FP32_LIBRARY, BF16_LIBRARY)) for op in calls)
     elif name == "sdpa":  # GPSA's GPU path (fused SDPA + P @ V), forced on the CPU
         monkeypatch.setattr(_gpsa, "takes_cpu_core", lambda x: False)
@@ -84,6 +85,7 @@ def _backend(name: str, monkeypatch: pytest.MonkeyPatch, *, bf16: bool,
             pytest.skip("torch runs no bf16 products on oneDNN on this CPU")
         monkeypatch.setattr(_linear, "onednn_beats_mkl_here", lambda: True)
         monkeypatch.setattr(_linear, "MIN_MULTIPLY_ADDS", 0)
+        monkeypatch.setattr(_linear, "_USE_BF16_KERNEL_LINEAR", False)  # bf16 linears on oneDNN, not the kernel's
         yield lambda calls: ONEDNN in calls
     else:
         raise AssertionError(name)
