@@ -167,6 +167,22 @@ def _line(record: dict[str, Any]) -> str:
             f"{fmt(record['throughput']['closest_neighbours_ratio'], '.2f')}x, best val_acc {fmt(record['best_val_acc'], '.4f')}")
 
 
+def _earlier_runs(result_name: str, *, spec: str, profile: str | None) -> list[dict]:
+    """The runs --append adds to: those of this machine's result file, which must be of the same
+    spec and profile (checked before anything runs, so a mismatch overwrites nothing)."""
+    from benchmarks._env import RESULTS_DIR, environment, result_slug
+
+    earlier = RESULTS_DIR / f"{result_name}-{result_slug(environment())}.json"
+    if not earlier.exists():
+        return []
+    config = json.loads(earlier.read_text()).get("config", {})
+    if (config.get("spec"), config.get("profile")) != (spec, profile):
+        print(f"error: --append: {earlier.name} holds runs of --spec {config.get('spec')} --profile "
+              f"{config.get('profile')}; pass those, or another --result-name for this spec", file=sys.stderr)
+        raise SystemExit(2)
+    return json.loads(earlier.read_text())["runs"]
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks main_job", description=__doc__.splitlines()[0])
     parser.add_argument("--spec", default="spaces/convit_locality.yaml")
@@ -195,6 +211,7 @@ def main(argv: list[str] | None = None) -> None:
     runs = []
     if args.fresh_caches and args.cache_home:
         parser.error("--fresh-caches uses a new empty cache; --cache-home names one: pass one of them")
+    previous = _earlier_runs(args.result_name, spec=args.spec, profile=args.profile) if args.append else []
     with tempfile.TemporaryDirectory(prefix="main-job-") as scratch:
         home = Path(args.cache_home).resolve() if args.cache_home else Path(scratch) / "cache" if args.fresh_caches else None
         if home is not None:
@@ -207,14 +224,7 @@ def main(argv: list[str] | None = None) -> None:
             record = run_once(spec=args.spec, profile=args.profile, storage=storage, env=env)
             runs.append({"run": i + 1, "caches": caches, **record})
             print(f"== run {i + 1}: {_line(record)}", flush=True)
-    if args.append:
-        from benchmarks._env import RESULTS_DIR, environment, result_slug
-
-        earlier = RESULTS_DIR / f"{args.result_name}-{result_slug(environment())}.json"
-        if earlier.exists():
-            previous = json.loads(earlier.read_text())
-            if (previous.get("config", {}).get("spec"), previous.get("config", {}).get("profile")) == (args.spec, args.profile):
-                runs = previous["runs"] + [{**r, "run": len(previous["runs"]) + r["run"]} for r in runs]
+    runs = previous + [{**r, "run": len(previous) + r["run"]} for r in runs]
     path = write_result(args.result_name, {
         "config": {"spec": args.spec, "profile": args.profile, "runs": len(runs), "fresh_caches": args.fresh_caches,
                    "torch_threads": torch.get_num_threads(), "cpus": os.cpu_count()},

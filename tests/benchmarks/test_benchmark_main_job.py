@@ -7,7 +7,8 @@ import datetime as dt
 import pandas as pd
 import pytest
 
-from benchmarks.main_job import _front_table, front_span, separated_groups, summarise_run
+import benchmarks._env
+from benchmarks.main_job import _front_table, front_span, main, separated_groups, summarise_run
 
 T0 = dt.datetime(2030, 1, 1, tzinfo=dt.timezone.utc)
 
@@ -76,3 +77,17 @@ def test_the_front_as_printed_is_cut_at_the_blank_line():
              "a 0.81", "", "results: ..."]
     assert _front_table(lines) == lines[2:5]
     assert _front_table(["no front here"]) == []
+
+
+def test_append_to_another_specs_runs_is_refused_before_anything_runs(tmp_path, monkeypatch, capsys):
+    env = benchmarks._env.environment()
+    monkeypatch.setattr(benchmarks._env, "environment", lambda *a: env)  # (its git check reads RESULTS_DIR)
+    monkeypatch.setattr(benchmarks._env, "RESULTS_DIR", tmp_path)
+    earlier = tmp_path / f"main_job-{benchmarks._env.result_slug(env)}.json"
+    earlier.write_text('{"config": {"spec": "spaces/convit_locality.yaml", "profile": null}, "runs": [{"run": 1}]}')
+    before = earlier.read_bytes()
+    with pytest.raises(SystemExit) as exit_:
+        main(["--spec", "other.yaml", "--append", "--cache-home", str(tmp_path / "cache")])
+    assert exit_.value.code == 2
+    assert "--result-name" in capsys.readouterr().err
+    assert earlier.read_bytes() == before and not (tmp_path / "cache").exists()
