@@ -175,12 +175,13 @@ def _earlier_runs(result_name: str, *, spec: str, profile: str | None) -> list[d
     earlier = RESULTS_DIR / f"{result_name}-{result_slug(environment())}.json"
     if not earlier.exists():
         return []
-    config = json.loads(earlier.read_text()).get("config", {})
+    result = json.loads(earlier.read_text())
+    config = result.get("config", {})
     if (config.get("spec"), config.get("profile")) != (spec, profile):
         print(f"error: --append: {earlier.name} holds runs of --spec {config.get('spec')} --profile "
               f"{config.get('profile')}; pass those, or another --result-name for this spec", file=sys.stderr)
         raise SystemExit(2)
-    return json.loads(earlier.read_text())["runs"]
+    return result["runs"]
 
 
 def main(argv: list[str] | None = None) -> None:
