@@ -38,7 +38,7 @@ import numpy as np
 import pyarrow as pa
 
 from benchmarks._env import write_result
-from search.results.pareto import _as_maximised, pareto_front, pareto_mask
+from search.results.pareto import as_maximised, pareto_front, pareto_mask
 from search.results.query import load
 from search.results.select import select
 from search.results.store import ResultsStore, read_table, write_atomic
@@ -86,7 +86,7 @@ def _reference_front_nd(points: np.ndarray) -> np.ndarray:
 
 
 def _reference_mask(values: np.ndarray, modes: list[str]) -> np.ndarray:
-    points = _as_maximised(values, modes)
+    points = as_maximised(values, modes)
     mask = np.zeros(points.shape[0], dtype=bool)
     idx = np.flatnonzero(~np.isnan(points).any(axis=1))
     front = _reference_front_2d if len(modes) == 2 else _reference_front_nd

@@ -14,7 +14,6 @@ from search.results import (
     ResultsStore,
     compare_studies,
     filter_trials,
-    format_front,
     front_hypervolume,
     front_of,
     hypervolume,
@@ -30,6 +29,7 @@ from search.results import (
 from search.spec import SearchSpec, load_spec
 from search.study import RetrainResult, export_trial, load_export, retrain, write_export
 from search.views import Report, make_server, serve_dashboard, write_report
+from search.views.output import format_front
 
 __all__ = [
     "SearchSpec",

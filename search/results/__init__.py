@@ -1,5 +1,5 @@
 """A study's results: where it lives (``location``), its Parquet store (``store``) and what is
-read from it (``query``, ``pareto``, ``hypervolume``, ``filter``, ``select``, ``compare``), the
+read from it (``query``, ``front``, ``pareto``, ``hypervolume``, ``filter``, ``select``, ``compare``), the
 knobs' importance from its Optuna journal (``importance``), and a grid study's knob effects
 (``effects``).
 
@@ -7,13 +7,14 @@ Reading results needs neither Ray nor torch.
 """
 
 from search.results.compare import Comparison, compare_studies
-from search.results.effects import format_effects, knob_effects, study_effects
+from search.results.effects import knob_effects, study_effects
 from search.results.filter import filter_trials
 from search.results.hypervolume import front_hypervolume, hypervolume
-from search.results.importance import format_importance, importance_warnings, knob_importance
+from search.results.front import compute_front
+from search.results.importance import importance_warnings, knob_importance
 from search.results.location import StudyLocation, default_cache_dir, is_uri, study_location
 from search.results.pareto import pareto_front, pareto_mask
-from search.results.query import Experiment, format_front, front_of, load, load_experiment, load_trials, study_dir
+from search.results.query import Experiment, front_of, load, load_experiment, load_trials, study_dir
 from search.results.select import select
 from search.results.store import EPOCH_COLUMNS, PROGRESS_COLUMNS, TRIAL_COLUMNS, ResultsStore, read_table
 
@@ -32,7 +33,7 @@ __all__ = [
     "load_experiment",
     "load_trials",
     "front_of",
-    "format_front",
+    "compute_front",
     "Experiment",
     "pareto_front",
     "pareto_mask",
@@ -44,8 +45,6 @@ __all__ = [
     "Comparison",
     "knob_importance",
     "importance_warnings",
-    "format_importance",
     "knob_effects",
     "study_effects",
-    "format_effects",
 ]

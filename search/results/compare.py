@@ -11,7 +11,6 @@ no volume, so a front of one such trial has hypervolume 0.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,10 +21,11 @@ import pandas as pd
 from search.results.filter import filter_trials
 from search.results.hypervolume import front_hypervolume
 from search.results.pareto import DEVICE_COLUMN, DEVICE_METRICS, RUNTIME_COLUMN, device_groups, pareto_mask
-from search.results.query import _complete_front, _objectives, format_front, load_experiment, load_trials, study_dir
+from search.results.front import compute_front
+from search.results.query import load_experiment, load_trials, study_dir, study_objectives
 from trainers.errors import ConfigError
 
-__all__ = ["Comparison", "compare_studies", "format_comparison"]
+__all__ = ["Comparison", "compare_studies"]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -44,12 +44,12 @@ def _labels(paths: Sequence[Path]) -> list[str]:
 def _study_front(path: Path, trials: pd.DataFrame, objectives, *, where, families) -> pd.DataFrame:
     present = set(trials["family"].dropna()) if "family" in trials else set()
     if families and not present & set(families):
-        return _complete_front(trials.iloc[0:0], objectives)  # none of those families here
+        return compute_front(trials.iloc[0:0], objectives)  # none of those families here
     try:
         trials = filter_trials(trials, where=where, families=[f for f in families if f in present])
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from None
-    return _complete_front(trials, objectives)
+    return compute_front(trials, objectives)
 
 
 def _one_runtime(paths: Sequence[Path], objectives: Sequence[tuple[str, str]]) -> None:
@@ -87,9 +87,9 @@ def compare_studies(
         if path.resolve() in seen:
             raise ConfigError(f"compare: {seen[path.resolve()]} and {name} are the same study; pass each study once")
         seen[path.resolve()] = name
-    objectives = _objectives(load_experiment(paths[0]), paths[0])
+    objectives = study_objectives(load_experiment(paths[0]), paths[0])
     for path in paths[1:]:
-        other = _objectives(load_experiment(path), path)
+        other = study_objectives(load_experiment(path), path)
         if sorted(other) != sorted(objectives):
             raise ConfigError(
                 f"{path} optimises {', '.join(f'{c} {m}' for c, m in other)} but {paths[0]} optimises "
@@ -137,36 +137,3 @@ def compare_studies(
     for row, front in zip(summary, fronts):
         row["hypervolume"] = 0.0 if reference is None else front_hypervolume(front, objectives=objectives, reference=reference)
     return Comparison(objectives=objectives, front=stacked, studies=pd.DataFrame(summary), reference=reference)
-
-
-def format_comparison(comparison: Comparison, *, fmt: str) -> str:
-    """A table (fronts, then hypervolumes), JSON (everything) or CSV (the stacked fronts only)."""
-    objectives = comparison.objectives
-    if fmt == "csv":
-        return format_front(comparison.front, objectives, fmt="csv", leading=("study", "joint_front"))
-    if fmt == "json":
-        reference = None if comparison.reference is None else dict(zip([c for c, _ in objectives], comparison.reference))
-        return json.dumps(
-            {
-                "objectives": [list(o) for o in objectives],
-                "reference": reference,
-                "studies": comparison.studies.to_dict(orient="records"),
-                "front": json.loads(format_front(comparison.front, objectives, fmt="json", leading=("study", "joint_front"))),
-            },
-            indent=2,
-        )
-    heading = ", ".join(f"{c} {m}" for c, m in objectives)
-    lines = [f"Pareto fronts ({heading}); joint_front: on the front of all the studies together", ""]
-    if comparison.front.empty:
-        lines.append("(every front is empty: no trial has completed yet)")
-    else:
-        lines.append(format_front(comparison.front, objectives, fmt="table", leading=("study", "joint_front")))
-    if comparison.reference is None:
-        lines += ["", "hypervolume: - (no front has a point)"]
-    else:
-        ref = ", ".join(f"{c} {v:.4g}" for (c, _), v in zip(objectives, comparison.reference))
-        lines += ["", f"hypervolume, reference point {ref} (the worst value on any of these fronts):"]
-        table = comparison.studies.drop(columns="path").copy()
-        table["hypervolume"] = table["hypervolume"].map(lambda v: f"{v:.6g}")
-        lines.append(table.to_string(index=False))
-    return "\n".join(lines)

@@ -35,8 +35,7 @@ from search.spec.spec import SearchSpec, grid_values
 from search.spec.validation import SpecLocation, from_plain
 from trainers.errors import ConfigError
 
-__all__ = ["EFFECT_COLUMNS", "TEST", "knob_effects", "paired_differences", "parse_baselines", "grid_knobs", "study_effects", "effect_lines",
-           "format_effects"]
+__all__ = ["EFFECT_COLUMNS", "TEST", "knob_effects", "paired_differences", "parse_baselines", "grid_knobs", "study_effects"]
 
 TEST = "paired t test (Student 1908)"
 CONFIDENCE = 0.95
@@ -250,66 +249,3 @@ def study_effects(study: str | Path, *, objectives: Sequence[str] = (), baseline
             raise ConfigError(f"--objective {name}: not an objective of this study; use one of {', '.join(modes)}")
     chosen = [(name, modes[name]) for name in dict.fromkeys(objectives)] or list(exp.objectives)
     return knob_effects(exp.trials, objectives=chosen, knobs=knobs, baselines=parse_baselines(baselines, knobs))
-
-
-def _fmt(value: Any, objective: str) -> str:
-    if _missing(value):
-        return "-"
-    if objective in ("throughput", "params", "flops"):
-        return f"{value:,.0f}"
-    return f"{value:.4f}"
-
-
-def _signed(value: Any, objective: str) -> str:
-    text = _fmt(value, objective)
-    return text if text == "-" or text.startswith("-") else "+" + text
-
-
-def _p(value: Any) -> str:
-    if _missing(value):
-        return "-"
-    return "<0.0001" if value < 1e-4 else f"{value:.4f}"
-
-
-def effect_lines(table: pd.DataFrame) -> list[tuple[str, list[str], list[list[str]]]]:
-    """``table`` as (heading, column names, cells) per objective and knob: what the CLI's table
-    and the report show."""
-    groups = []
-    for (objective, knob), group in table.groupby(["objective", "knob"], sort=False):
-        mode = group["mode"].iloc[0]
-        baseline = group["baseline"].iloc[0]
-        heading = f"{knob} on {objective} ({mode}), baseline {knob}={baseline}"
-        columns = ["value", "n", "mean", "95% t interval", f"diff to {baseline}", "diff 95%", "pairs", "p", "verdict"]
-        cells = []
-        for _, r in group.iterrows():
-            interval = "-" if _missing(r["low"]) else f"{_fmt(r['low'], objective)} to {_fmt(r['high'], objective)}"
-            diff_interval = ("-" if _missing(r["diff_low"])
-                             else f"{_signed(r['diff_low'], objective)} to {_signed(r['diff_high'], objective)}")
-            versus = ([_signed(r["diff"], objective), diff_interval, str(r["pairs"]), _p(r["p_value"])]
-                      if r["verdict"] != "baseline" else ["", "", "", ""])
-            cells.append([str(r["value"]), str(r["n"]), _fmt(r["mean"], objective), interval, *versus, r["verdict"]])
-        groups.append((heading, columns, cells))
-    return groups
-
-
-def format_effects(table: pd.DataFrame, *, fmt: str) -> str:
-    """``table`` (:func:`knob_effects`) as JSON records, CSV, or for people: per objective and
-    knob, its values against the baseline, the test named in the header."""
-    if fmt == "json":
-        return table.to_json(orient="records", indent=2)
-    if fmt == "csv":
-        return table.to_csv(index=False)
-    if table.empty:
-        return "(no knob with more than one value: nothing to compare)"
-    out = [f"knob effects on COMPLETE trials: each value's mean with its 95% t interval over its trials; the "
-           f"difference to the baseline by a {TEST} on trials matched by seed and every other knob "
-           "(inconclusive: its 95% interval covers 0)"]
-    for heading, columns, cells in effect_lines(table):
-        widths = [max(len(c), *(len(row[j]) for row in cells)) for j, c in enumerate(columns)]
-        out += ["", f"{heading}:", "  " + "  ".join(c.rjust(w) if j else c.ljust(w)
-                                                    for j, (c, w) in enumerate(zip(columns, widths)))]
-        for row in cells:
-            out.append("  " + "  ".join(v.rjust(w) if j else v.ljust(w) for j, (v, w) in enumerate(zip(row, widths))))
-    if not table["n"].any():
-        out += ["", "(no COMPLETE trial yet: nothing to compare)"]
-    return "\n".join(out)

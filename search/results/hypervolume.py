@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from search.results.pareto import _as_maximised, pareto_mask
+from search.results.pareto import as_maximised, pareto_mask
 
 __all__ = ["hypervolume", "front_hypervolume"]
 
@@ -37,7 +37,7 @@ def hypervolume(points, *, modes: Sequence[str], reference: Sequence[float]) -> 
         values = values.reshape(0, k)
     if values.ndim == 1 and values.shape[0] == k:
         raise ValueError(f"points must be (n, {k}); wrap a single point in a list: [[...]]")
-    oriented = _as_maximised(values, modes)  # checks the shape and the modes
+    oriented = as_maximised(values, modes)  # checks the shape and the modes
 
     ref = np.asarray(reference, dtype=float)
     if ref.shape != (k,):
@@ -47,7 +47,7 @@ def hypervolume(points, *, modes: Sequence[str], reference: Sequence[float]) -> 
             f"reference must be finite, got {ref.tolist()}; pass the worst value you care about per "
             "objective (e.g. 0.0 for val_acc and throughput)"
         )
-    ref = _as_maximised(ref[np.newaxis, :], modes)[0]
+    ref = as_maximised(ref[np.newaxis, :], modes)[0]
 
     inside = (oriented > ref).all(axis=1)  # NaN compares False: NaN rows drop out here
     rows = np.flatnonzero(inside)

@@ -39,9 +39,7 @@ from search.results.query import load
 from search.text import count
 from trainers.errors import ConfigError
 
-__all__ = ["EVALUATORS", "MIN_COMPLETE_TRIALS", "MIN_TRIALS_PER_KNOB", "minimum_trials", "VIEW_MAX_TRIALS",
-           "IMPORTANCE_COLUMNS", "FamilyImportance", "knob_importance", "by_family", "importance_warnings",
-           "format_importance"]
+__all__ = ["EVALUATORS", "MIN_COMPLETE_TRIALS", "MIN_TRIALS_PER_KNOB", "minimum_trials", "VIEW_MAX_TRIALS", "IMPORTANCE_COLUMNS", "FamilyImportance", "knob_importance", "by_family", "importance_warnings"]
 
 EVALUATORS = ("fanova", "ped-anova")
 
@@ -259,31 +257,3 @@ def by_family(table: pd.DataFrame) -> list[FamilyImportance]:
 def importance_warnings(table: pd.DataFrame) -> list[str]:
     """One line per family whose importance rests on fewer COMPLETE trials than :func:`minimum_trials` of its knobs."""
     return [g.warning for g in by_family(table) if g.warning]
-
-
-def format_importance(table: pd.DataFrame, *, fmt: str) -> str:
-    """``table`` (:func:`knob_importance`) as JSON records, CSV, or for people: per family, the
-    knobs (most important for the first objective first) against the objectives, with the number
-    of COMPLETE trials and, below the minimum, the warning."""
-    if fmt == "json":
-        return table.to_json(orient="records", indent=2)
-    if fmt == "csv":
-        return table.to_csv(index=False)
-    if table.empty:
-        return "(no searched knob: nothing to rank)"
-    name = "fANOVA (seeded)" if table["evaluator"].iloc[0] == "fanova" else "PED-ANOVA"
-    out = [f"knob importance by {name}, on COMPLETE trials only: each knob's share of the objective's total"]
-    for group in by_family(table):
-        out += ["", f"{group.heading}:"]
-        if group.warning:
-            out.append(f"  {group.warning}")
-        if group.shares is None:
-            out.append("  (fewer than 2 COMPLETE trials: nothing to compare)")
-            continue
-        objectives = list(group.shares.columns)
-        width = max(len("knob"), *map(len, group.shares.index))
-        widths = [max(len(o), 5) for o in objectives]
-        out.append("  " + "knob".ljust(width) + "".join(f"  {o:>{w}}" for o, w in zip(objectives, widths)))
-        for knob, row in group.shares.iterrows():
-            out.append("  " + knob.ljust(width) + "".join(f"  {row[o]:>{w}.3f}" for o, w in zip(objectives, widths)))
-    return "\n".join(out)

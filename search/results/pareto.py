@@ -16,14 +16,15 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["pareto_mask", "pareto_front", "device_groups", "DEVICE_COLUMN", "DEVICE_METRICS", "RUNTIME_COLUMN"]
+__all__ = ["pareto_mask", "pareto_front", "as_maximised", "device_groups", "DEVICE_COLUMN", "DEVICE_METRICS", "RUNTIME_COLUMN"]
 
 DEVICE_COLUMN = "throughput_device"  # the trials table's column naming the measuring device
 RUNTIME_COLUMN = "throughput_runtime"  # what the timed forward ran on (eager, kernels): one per study
 DEVICE_METRICS = frozenset({"throughput", "throughput_before_conversion"})  # measured on that device
 
 
-def _as_maximised(values: np.ndarray, modes: Sequence[str]) -> np.ndarray:
+def as_maximised(values: np.ndarray, modes: Sequence[str]) -> np.ndarray:
+    """``values`` (n, k) with each 'min' column negated, so larger is better on every column."""
     values = np.asarray(values, dtype=float)
     if values.ndim != 2 or values.shape[1] != len(modes):
         raise ValueError(f"values must be (n, {len(modes)}), got shape {values.shape}")
@@ -58,7 +59,7 @@ def pareto_mask(values: np.ndarray, *, modes: Sequence[str], groups: Sequence | 
             rows = np.flatnonzero(labels == label)
             mask[rows] = pareto_mask(values[rows], modes=modes)
         return mask
-    points = _as_maximised(values, modes)
+    points = as_maximised(values, modes)
     n = points.shape[0]
     mask = np.zeros(n, dtype=bool)
     valid = ~np.isnan(points).any(axis=1)

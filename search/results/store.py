@@ -28,10 +28,10 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from search.results.front import compute_front
 from search.results.hypervolume import hypervolume
-from search.results.intervals import tied_with
-from search.results.pareto import DEVICE_COLUMN, device_groups, pareto_mask
-from search.results.replicates import REPLICATE_COLUMN, fold_replicates
+from search.results.pareto import DEVICE_COLUMN
+from search.results.replicates import REPLICATE_COLUMN
 from trainers import atomic_write
 from trainers.errors import ConfigError, DiskFullError
 
@@ -40,7 +40,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ResultsStore",
-    "config_front",
     "TRIAL_COLUMNS",
     "EPOCH_COLUMNS",
     "PROGRESS_COLUMNS",
@@ -145,35 +144,6 @@ TRIAL_VALUE_OF = {
 }
 
 
-def _with_ties(front: list[dict[str, Any]], objectives: Sequence[tuple[str, str]], *, split: bool) -> list[dict[str, Any]]:
-    """Copies of ``front``'s rows with ``tied_with`` set, ties looked for within each device's front."""
-    out = []
-    keys = [t.get(DEVICE_COLUMN) if split else None for t in front]
-    for key in dict.fromkeys(keys):
-        rows = [t for t, k in zip(front, keys) if k == key]
-        out += [{**t, "tied_with": tie} for t, tie in zip(rows, tied_with(rows, objectives))]
-    return out
-
-
-def config_front(rows: Sequence[Mapping[str, Any]], objectives: Sequence[tuple[str, str]]) -> list[dict[str, Any]]:
-    """The Pareto front of configs over trial rows: confirmation replicates folded into their
-    search trial's row (their mean, see search.results.replicates), COMPLETE ones only, best first
-    on the first objective, one front per throughput device, each member's ``tied_with`` set.
-    (search.load().front() is this front, as a DataFrame.)"""
-    complete = [t for t in fold_replicates(rows, objectives) if t["state"] == "COMPLETE"]
-    if not complete:
-        return []
-    values = [[t[c] if t.get(c) is not None else float("nan") for c, _ in objectives] for t in complete]
-    groups = device_groups([t.get(DEVICE_COLUMN) for t in complete], objectives)
-    mask = pareto_mask(values, modes=[m for _, m in objectives], groups=groups)
-    front = [t for t, keep in zip(complete, mask) if keep]
-    first, mode = objectives[0]
-    front.sort(key=lambda t: t[first], reverse=mode == "max")
-    if groups is not None:  # one front per device
-        front.sort(key=lambda t: (t.get(DEVICE_COLUMN) is None, t.get(DEVICE_COLUMN) or ""))
-    return _with_ties(front, objectives, split=groups is not None)
-
-
 def config_type(param: Mapping[str, Any]) -> pa.DataType:
     """Arrow type of a searched knob's column, from its ParamSpec as a plain dict."""
     kind = param["type"]
@@ -255,11 +225,13 @@ class ResultsStore:
         self._trials: dict[Any, dict[str, Any]] = {}  # trial_id -> row
         self._epochs: dict[Any, dict[str, Any]] = {}  # (trial_id, epoch) -> row
         self._progress: dict[Any, dict[str, Any]] = {}  # trial_id -> row
+        self._front_rows: list[dict[str, Any]] | None = None  # the front of _trials (None: not computed since they changed)
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         # Unpickled by a resumed Tune run: the study's folder now (moved since, or on another
         # machine: its own staging folder for a URI).
         self.__dict__.update(state)
+        self._front_rows = None
         location = state.get("location")
         if location is not None:
             self.directory = location.local
@@ -280,6 +252,7 @@ class ResultsStore:
             value = config.get(key)
             out[key] = None if value is None else (str(value) if typ == pa.string() else value)
         _upsert(self._trials, out["trial_id"], out)
+        self._front_rows = None
 
     def load_existing(self) -> None:
         """Take up the rows already in the folder's files (a resumed study)."""
@@ -294,6 +267,7 @@ class ResultsStore:
                 for row in table.to_pylist():
                     out = {c: row.get(c) for c in schema.names}
                     _upsert(rows, key(out), out)
+        self._front_rows = None
 
     def forget_trials(self, keep: set[str], *, replicates: bool = False) -> list[str]:
         """Drop the rows of trials not in ``keep``; their ids. (After a resume: trials that
@@ -306,6 +280,7 @@ class ResultsStore:
             self._trials = {k: t for k, t in self._trials.items() if t["trial_id"] not in drop}
             self._epochs = {k: e for k, e in self._epochs.items() if e["trial_id"] not in drop}
             self._progress = {k: p for k, p in self._progress.items() if p["trial_id"] not in drop}
+            self._front_rows = None
         return gone
 
     def add_progress(self, *, trial_id: str, state: str, elapsed_s: float, at: Any) -> dict[str, Any]:
@@ -367,7 +342,13 @@ class ResultsStore:
         return pa.Table.from_pylist(self._front(), schema=self.trial_schema)
 
     def _front(self) -> list[dict[str, Any]]:
-        return config_front(self.trials, self.objectives)
+        """The front of the trials so far (search.results.front), computed once after they change:
+        a flush writes it to pareto.parquet, its ties to trials.parquet, and add_progress counts it."""
+        if self._front_rows is None:
+            trials = pa.Table.from_pylist(self.trials, schema=self.trial_schema).to_pandas()
+            front = compute_front(trials, self.objectives) if len(trials) else trials
+            self._front_rows = pa.Table.from_pandas(front, schema=self.trial_schema, preserve_index=False).to_pylist()
+        return self._front_rows
 
     def flush(self) -> None:
         try:

@@ -234,11 +234,12 @@ def _cmd_resume(args: argparse.Namespace) -> int:
 
 def _report(exp_dir) -> int:
     """The end of a run: its front, where the files are, and exit 1 if every trial failed."""
-    from search.results.query import format_front, front_of, load_trials
+    from search.results.query import front_of, load_trials
+    from search.views.output import front_view
 
     front, objectives = front_of(exp_dir)
     print(f"\nPareto front ({', '.join(f'{m} {mode}' for m, mode in objectives)}), {count(len(front), 'trial')}:")
-    print(format_front(front, objectives, fmt="table"))
+    print(front_view(front, objectives, fmt="table"))
     print(f"\nresults: {exp_dir}/trials.parquet, epochs.parquet, pareto.parquet, progress.parquet")
     trials = load_trials(exp_dir)
     if len(trials) and (trials["state"] == "FAILED").all():
@@ -269,8 +270,9 @@ def _empty_front_reason(args: argparse.Namespace) -> str:
 
 def _cmd_pareto(args: argparse.Namespace) -> int:
     from search.results.filter import split_families
-    from search.results.query import fixed_settings, format_front, format_trial, front_devices, front_of, load_experiment
+    from search.results.query import fixed_settings, front_devices, front_of, load_experiment
     from search.results.select import check_rule, select
+    from search.views.output import front_view, trial_view
 
     families = split_families(args.family)
     rule = args.select or ("knee" if args.export is not None else None)
@@ -291,7 +293,7 @@ def _cmd_pareto(args: argparse.Namespace) -> int:
             print(f"{len(devices)} fronts, one per device that measured throughput ({', '.join(devices)}); "
                   "--device NAME shows one, --mix-devices compares them anyway")
         empty = _empty_front_reason(args) if front.empty and args.format == "table" else ""
-        print(format_front(front, objectives, fmt=args.format, empty=empty))
+        print(front_view(front, objectives, fmt=args.format, empty=empty))
         return 0
     check_rule(rule, table=front)
     if front.empty:
@@ -302,7 +304,7 @@ def _cmd_pareto(args: argparse.Namespace) -> int:
         default = " (the default of --export; pass --select to choose)" if args.select is None else ""
         narrowed = f", after {_filters_text(args)}" if args.where or args.family else ""
         print(f"selected by {rule}{default} from a front of {count(len(front), 'trial')}{narrowed}:")
-    print(format_trial(row, objectives, fmt=args.format, fixed=fixed_settings(load_experiment(args.study), row)))
+    print(trial_view(row, objectives, fmt=args.format, fixed=fixed_settings(load_experiment(args.study), row)))
     if args.export is not None:
         from search.study.export import export_trial, write_export
 
@@ -322,11 +324,12 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
-    from search.results.compare import compare_studies, format_comparison
+    from search.results.compare import compare_studies
     from search.results.filter import split_families
+    from search.views.output import comparison_view
 
     comparison = compare_studies(args.studies, where=args.where, families=split_families(args.family))
-    print(format_comparison(comparison, fmt=args.format))
+    print(comparison_view(comparison, fmt=args.format))
     return 0
 
 
@@ -361,10 +364,11 @@ def _cmd_dashboard(args: argparse.Namespace) -> int:
 
 
 def _cmd_importance(args: argparse.Namespace) -> int:
-    from search.results.importance import format_importance, importance_warnings, knob_importance
+    from search.results.importance import importance_warnings, knob_importance
+    from search.views.output import importance_view
 
     table = knob_importance(args.study, evaluator=args.evaluator, seed=args.seed)
-    print(format_importance(table, fmt=args.format))
+    print(importance_view(table, fmt=args.format))
     if args.format != "table":  # the table has them inline; JSON and CSV stay machine-readable on stdout
         for line in importance_warnings(table):
             print(line, file=sys.stderr)
@@ -372,10 +376,11 @@ def _cmd_importance(args: argparse.Namespace) -> int:
 
 
 def _cmd_effects(args: argparse.Namespace) -> int:
-    from search.results.effects import format_effects, study_effects
+    from search.results.effects import study_effects
+    from search.views.output import effects_view
 
     table = study_effects(args.study, objectives=args.objective, baselines=args.baseline)
-    print(format_effects(table, fmt=args.format))
+    print(effects_view(table, fmt=args.format))
     return 0
 
 

@@ -27,13 +27,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from search.results.effects import TEST, effect_lines, study_effects
+from search.results.effects import TEST, study_effects
 from search.results.importance import MIN_COMPLETE_TRIALS, MIN_TRIALS_PER_KNOB, VIEW_MAX_TRIALS, by_family, knob_importance
 from search.results.intervals import bounds
 from search.results.query import load, study_dir
 from search.results.store import TRIAL_COLUMNS
 from search.text import count
 from search.views.dashboard.server import render_page, studies_payload
+from search.views.output import effect_lines
 from trainers import atomic_write, check_output_file
 from trainers.errors import ConfigError
 

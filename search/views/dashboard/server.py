@@ -45,8 +45,9 @@ import pyarrow as pa
 from search.hosts import check_bind_host, is_loopback_host
 from search.results.importance import VIEW_MAX_TRIALS, by_family, knob_importance
 from search.results.location import JOURNAL_FILE
+from search.results.front import compute_front
 from search.results.query import read_experiment_json
-from search.results.store import TRIAL_COLUMNS, config_front, read_table
+from search.results.store import TRIAL_COLUMNS, read_table
 from trainers.errors import ConfigError
 
 __all__ = [
@@ -167,9 +168,8 @@ def study_payload(path: str | os.PathLike, *, label: str | None = None) -> dict[
     n = table.num_rows
     front: list[int] = []
     if n and objectives and all(c in table.column_names for c, _ in objectives):
-        rows = table.to_pylist()
-        index = {r["trial_id"]: i for i, r in enumerate(rows)}
-        members = config_front(rows, objectives)
+        index = {t: i for i, t in enumerate(table.column("trial_id").to_pylist())}
+        members = compute_front(table.to_pandas(), objectives).to_dict("records")
         front = [index[m["trial_id"]] for m in members]
         for m in members:
             if (m.get("seeds") or 1) > 1:

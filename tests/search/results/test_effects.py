@@ -11,7 +11,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from search.results.effects import EFFECT_COLUMNS, TEST, format_effects, knob_effects, parse_baselines
+from search.results.effects import EFFECT_COLUMNS, TEST, knob_effects, parse_baselines
+from search.views.output import effects_view as format_effects
 from search.results.store import ResultsStore
 from search.spec.spec import load_spec, to_plain
 from search.views.cli import main

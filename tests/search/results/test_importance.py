@@ -8,7 +8,8 @@ import pandas as pd
 import pytest
 
 import search
-from search.results.importance import (MIN_COMPLETE_TRIALS, MIN_TRIALS_PER_KNOB, by_family, format_importance,
+from search.views.output import importance_view as format_importance
+from search.results.importance import (MIN_COMPLETE_TRIALS, MIN_TRIALS_PER_KNOB, by_family,
                                       importance_warnings, knob_importance)
 from tests.search.results.journal_study import UNIT, make_journal_study
 from trainers.errors import ConfigError

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 import search
 from search.results.intervals import bounds, mark_ties, tied_pairs, tied_with, wilson_interval
-from search.results.query import format_front
+from search.views.output import front_view as format_front
 from search.results.store import ResultsStore
 from trainers.throughput import median_interval, with_noise_floor
 
