@@ -28,7 +28,9 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-__all__ = ["main", "summarise_run", "front_span", "separated_groups", "run_once"]
+from search.results.front import front_groups
+
+__all__ = ["main", "summarise_run", "front_span", "run_once"]
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -42,24 +44,6 @@ def front_span(throughputs: Sequence[float]) -> dict[str, Any]:
     ratios = [b / a for a, b in zip(values, values[1:]) if a > 0]
     return {"span": values[-1] / values[0] if values[0] > 0 else None,
             "closest_neighbours_ratio": min(ratios) if ratios else None}
-
-
-def separated_groups(front_rows: Sequence[dict[str, Any]]) -> int:
-    """How many groups the front's members fall into when members tied with each other (their
-    intervals overlap on every objective: ``tied_with``, chained) count as one: the front's
-    points that its measurements tell apart."""
-    group = {r["trial_id"]: r["trial_id"] for r in front_rows}
-
-    def root(t: str) -> str:
-        while group[t] != t:
-            t = group[t]
-        return t
-
-    for r in front_rows:
-        for other in (r.get("tied_with") or "").split(","):
-            if other.strip() in group:
-                group[root(other.strip())] = root(r["trial_id"])
-    return len({root(t) for t in group})
 
 
 def summarise_run(*, trials: Any, epochs: Any, front: Any, started_at: dt.datetime, setup_done_s: float | None,
@@ -94,7 +78,7 @@ def summarise_run(*, trials: Any, epochs: Any, front: Any, started_at: dt.dateti
         "trials": {"finished": int(len(trials)), **states},
         "objectives": [list(o) for o in objectives],
         "front_size": len(front_rows),
-        "front_separated_groups": separated_groups(front_rows),
+        "front_separated_groups": front_groups(front, [tuple(o) for o in objectives]) if len(front) else 0,
         "front": front_rows,
         "throughput": front_span([r["throughput"] for r in front_rows]),
         "best_val_acc": float(complete["val_acc"].max()) if len(complete) else None,
@@ -133,7 +117,7 @@ def run_once(*, spec: str, profile: str | None, storage: Path, env: dict[str, st
     study = studies[0]
     trials = load_trials(study)
     epochs = pd.read_parquet(study / "epochs.parquet")
-    front, objectives = front_of(study)
+    front, objectives = front_of(study)  # its members; the candidates dominated within noise left out
     record = summarise_run(trials=trials, epochs=epochs, front=front, started_at=started_at,
                            setup_done_s=setup_done_s, finished_s=finished_s, objectives=objectives)
     record["front_as_printed"] = _front_table(lines)
@@ -141,14 +125,17 @@ def run_once(*, spec: str, profile: str | None, storage: Path, env: dict[str, st
 
 
 def _front_table(lines: list[str]) -> list[str]:
-    """The lines the run printed from 'Pareto front' to the blank line after the table."""
+    """The lines the run printed from 'Pareto front' to the 'results:' line after its tables (the
+    members, then those dominated within noise)."""
     for i, line in enumerate(lines):
         if line.startswith("Pareto front"):
             table = []
             for row in lines[i:]:
-                if not row.strip():
+                if row.startswith("results:"):
                     break
                 table.append(row)
+            while table and not table[-1].strip():
+                table.pop()
             return table
     return []
 

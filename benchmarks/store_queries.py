@@ -136,6 +136,7 @@ def _study(n: int, seed: int = 0) -> tuple[ResultsStore, pa.Table]:
         "val_acc_low": np.clip(val_acc - 0.01, 0, 1),
         "val_acc_high": np.clip(val_acc + 0.01, 0, 1),
         "tied_with": [None] * n,
+        "dominated_by": [None] * n,
         "throughput_device": ["cpu: bench"] * n,
         "throughput_batch": np.full(n, 256),
         "throughput_precision": ["fp32"] * n,

@@ -2,7 +2,8 @@
 
     trials --filter (where, families, device)--> configs (replicates folded, see
     search.results.replicates) --COMPLETE only--> non-dominated per device (search.results.pareto)
-    --sorted best first on the first objective--> ties marked (search.results.intervals)
+    --sorted best first on the first objective--> members dominated within noise set apart
+    (``dominated_by``) --> ties marked among the rest (``tied_with``; rules: search.results.intervals)
 
 The store (``pareto.parquet`` and the ties in ``trials.parquet``), :func:`search.load` ``.front()``,
 ``python -m search pareto``, ``compare``, the report and the Pareto page all take their front from
@@ -16,15 +17,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import pandas as pd
 
 from search.results.filter import Condition, filter_trials
-from search.results.intervals import mark_ties
+from search.results.intervals import dominated_by, mark_ties, separated_groups
 from search.results.pareto import DEVICE_COLUMN, device_groups, pareto_front
 from search.results.replicates import REPLICATE_COLUMN, fold_replicates
 from trainers.errors import ConfigError
 
-__all__ = ["compute_front", "configs", "front_devices"]
+__all__ = ["compute_front", "configs", "front_devices", "front_groups", "DOMINATED_COLUMN"]
+
+DOMINATED_COLUMN = "dominated_by"  # the trials that dominate a set-apart candidate within noise
 
 
 def compute_front(
@@ -35,12 +39,15 @@ def compute_front(
     families: Sequence[str] = (),
     device: str | None = None,
     mix_devices: bool = False,
+    dominated: bool = False,
 ) -> pd.DataFrame:
     """The Pareto front of ``trials`` (one row per finished trial, as in ``trials.parquet``) on
     ``objectives`` ((column, mode) pairs): the trials ``where``/``families`` keep (see
     :func:`search.filter_trials`), on ``device`` alone when given, folded into configs, COMPLETE
     ones only; one front per measuring device unless ``mix_devices``; best first on the first
-    objective, each member's ``tied_with`` set."""
+    objective, each member's ``tied_with`` set. Candidates another candidate dominates within noise
+    are not members; ``dominated`` appends them after the members, each with its ``dominated_by``
+    (the members' ``dominated_by`` is null)."""
     trials = filter_trials(trials, where=where, families=families)
     if device is not None:
         known = sorted(set(trials[DEVICE_COLUMN].dropna())) if DEVICE_COLUMN in trials else []
@@ -50,7 +57,30 @@ def compute_front(
     trials = configs(trials, objectives)
     front = pareto_front(trials[trials["state"] == "COMPLETE"], objectives=objectives, mix_devices=mix_devices)
     split = not mix_devices and bool(front_devices(front, objectives))
-    return mark_ties(front, objectives, groups=DEVICE_COLUMN if split else None)
+    front = front.assign(**{DOMINATED_COLUMN: None})
+    for rows in _per_device(front, split):
+        front.loc[rows.index, DOMINATED_COLUMN] = np.array(dominated_by(rows, objectives), dtype=object)
+    beaten = front[DOMINATED_COLUMN].notna()
+    members = mark_ties(front[~beaten], objectives, groups=DEVICE_COLUMN if split else None)
+    if not dominated:
+        return members
+    return pd.concat([members, front[beaten].assign(tied_with=None)])
+
+
+def _per_device(front: pd.DataFrame, split: bool) -> list[pd.DataFrame]:
+    if not split:
+        return [front]
+    keys = front[DEVICE_COLUMN].fillna("")
+    return [front[keys == key] for key in dict.fromkeys(keys.tolist())]
+
+
+def front_groups(front: pd.DataFrame, objectives: Sequence[tuple[str, str]]) -> int:
+    """How many groups the measurements separate among ``front``'s members (its rows without a
+    ``dominated_by``): tied members, chained, count once; summed over the devices' fronts."""
+    if DOMINATED_COLUMN in front:
+        front = front[front[DOMINATED_COLUMN].isna()]
+    split = bool(front_devices(front, objectives))
+    return sum(separated_groups(rows, objectives) for rows in _per_device(front, split))
 
 
 def configs(trials: pd.DataFrame, objectives: Sequence[tuple[str, str]]) -> pd.DataFrame:

@@ -12,11 +12,24 @@ noise as trade-offs. Each objective a trial reports may carry an interval, store
   ``throughput.noise_floor`` of the value on each side);
 - anything else (``params``, ``flops``, ``val_loss``, ...): no interval, the value itself.
 
-Two front members are **tied** when their intervals overlap on every objective: nothing measured
-separates them, so neither is a trade-off against the other. A bound that is NaN (a store written
-before intervals were recorded) counts as the value itself: no tie is claimed that nothing
-measured supports, and the tables show the bound as unknown. Tie is not transitive (a ~ b and
-b ~ c with a, c apart), so each member lists the members it is tied with.
+On one objective, two members are **level within noise** when their intervals overlap, and one
+is **better beyond noise** when its interval lies wholly on the better side of the other's.
+
+- Two front members are **tied** when they are level on every objective: nothing measured
+  separates them, so neither is a trade-off against the other. Tie is not transitive (a ~ b and
+  b ~ c with a, c apart), so each member lists the members it is tied with.
+- A member is **dominated within noise** by another when the other is at least level on every
+  objective and better beyond noise on at least one: nothing measured favours it, so it is no
+  trade-off and leaves the front (``dominated_by`` names who beat it). A member that overlaps
+  another on one objective and is beaten beyond noise on the other is dominated, not a trade-off;
+  a real trade-off is each member better beyond noise on a different objective.
+- The front's **separated groups**: its members with tied members chained into one group; the
+  number of points the measurements tell apart.
+
+A bound that is NaN (a store written before intervals were recorded) counts as the value itself:
+no tie is claimed that nothing measured supports, and the tables show the bound as unknown. With
+zero-width intervals the relations reduce to equality and Pareto dominance. See docs/intervals.md
+for the literature (interval and probabilistic dominance).
 """
 
 from __future__ import annotations
@@ -26,7 +39,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-__all__ = ["Z_95", "wilson_interval", "bounds", "tied_pairs", "tied_with", "mark_ties", "INTERVAL_METRICS"]
+__all__ = ["Z_95", "wilson_interval", "bounds", "tied_pairs", "tied_with", "mark_ties", "noise_dominance", "dominated_by",
+           "separated_groups", "INTERVAL_METRICS"]
 
 Z_95 = 1.959963984540054  # the standard normal's 97.5% quantile
 INTERVAL_METRICS = ("val_acc", "throughput")  # the objectives a trial stores an interval for
@@ -77,17 +91,71 @@ def tied_pairs(lows: np.ndarray, highs: np.ndarray) -> np.ndarray:
     return tied
 
 
+def noise_dominance(lows: np.ndarray, highs: np.ndarray, modes: Sequence[str]) -> np.ndarray:
+    """(m, m) boolean: ``out[i, j]`` when row j dominates row i within noise (see the module doc)
+    on the (m, k) interval bounds ``lows``/``highs``, one mode ('max' or 'min') per column. A row
+    with a NaN bound is compared on what is known: NaN compares False, so it is neither beaten nor
+    level there."""
+    lows, highs = np.asarray(lows, dtype=float), np.asarray(highs, dtype=float)
+    if lows.ndim != 2 or lows.shape != highs.shape or lows.shape[1] != len(modes):
+        raise ValueError(f"lows and highs must be (m, {len(modes)}) arrays of one shape, got {lows.shape} and {highs.shape}")
+    up = np.array([m == "max" for m in modes])
+    # j above i beyond noise: j's low over i's high; below: j's high under i's low
+    above = lows[None, :, :] > highs[:, None, :]
+    below = highs[None, :, :] < lows[:, None, :]
+    better = np.where(up, above, below)
+    worse = np.where(up, below, above)
+    out = better.any(axis=2) & ~worse.any(axis=2)
+    np.fill_diagonal(out, False)
+    return out
+
+
+def _bounds_matrix(front, columns: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    pairs = [bounds(front, c) for c in columns]
+    return np.stack([low for low, _ in pairs], axis=1), np.stack([high for _, high in pairs], axis=1)
+
+
+def _ids(front, ids: str) -> list[str]:
+    return [str(r.get(ids)) for r in front] if isinstance(front, Sequence) else [str(v) for v in front[ids].tolist()]
+
+
+def dominated_by(front, objectives: Sequence[tuple[str, str]], *, ids: str = "trial_id") -> list[str | None]:
+    """For each row of ``front`` (a DataFrame or a list of row dicts), the ``ids`` of the rows that
+    dominate it within noise, comma-separated, or None when none does (it stays on the front)."""
+    if not objectives or not len(front):
+        return [None] * len(front)
+    lows, highs = _bounds_matrix(front, [c for c, _ in objectives])
+    beaten = noise_dominance(lows, highs, [m for _, m in objectives])
+    names = _ids(front, ids)
+    return [", ".join(names[j] for j in np.flatnonzero(row)) or None for row in beaten]
+
+
+def separated_groups(front, objectives: Sequence[tuple[str, str]]) -> int:
+    """How many groups ``front``'s rows fall into when rows tied with each other (level within noise
+    on every objective), chained, count as one: the points its measurements tell apart."""
+    if not objectives or not len(front):
+        return 0
+    lows, highs = _bounds_matrix(front, [c for c, _ in objectives])
+    tied = tied_pairs(lows, highs)
+    group = list(range(len(tied)))
+
+    def root(i: int) -> int:
+        while group[i] != i:
+            i = group[i]
+        return i
+
+    for i, j in zip(*np.nonzero(tied)):
+        group[root(int(i))] = root(int(j))
+    return len({root(i) for i in range(len(group))})
+
+
 def tied_with(front, objectives: Sequence[tuple[str, str]], *, ids: str = "trial_id") -> list[str | None]:
     """For each row of ``front`` (a DataFrame or a list of row dicts), the ``ids`` of the other rows
     it is tied with, comma-separated, or None when its measurements separate it from all of them."""
-    columns = [c for c, _ in objectives]
-    pairs = [bounds(front, c) for c in columns]
-    if not pairs or not len(pairs[0][0]):
+    if not objectives or not len(front):
         return []
-    lows = np.stack([low for low, _ in pairs], axis=1)
-    highs = np.stack([high for _, high in pairs], axis=1)
-    tied = tied_pairs(lows, highs)
-    names = [str(r.get(ids)) for r in front] if isinstance(front, Sequence) else [str(v) for v in front[ids].tolist()]
+    tied = tied_pairs(*_bounds_matrix(front, [c for c, _ in objectives]))
+    names = _ids(front, ids)
     return [", ".join(names[j] for j in np.flatnonzero(row)) or None for row in tied]
 
 

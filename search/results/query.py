@@ -123,13 +123,15 @@ def front_of(
     families: Sequence[str] = (),
     device: str | None = None,
     mix_devices: bool = False,
+    dominated: bool = False,
 ) -> tuple[pd.DataFrame, list[tuple[str, str]]]:
     """The Pareto front of the study's COMPLETE trials on its own objectives, after ``where``
     and ``families`` have narrowed the trials (see :func:`search.filter_trials`); one front per
-    measuring device unless ``device`` picks one or ``mix_devices``."""
+    measuring device unless ``device`` picks one or ``mix_devices``; ``dominated``: the candidates
+    dominated within noise after the members (see :func:`search.results.front.compute_front`)."""
     objectives = study_objectives(load_experiment(path), path)
     front = compute_front(load_trials(path, objectives), objectives, where=where, families=families, device=device,
-                            mix_devices=mix_devices)
+                          mix_devices=mix_devices, dominated=dominated)
     return front, objectives
 
 
@@ -144,13 +146,14 @@ class Experiment:
     epochs: pd.DataFrame  # epochs.parquet: one row per trial and epoch (empty when absent)
 
     def front(self, *, where: Sequence[str] = (), families: Sequence[str] = (), device: str | None = None,
-              mix_devices: bool = False) -> pd.DataFrame:
+              mix_devices: bool = False, dominated: bool = False) -> pd.DataFrame:
         """The Pareto front of the COMPLETE trials, best first on the first objective; ``where``
         and ``families`` narrow the trials first (see :func:`search.filter_trials`). Trials whose
         throughput was measured on different devices get one front per device (sorted by
-        device) unless ``device`` picks one or ``mix_devices`` compares them anyway."""
+        device) unless ``device`` picks one or ``mix_devices`` compares them anyway. Members another
+        member dominates within noise are left out; ``dominated`` appends them, with ``dominated_by``."""
         return compute_front(self.trials, self.objectives, where=where, families=families, device=device,
-                               mix_devices=mix_devices)
+                             mix_devices=mix_devices, dominated=dominated)
 
     @property
     def devices(self) -> list[str]:

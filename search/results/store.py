@@ -3,7 +3,7 @@
     <storage>/<name>/experiment.json   the spec, its hash, the objectives, versions
     <storage>/<name>/trials.parquet    one row per finished trial (schema: TRIAL_COLUMNS + config)
     <storage>/<name>/epochs.parquet    one row per trial and epoch (schema: EPOCH_COLUMNS)
-    <storage>/<name>/pareto.parquet    the non-dominated COMPLETE trials, same schema as trials
+    <storage>/<name>/pareto.parquet    the front's members (search.results.front), same schema as trials
     <storage>/<name>/progress.parquet  one row per finished trial: the front's size and hypervolume then
 
 Every file is written whole to a temporary name in the same folder and renamed over the old
@@ -79,6 +79,7 @@ TRIAL_COLUMNS: dict[str, tuple[pa.DataType, str]] = {
     "seeds": (pa.int64(), "seeds the row's objectives rest on: 1 in trials.parquet; in pareto.parquet, a config's COMPLETE seeds (its replicates averaged in, see search.results.replicates)"),
     "val_acc_sd": (pa.float64(), "in pareto.parquet: the standard deviation of val_acc over the config's seeds (null: one seed)"),
     "tied_with": (pa.string(), "on the Pareto front: the other front members whose intervals overlap this one's on every objective (comma-separated trial ids; null: separated from all, or not on the front)"),
+    "dominated_by": (pa.string(), "a Pareto-optimal config that left the front because others dominate it within noise: at least level within noise on every objective and better beyond noise on one (comma-separated trial ids; null: on the front, or dominated outright); see search.results.intervals"),
     "throughput_timed": (pa.float64(), "inference images/s as the architecture's own fastest round read (CPU: throughput is the reference's number over the cost ratio timed beside it)"),
     "throughput_reference": (pa.string(), "architecture fingerprint of the reference the CPU measurement was timed beside (the model as named, default arguments); null on GPUs"),
     "throughput_device": (pa.string(), "device that measured throughput"),
@@ -290,7 +291,7 @@ class ResultsStore:
         recorded = self._progress.get(trial_id)
         if recorded is not None and recorded["state"] == state:
             return recorded
-        front = self._front()
+        front = self._members()
         complete = [t["val_acc"] for t in self._trials.values() if t["state"] == "COMPLETE" and t.get("val_acc") is not None]
         # Fronts of different devices are not comparable: the hypervolume is the main device's.
         counts: dict[Any, int] = {}
@@ -333,22 +334,26 @@ class ResultsStore:
 
     # -- files --------------------------------------------------------------------------
     def trials_table(self) -> pa.Table:
-        ties = {t["trial_id"]: t["tied_with"] for t in self._front()}
-        return pa.Table.from_pylist([{**t, "tied_with": ties.get(t["trial_id"])} for t in self.trials],
-                                    schema=self.trial_schema)
+        marks = {t["trial_id"]: (t["tied_with"], t["dominated_by"]) for t in self._front()}
+        return pa.Table.from_pylist([{**t, **dict(zip(("tied_with", "dominated_by"), marks.get(t["trial_id"], (None, None))))}
+                                     for t in self.trials], schema=self.trial_schema)
 
     def pareto_table(self) -> pa.Table:
-        """COMPLETE trials that no other COMPLETE trial dominates, best first, with their ties."""
-        return pa.Table.from_pylist(self._front(), schema=self.trial_schema)
+        """The front's members (no other COMPLETE config dominates them, nor another member within
+        noise), best first, with their ties."""
+        return pa.Table.from_pylist(self._members(), schema=self.trial_schema)
 
     def _front(self) -> list[dict[str, Any]]:
         """The front of the trials so far (search.results.front), computed once after they change:
         a flush writes it to pareto.parquet, its ties to trials.parquet, and add_progress counts it."""
         if self._front_rows is None:
             trials = pa.Table.from_pylist(self.trials, schema=self.trial_schema).to_pandas()
-            front = compute_front(trials, self.objectives) if len(trials) else trials
+            front = compute_front(trials, self.objectives, dominated=True) if len(trials) else trials
             self._front_rows = pa.Table.from_pandas(front, schema=self.trial_schema, preserve_index=False).to_pylist()
         return self._front_rows
+
+    def _members(self) -> list[dict[str, Any]]:
+        return [t for t in self._front() if t.get("dominated_by") is None]
 
     def flush(self) -> None:
         try:

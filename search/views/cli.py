@@ -235,10 +235,10 @@ def _cmd_resume(args: argparse.Namespace) -> int:
 def _report(exp_dir) -> int:
     """The end of a run: its front, where the files are, and exit 1 if every trial failed."""
     from search.results.query import front_of, load_trials
-    from search.views.output import front_view
+    from search.views.output import front_heading, front_view
 
-    front, objectives = front_of(exp_dir)
-    print(f"\nPareto front ({', '.join(f'{m} {mode}' for m, mode in objectives)}), {count(len(front), 'trial')}:")
+    front, objectives = front_of(exp_dir, dominated=True)
+    print(f"\n{front_heading(front, objectives)}:")
     print(front_view(front, objectives, fmt="table"))
     print(f"\nresults: {exp_dir}/trials.parquet, epochs.parquet, pareto.parquet, progress.parquet")
     trials = load_trials(exp_dir)
@@ -272,7 +272,8 @@ def _cmd_pareto(args: argparse.Namespace) -> int:
     from search.results.filter import split_families
     from search.results.query import fixed_settings, front_devices, front_of, load_experiment
     from search.results.select import check_rule, select
-    from search.views.output import front_view, trial_view
+    from search.results.front import DOMINATED_COLUMN
+    from search.views.output import front_heading, front_view, trial_view
 
     families = split_families(args.family)
     rule = args.select or ("knee" if args.export is not None else None)
@@ -282,8 +283,9 @@ def _cmd_pareto(args: argparse.Namespace) -> int:
         from search.study.export import check_export_path
 
         check_export_path(args.export)
-    front, objectives = front_of(args.study, where=args.where, families=families, device=args.device,
-                                 mix_devices=args.mix_devices)
+    shown, objectives = front_of(args.study, where=args.where, families=families, device=args.device,
+                                 mix_devices=args.mix_devices, dominated=True)
+    front = shown[shown[DOMINATED_COLUMN].isna()]
     devices = front_devices(front, objectives)
     if devices and (rule is not None):
         raise ConfigError(f"{args.study}: throughput was measured on {len(devices)} devices ({', '.join(map(repr, devices))}), "
@@ -293,7 +295,9 @@ def _cmd_pareto(args: argparse.Namespace) -> int:
             print(f"{len(devices)} fronts, one per device that measured throughput ({', '.join(devices)}); "
                   "--device NAME shows one, --mix-devices compares them anyway")
         empty = _empty_front_reason(args) if front.empty and args.format == "table" else ""
-        print(front_view(front, objectives, fmt=args.format, empty=empty))
+        if args.format == "table" and not front.empty:
+            print(f"{front_heading(shown, objectives)}:")
+        print(front_view(shown, objectives, fmt=args.format, empty=empty))
         return 0
     check_rule(rule, table=front)
     if front.empty:

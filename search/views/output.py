@@ -25,12 +25,13 @@ import pandas as pd
 
 from search.results.compare import Comparison
 from search.results.effects import TEST
+from search.results.front import DOMINATED_COLUMN, front_groups
 from search.results.importance import by_family
 from search.results.store import TRIAL_COLUMNS
 
 __all__ = [
     "FORMATS", "render", "to_json", "front_columns", "front_view", "trial_view", "comparison_view", "effects_view",
-    "effect_lines", "importance_view", "format_front",
+    "effect_lines", "importance_view", "format_front", "front_heading",
 ]
 
 FORMATS = ("table", "json", "csv")
@@ -88,11 +89,25 @@ def front_columns(front: pd.DataFrame, objectives: Sequence[tuple[str, str]], *,
         columns += [column] + [f"{column}_{end}" for end in ("low", "high") if f"{column}_{end}" in front]
     if "seeds" in front and (front["seeds"].fillna(1) > 1).any():  # a confirmed study: what each mean rests on
         columns += ["seeds"] + (["val_acc_sd"] if "val_acc_sd" in front else [])
-    columns += [c for c in ("tied_with", "params", "flops", "epochs_run", "throughput_device") if c in front and c not in columns]
+    columns += [c for c in ("tied_with", DOMINATED_COLUMN, "params", "flops", "epochs_run", "throughput_device")
+                if c in front and c not in columns]
     return columns + config_columns
 
 
 def _front_table(view: pd.DataFrame, objectives: Sequence[tuple[str, str]], empty: str) -> str:
+    """The members, then the candidates dominated within noise in a block of their own."""
+    if DOMINATED_COLUMN not in view:
+        return _rows_table(view, objectives, empty)
+    beaten = view[DOMINATED_COLUMN].notna()
+    text = _rows_table(view[~beaten].drop(columns=DOMINATED_COLUMN), objectives, empty)
+    if beaten.any():
+        text += (f"\n\ndominated within noise, so not on the front ({len(view[beaten])}): another member is level within noise "
+                 "on every objective and better beyond noise on one\n")
+        text += _rows_table(view[beaten].drop(columns="tied_with", errors="ignore"), objectives, empty)
+    return text
+
+
+def _rows_table(view: pd.DataFrame, objectives: Sequence[tuple[str, str]], empty: str) -> str:
     if view.empty:
         return f"(the front is empty: {empty})"
     shown = view.copy()
@@ -103,8 +118,9 @@ def _front_table(view: pd.DataFrame, objectives: Sequence[tuple[str, str]], empt
             shown.insert(shown.columns.get_loc(f"{column}_low"), f"{column} 95%", [
                 "?" if lo != lo or hi != hi else f"{lo:{spec}}-{hi:{spec}}"
                 for lo, hi in zip(shown.pop(f"{column}_low").astype(float), shown.pop(f"{column}_high").astype(float))])
-    if "tied_with" in shown:
-        shown["tied_with"] = shown["tied_with"].map(lambda v: v if isinstance(v, str) and v else "-")
+    for column in ("tied_with", DOMINATED_COLUMN):
+        if column in shown:
+            shown[column] = shown[column].map(lambda v: v if isinstance(v, str) and v else "-")
     if "throughput" in shown:
         shown["throughput"] = shown["throughput"].map(lambda v: f"{v:,.0f}")
     if "params" in shown:
@@ -127,6 +143,18 @@ def front_view(front: pd.DataFrame, objectives: Sequence[tuple[str, str]], *, fm
 
 
 format_front = front_view  # the name search's public API has given it
+
+
+def front_heading(front: pd.DataFrame, objectives: Sequence[tuple[str, str]]) -> str:
+    """'Pareto front (val_acc max, throughput max), 5 trials in 3 groups the measurements separate'
+    (and how many candidates left it, dominated within noise)."""
+    beaten = int(front[DOMINATED_COLUMN].notna().sum()) if DOMINATED_COLUMN in front else 0
+    members = len(front) - beaten
+    text = (f"Pareto front ({', '.join(f'{m} {mode}' for m, mode in objectives)}), {members} trial{'s' * (members != 1)}"
+            f" in {front_groups(front, objectives)} group{'s' * (front_groups(front, objectives) != 1)} the measurements separate")
+    if beaten:
+        text += f"; {beaten} more dominated within noise (listed apart)"
+    return text
 
 
 def trial_view(row: pd.Series, objectives: Sequence[tuple[str, str]], *, fmt: str,

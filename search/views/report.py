@@ -28,6 +28,7 @@ import numpy as np
 import pandas as pd
 
 from search.results.effects import TEST, study_effects
+from search.results.front import DOMINATED_COLUMN, front_groups
 from search.results.importance import MIN_COMPLETE_TRIALS, MIN_TRIALS_PER_KNOB, VIEW_MAX_TRIALS, by_family, knob_importance
 from search.results.intervals import bounds
 from search.results.query import load, study_dir
@@ -247,7 +248,7 @@ def _front_table(front: pd.DataFrame, objectives: Sequence[tuple[str, str]]) -> 
             front[f"{column} 95%"] = [f"{_cell(a, column)}-{_cell(b, column)}" if a == a and b == b else "?"
                                       for a, b in zip(front[f"{column}_low"], front[f"{column}_high"])]
             columns.append(f"{column} 95%")
-    columns += [c for c in ("tied_with", "params", "flops", "epochs_run") if c not in columns] + knobs
+    columns += [c for c in ("tied_with", "dominated_by", "params", "flops", "epochs_run") if c not in columns] + knobs
     columns = [c for c in columns if c in front.columns and front[c].notna().any()]
     head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
     body = "".join(
@@ -339,7 +340,9 @@ def write_report(study: str | os.PathLike, *, out: str | os.PathLike | None = No
         out_path = study / "report.html"
     png_path = out_path.with_name(out_path.stem + "-front.png")
     objectives = list(exp.objectives)
-    front = exp.front()
+    shown = exp.front(dominated=True)
+    beaten = shown[shown[DOMINATED_COLUMN].notna()]
+    front = shown[shown[DOMINATED_COLUMN].isna()]
     trials = exp.trials
     y = objectives[0][0]
     x = objectives[1][0] if len(objectives) > 1 else "throughput"
@@ -365,7 +368,8 @@ def write_report(study: str | os.PathLike, *, out: str | os.PathLike | None = No
         ("objectives", ", ".join(f"{c} ({m})" for c, m in objectives)),
         ("trials", f"{len(trials)} finished" + (f" of {exp.spec['spec']['budget']['trials']}" if (exp.spec.get("spec") or {}).get("budget") else "")
          + (": " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) if counts else "")),
-        ("front", f"{len(front)} COMPLETE trials"),
+        ("front", f"{len(front)} COMPLETE trials in {front_groups(front, objectives)} groups the measurements separate"
+         + (f"; {len(beaten)} more dominated within noise" if len(beaten) else "")),
     ]
     if best is not None and not pd.isna(best):
         facts.append(("best val_acc", f"{best:.4f}"))
@@ -382,6 +386,9 @@ def write_report(study: str | os.PathLike, *, out: str | os.PathLike | None = No
         f'<img class="front-png" alt="Pareto front of {html.escape(name)}: {html.escape(y)} against {html.escape(x)}" '
         f'src="data:image/png;base64,{base64.b64encode(png).decode()}">'
         f"<h3>Pareto front ({count(len(front), 'trial')})</h3>" + _front_table(front, objectives) +
+        (f"<h3>Dominated within noise ({len(beaten)})</h3><p class=\"note\">Pareto-optimal on the point values, but another "
+         "member is level within noise on every objective and better beyond noise on one, so nothing measured favours "
+         "them: not on the front.</p>" + _front_table(beaten, objectives) if len(beaten) else "") +
         f'<p class="note">Retrain one of them (replace TRIAL with its id):</p><pre class="export">{html.escape(export)}</pre>'
         '<p class="note">Below: every trial, interactive (needs JavaScript; the data is inside this file).</p>'
         "</section>" + (_effects_section(study) if grid else _importance_section(study))

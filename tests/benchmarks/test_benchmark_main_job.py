@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 import benchmarks._env
-from benchmarks.main_job import _front_table, front_span, main, separated_groups, summarise_run
+from benchmarks.main_job import _front_table, front_span, main, summarise_run
 
 T0 = dt.datetime(2030, 1, 1, tzinfo=dt.timezone.utc)
 
@@ -21,16 +21,6 @@ def test_front_span_and_the_closest_neighbours():
     assert front_span([1000.0, 3000.0, 1500.0]) == {"span": 3.0, "closest_neighbours_ratio": 1.5}
     assert front_span([800.0]) == {"span": 1.0, "closest_neighbours_ratio": None}
     assert front_span([]) == {"span": None, "closest_neighbours_ratio": None}
-
-
-def test_separated_groups_chain_the_ties():
-    """The benchmark's run of 5 with one tied pair is 4 groups; a chain a~b~c is one group."""
-    rows = [{"trial_id": t, "tied_with": tied} for t, tied in
-            [("a", None), ("b", None), ("c", "d"), ("d", "c"), ("e", None)]]
-    assert separated_groups(rows) == 4
-    chain = [{"trial_id": "a", "tied_with": "b"}, {"trial_id": "b", "tied_with": "a,c"}, {"trial_id": "c", "tied_with": "b"},
-             {"trial_id": "x", "tied_with": ""}]
-    assert separated_groups(chain) == 2 and separated_groups([]) == 0
 
 
 def test_summarise_run_reads_the_first_epoch_the_front_and_the_states():
@@ -72,10 +62,12 @@ def test_summarise_run_of_a_run_with_no_epoch():
     assert record["throughput"] == {"span": None, "closest_neighbours_ratio": None}
 
 
-def test_the_front_as_printed_is_cut_at_the_blank_line():
+def test_the_front_as_printed_runs_to_the_results_line():
+    """The members' table and the block of those dominated within noise, without the blank line before 'results:'."""
     lines = ["[1/2] COMPLETE ...", "", "Pareto front (val_acc max, throughput max), 1 trial:", "trial_id val_acc",
-             "a 0.81", "", "results: ..."]
-    assert _front_table(lines) == lines[2:5]
+             "a 0.81", "", "dominated within noise, so not on the front (1): ...", "trial_id val_acc dominated_by",
+             "b 0.70 a", "", "results: ..."]
+    assert _front_table(lines) == lines[2:9]
     assert _front_table(["no front here"]) == []
 
 

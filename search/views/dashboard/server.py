@@ -169,9 +169,9 @@ def study_payload(path: str | os.PathLike, *, label: str | None = None) -> dict[
     front: list[int] = []
     if n and objectives and all(c in table.column_names for c, _ in objectives):
         index = {t: i for i, t in enumerate(table.column("trial_id").to_pylist())}
-        members = compute_front(table.to_pandas(), objectives).to_dict("records")
-        front = [index[m["trial_id"]] for m in members]
-        for m in members:
+        candidates = compute_front(table.to_pandas(), objectives, dominated=True).to_dict("records")
+        front = [index[m["trial_id"]] for m in candidates if m.get("dominated_by") is None]
+        for m in candidates:  # those dominated within noise are off the front, but drawn at their means too
             if (m.get("seeds") or 1) > 1:
                 for column in columns.keys() & {*(c for c, _ in objectives), "val_acc_low", "val_acc_high", "seeds"}:
                     value = m.get(column)

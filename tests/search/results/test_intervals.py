@@ -118,7 +118,8 @@ def test_the_store_the_loader_and_the_table_carry_intervals_and_ties(tmp_path):
     store.flush()
     (tmp_path / "experiment.json").write_text(json.dumps({"objectives": [list(o) for o in OBJECTIVES]}))
     pareto = pq.read_table(tmp_path / "pareto.parquet").to_pandas()  # an independent reader
-    assert _ties(pareto) == {"t3": None, "t1": "t2", "t2": "t1", "t0": None}
+    # t3 (0.82, 5k) is level with t1 and t2 on accuracy and 3.6x slower beyond noise: dominated within noise
+    assert _ties(pareto) == {"t1": "t2", "t2": "t1", "t0": None}
     trials = pq.read_table(tmp_path / "trials.parquet").to_pandas()
     assert trials.set_index("trial_id").loc["t2", "tied_with"] == "t1"
     assert {"val_acc_low", "val_acc_high", "throughput_low", "throughput_high", "val_images"} <= set(trials.columns)
