@@ -90,7 +90,7 @@ def configs(trials: pd.DataFrame, objectives: Sequence[tuple[str, str]]) -> pd.D
         return trials.assign(seeds=trials["seeds"].fillna(1) if "seeds" in trials else 1)
     rows = fold_replicates(trials.to_dict("records"), objectives)
     return pd.DataFrame.from_records(rows, columns=list(trials.columns)).astype(
-        {c: t for c, t in trials.dtypes.items() if c not in ("seeds", "val_acc_sd", *(o for o, _ in objectives))},
+        {c: t for c, t in trials.dtypes.items() if c not in ("seeds", "val_acc_sd", "val_acc_sd_df", "selection_val_acc", *(o for o, _ in objectives))},
         errors="ignore")
 
 

@@ -87,8 +87,8 @@ def front_columns(front: pd.DataFrame, objectives: Sequence[tuple[str, str]], *,
     columns = list(leading) + ["trial_id", "family"]
     for column, _ in objectives:  # each objective, then its interval where recorded
         columns += [column] + [f"{column}_{end}" for end in ("low", "high") if f"{column}_{end}" in front]
-    if "seeds" in front and (front["seeds"].fillna(1) > 1).any():  # a confirmed study: what each mean rests on
-        columns += ["seeds"] + (["val_acc_sd"] if "val_acc_sd" in front else [])
+    if "selection_val_acc" in front and front["selection_val_acc"].notna().any():  # a confirmed study
+        columns += [c for c in ("seeds", "selection_val_acc", "val_acc_sd", "val_acc_sd_df") if c in front]
     columns += [c for c in ("tied_with", DOMINATED_COLUMN, "params", "flops", "epochs_run", "throughput_device")
                 if c in front and c not in columns]
     return columns + config_columns
@@ -128,7 +128,7 @@ def _rows_table(view: pd.DataFrame, objectives: Sequence[tuple[str, str]], empty
     if "flops" in shown:
         shown["flops"] = shown["flops"].map(lambda v: f"{v / 1e6:.1f}M")
     config_columns = [c for c in view.columns if c not in TRIAL_COLUMNS]
-    for column in config_columns + [c for c in ("val_acc", "val_loss", "val_acc_sd") if c in shown]:
+    for column in config_columns + [c for c in ("val_acc", "val_loss", "val_acc_sd", "selection_val_acc") if c in shown]:
         if column in shown and shown[column].dtype.kind == "f":
             shown[column] = shown[column].map(lambda v: f"{v:.4g}")
     return shown.to_string(index=False)

@@ -163,8 +163,8 @@ def study_payload(path: str | os.PathLike, *, label: str | None = None) -> dict[
     shown = [c for c in PAGE_COLUMNS if c in table.column_names] + [k for k in knob_names if k not in PAGE_COLUMNS]
     columns = {name: _column_json(table.column(name), name) for name in shown}
 
-    # The front: of configs, as search.load().front() (a confirmed config: the mean over its seeds,
-    # drawn at its search trial's row, whose objectives and intervals become the mean's).
+    # The front: of configs, as search.load().front() (a confirmed config: its fresh seeds' estimate,
+    # drawn at its search trial's row, whose objectives and intervals become the estimate's).
     n = table.num_rows
     front: list[int] = []
     if n and objectives and all(c in table.column_names for c, _ in objectives):
