@@ -1,7 +1,8 @@
 """``python -m search``: run a study, print its Pareto front, pick and retrain one of its trials, watch it.
 
 User errors (a bad spec, a missing dataset, a folder that is not a study) print one line and
-exit with code 2; nothing is half-written.
+exit with code 2; nothing is half-written. Output cut short by its reader (``| head``) ends the
+command quietly with code 141, as a Unix tool killed by SIGPIPE does.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from search.text import count
 from trainers.errors import ConfigError
@@ -20,6 +22,34 @@ __all__ = ["main"]
 # the readers (`pareto`, `select`, `compare`, `dashboard`) never import Ray or torch.
 
 EXIT_USER_ERROR = 2
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a tool whose reader went away
+EXIT_CODES = f"""exit codes:
+  0    done
+  1    the command ran but failed: every trial of a run failed, a suite's study failed
+  {EXIT_USER_ERROR}    a user error, named in one line on stderr: a bad spec, option or path; nothing was written
+  130  interrupted (Ctrl-C); a run's finished trials are in the study folder
+  {EXIT_BROKEN_PIPE}  the output's reader went away (e.g. | head), as for a Unix tool killed by SIGPIPE"""
+
+
+def _prog() -> str:
+    """How the user called us: the console script's name, or ``python -m search``."""
+    return "locality-search" if Path(sys.argv[0]).name == "locality-search" else "python -m search"
+
+
+def version() -> str:
+    """The installed distribution's version, or the checkout's pyproject.toml's."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("locality-search")
+    except metadata.PackageNotFoundError:
+        import tomllib
+
+        pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+        try:
+            return tomllib.loads(pyproject.read_text())["project"]["version"]
+        except (OSError, KeyError, tomllib.TOMLDecodeError):
+            return "unknown"
 
 
 def _one_line(message: str) -> str:
@@ -93,7 +123,10 @@ def _plan(spec) -> str:
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m search", description=__doc__.splitlines()[0])
+    prog = _prog()
+    parser = _Parser(prog=prog, description=__doc__.splitlines()[0], epilog=EXIT_CODES,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"{prog} {version()} (locality-search)")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     run = commands.add_parser("run", help="run the search described by a spec file")
@@ -338,26 +371,38 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
+    """Every file given is checked and reported, an error as its one line; exit 2 when any failed."""
+    failed = 0
+    for path in args.specs:
+        try:
+            _check_one(path, args.profile)
+        except ConfigError as exc:
+            failed += 1
+            print(_one_line(f"error: {exc}"), file=sys.stderr)
+    if failed and len(args.specs) > 1:
+        print(f"{failed} of {len(args.specs)} specs failed the check", file=sys.stderr)
+    return EXIT_USER_ERROR if failed else 0
+
+
+def _check_one(path: str, profile: str | None) -> None:
     from search.spec.spec import load_spec, pick_profile
     from trainers.data import load_catalog
 
-    for path in args.specs:
-        spec = load_spec(path, profile=args.profile)  # every profile of the file validated
-        try:
-            load_catalog(spec.dataset.name)  # as `run` does before its data: an unknown dataset
-        except ConfigError as exc:
-            raise ConfigError(f"{path}: dataset: {exc}") from None
-        _, why, profiles = pick_profile(path, profile=args.profile)
-        models = f"{count(len(spec.candidates), 'model')}, " if spec.conditional else ""
-        listed = f", profiles {', '.join(profiles)}" if profiles else ""
-        print(f"{path}: ok ({spec.name}: {models}{count(len(spec.all_params()), 'knob')}, "
-              f"{count(spec.planned_trials, 'trial')}{listed})")
-        if spec.profile:
-            print(f"  {_profile_line(spec, why)}")
-        print(f"  would run {_plan(spec)}")
-        for note in spec.notes():
-            print(f"  note: {note}")
-    return 0
+    spec = load_spec(path, profile=profile)  # every profile of the file validated
+    try:
+        load_catalog(spec.dataset.name)  # as `run` does before its data: an unknown dataset
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: dataset: {exc}") from None
+    _, why, profiles = pick_profile(path, profile=profile)
+    models = f"{count(len(spec.candidates), 'model')}, " if spec.conditional else ""
+    listed = f", profiles {', '.join(profiles)}" if profiles else ""
+    print(f"{path}: ok ({spec.name}: {models}{count(len(spec.all_params()), 'knob')}, "
+          f"{count(spec.planned_trials, 'trial')}{listed})")
+    if spec.profile:
+        print(f"  {_profile_line(spec, why)}")
+    print(f"  would run {_plan(spec)}")
+    for note in spec.notes():
+        print(f"  note: {note}")
 
 
 def _cmd_dashboard(args: argparse.Namespace) -> int:
@@ -446,7 +491,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         "claims": _cmd_claims,
     }[args.command]
     try:
-        return handler(args)
+        code = handler(args)
+        sys.stdout.flush()  # a reader gone away is found here, not at interpreter exit
+        return code
+    except BrokenPipeError:
+        # Python's advice (the signal module's docs): point stdout at devnull so the flush at exit
+        # cannot raise again, and end as a Unix tool the pipe's reader left does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
     except ConfigError as exc:
         print(_one_line(f"error: {exc}"), file=sys.stderr)
         return EXIT_USER_ERROR

@@ -319,14 +319,15 @@ def _write_shared(path: Path, data: bytes) -> None:
 
 
 def _report_path(out: str | os.PathLike | None) -> Path | None:
-    """``out`` as an .html path in a folder that is there or can be made (None: the default),
-    checked before any work."""
+    """``out`` exactly as given, checked before any work: an .html file in a folder that is there or
+    can be made (None: the default). A folder or another suffix is refused, not rewritten."""
     if out is None:
         return None
     path = Path(out)
-    if path.name and path.suffix.lower() not in (".html", ".htm"):
-        path = path.with_suffix(".html")
-    return check_output_file(path if str(out).strip() else out, option="--out", example="report.html")
+    if str(out).strip() and path.name and not path.is_dir() and path.suffix.lower() not in (".html", ".htm"):
+        raise ConfigError(f"--out {out}: the report is an HTML file; pass a name ending in .html, "
+                          f"such as {path.with_suffix('.html')}")
+    return check_output_file(out, option="--out", example="report.html")
 
 
 def write_report(study: str | os.PathLike, *, out: str | os.PathLike | None = None) -> Report:

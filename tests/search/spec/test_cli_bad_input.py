@@ -72,8 +72,9 @@ def test_report_checks_its_out_path_first_and_writes_both_files_or_neither(study
     assert "is a folder" in _user_error(capsys, "report", study, "--out", tmp_path / "folder.html")
     assert "not a file name" in _user_error(capsys, "report", study, "--out", "")
     assert "is a file, not a folder" in _user_error(capsys, "report", study, "--out", tmp_path / "afile" / "r.html")
+    assert "ending in .html" in _user_error(capsys, "report", study, "--out", tmp_path / "new" / "r")  # not renamed
     assert _files(tmp_path) == before
-    code, out, err = _run(capsys, "report", study, "--out", tmp_path / "new" / "r")  # a missing folder is made
+    code, out, err = _run(capsys, "report", study, "--out", tmp_path / "new" / "r.html")  # a missing folder is made
     assert code == 0, err
     assert (tmp_path / "new" / "r.html").is_file() and (tmp_path / "new" / "r-front.png").is_file()
 
