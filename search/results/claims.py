@@ -12,11 +12,25 @@ paper's number, and which study tests it, one of three ways (``test.kind``):
   of another model, e.g. the plain-attention control of GMM); Welch's t test over the seeds
   (unpaired: two models share the seed's data order, not their weights).
 
-The verdict, from the 95% interval of the difference: ``expect: higher`` is **reproduced** when
-the interval lies above 0, **not reproduced** when it lies below, **inconclusive** when it covers 0
-(or fewer than 2 pairs/seeds); ``lower`` the mirror image; ``no_gain`` (a saturation) is reproduced
-when the interval's upper end is below ``margin`` (any gain is smaller than that, at 95%), not
-reproduced when the interval lies above 0, inconclusive otherwise.
+Each claim's protocol is fixed in the claims file before the run: the side (``expect``), the
+family-wise error rate ``alpha``, the smallest effect of interest ``sesoi`` (the paper's effect,
+or a stated scaled one) and the ``family`` it belongs to (claims resting on the same trials are
+one member of the family of tests). Each test gives a difference, its standard error and degrees
+of freedom; the verdicts, at family-wise ``alpha`` (Holm 1979, across the family's members;
+Bonferroni within a member, whose claims share their trials):
+
+- **reproduced**: the difference lies on the predicted side (the two-sided t test, adjusted);
+- **contradicted**: it lies on the other side;
+- **smaller than the paper's**: neither, and an equivalence test (two one-sided tests, TOST;
+  Schuirmann 1987, Lakens 2017) puts it within +-``sesoi`` (adjusted the same way);
+- **inconclusive**: none of these; the page prints the smallest effect the run could have
+  detected with 80% power, ``(t(1 - a/2, df) + t(0.8, df)) * se``, at ``a`` the Bonferroni share
+  ``alpha / m`` (the level of Holm's first step; power of the t test as in Cohen 1988).
+
+``expect: no_gain`` (a saturation) tests the difference against ``margin`` instead of 0, one
+sided: reproduced when it is below the margin (H0: difference >= margin rejected), contradicted
+when it is above it (H0: difference <= margin rejected). Fewer than two pairs or seeds, or no
+spread at all between them, give no test: inconclusive, with no detectable effect to print.
 """
 
 from __future__ import annotations
@@ -38,11 +52,12 @@ from search.spec.spec import read_yaml
 from search.spec.validation import FieldError, Number, Record, SpecLocation, Whole, from_plain
 from trainers.errors import ConfigError
 
-__all__ = ["Claim", "ClaimTest", "ClaimsFile", "ClaimResult", "load_claims", "evaluate_claim", "welch",
-           "paired", "VERDICTS"]
+__all__ = ["Claim", "ClaimTest", "ClaimsFile", "ClaimResult", "Estimate", "load_claims", "evaluate_claim",
+           "evaluate_claims", "family_adjusted", "welch", "paired", "holm", "verdict", "VERDICTS", "POWER"]
 
 CONFIDENCE = 0.95
-VERDICTS = ("reproduced", "not reproduced", "inconclusive", "not run")
+POWER = 0.8  # the power at which the smallest detectable effect is stated
+VERDICTS = ("reproduced", "contradicted", "smaller than the paper's", "inconclusive", "not run")
 
 
 class ClaimTest(Record):
@@ -81,7 +96,23 @@ class Claim(Record):
     paper_result: str
     expect: Literal["higher", "lower", "no_gain"]
     margin: Number = 0.01  # no_gain: the largest gain that still counts as none
+    alpha: Number = 0.05  # the family-wise error rate the verdicts hold at (Holm across the claims)
+    sesoi: Number | None = None  # the smallest effect of interest (the paper's, or a stated scaled one): the TOST's bound
+    family: str | None = None  # claims resting on the same trials share one: one member of Holm's family
     test: ClaimTest
+
+    @model_validator(mode="after")
+    def _check(self) -> "Claim":
+        if not 0 < self.alpha < 1:
+            raise FieldError("alpha", f"must be in (0, 1), got {self.alpha}")
+        if self.sesoi is not None and self.sesoi <= 0:
+            raise FieldError("sesoi", f"must be above 0 (a size, on the objective's scale), got {self.sesoi}")
+        return self
+
+    @property
+    def member(self) -> str:
+        """Its member of the family of tests: its ``family``, or itself."""
+        return self.family or self.id
 
 
 class ClaimsFile(Record):
@@ -112,65 +143,136 @@ def load_claims(path: str | Path) -> ClaimsFile:
 
 
 @dataclass(frozen=True)
+class Estimate:
+    """A difference with its standard error and degrees of freedom (NaN se: no test)."""
+
+    diff: float
+    se: float
+    df: float
+
+    @property
+    def testable(self) -> bool:
+        return math.isfinite(self.se) and self.se > 0 and math.isfinite(self.diff)
+
+    def interval(self, confidence: float = CONFIDENCE) -> tuple[float, float]:
+        if not self.testable:
+            return math.nan, math.nan
+        from scipy import stats
+
+        half = float(stats.t.ppf(0.5 + confidence / 2, self.df)) * self.se
+        return self.diff - half, self.diff + half
+
+    def p_two_sided(self, against: float = 0.0) -> float:
+        """The two-sided t test of H0: difference = ``against``."""
+        if not self.testable:
+            return math.nan
+        from scipy import stats
+
+        return float(2 * stats.t.sf(abs(self.diff - against) / self.se, self.df))
+
+    def p_below(self, bound: float) -> float:
+        """One-sided: the p of H0 difference >= ``bound`` (small: it is below)."""
+        if not self.testable:
+            return math.nan
+        from scipy import stats
+
+        return float(stats.t.cdf((self.diff - bound) / self.se, self.df))
+
+    def p_above(self, bound: float) -> float:
+        """One-sided: the p of H0 difference <= ``bound`` (small: it is above)."""
+        if not self.testable:
+            return math.nan
+        from scipy import stats
+
+        return float(stats.t.sf((self.diff - bound) / self.se, self.df))
+
+    def p_equivalent(self, bound: float) -> float:
+        """TOST: the p of H0 |difference| >= ``bound``, the larger of the two one-sided tests."""
+        return max(self.p_above(-bound), self.p_below(bound)) if self.testable else math.nan
+
+    def detectable(self, alpha: float, power: float = POWER) -> float:
+        """The smallest effect a two-sided test at ``alpha`` detects with ``power``, at this se and df."""
+        if not self.testable:
+            return math.nan
+        from scipy import stats
+
+        return float((stats.t.ppf(1 - alpha / 2, self.df) + stats.t.ppf(power, self.df)) * self.se)
+
+
+@dataclass(frozen=True)
 class ClaimResult:
     claim: Claim
     diff: float  # the difference the claim is about (see the module doc)
-    low: float
+    low: float  # its 95% interval (uncorrected; the verdict uses p_adjusted)
     high: float
-    p_value: float
+    p_value: float  # the claim's own test before correction (no_gain: one-sided against the margin)
     n: str  # what the test counted, e.g. "3 pairs" or "3 vs 3 seeds"
     arms: str  # the means compared, e.g. "0.4618 vs 0.3520"
     verdict: str
     test: str  # the test's name
+    p_adjusted: float = math.nan  # Holm's adjusted p across the family of claims
+    p_equivalence: float = math.nan  # the TOST's adjusted p against the claim's sesoi (NaN: none given)
+    detectable: float = math.nan  # inconclusive: the smallest effect detectable with 80% power at the level used
+    estimate: Estimate | None = None
 
 
-def paired(diffs: Sequence[float]) -> tuple[float, float, float, float]:
-    """(mean, low, high, p) of paired differences: Student's t interval and the two-sided p of
-    the one-sample t test against 0 (NaN where there are fewer than 2, or no spread)."""
-    from scipy import stats
-
+def paired(diffs: Sequence[float]) -> Estimate:
+    """The mean of paired differences with its standard error sd / sqrt(n) on n - 1 degrees of
+    freedom (Student 1908); NaN se where there are fewer than 2, or no spread at all."""
     n = len(diffs)
     if n == 0:
-        return (math.nan,) * 4
+        return Estimate(math.nan, math.nan, math.nan)
     mean = statistics.fmean(diffs)
     if n < 2:
-        return mean, math.nan, math.nan, math.nan
+        return Estimate(mean, math.nan, math.nan)
     sd = statistics.stdev(diffs)
-    if sd == 0:  # every pair the same difference: no spread, no test (as `effects`)
-        return mean, math.nan, math.nan, math.nan
-    half = float(stats.t.ppf(0.5 + CONFIDENCE / 2, n - 1)) * sd / math.sqrt(n)
-    return mean, mean - half, mean + half, float(stats.ttest_1samp(diffs, 0.0).pvalue)
+    if not sd > 1e-12 * max(1.0, abs(mean)):  # every pair the same difference: no spread, no test
+        return Estimate(mean, math.nan, math.nan)
+    return Estimate(mean, sd / math.sqrt(n), n - 1)
 
 
-def welch(a: Sequence[float], b: Sequence[float]) -> tuple[float, float, float, float]:
-    """(mean(a) - mean(b), low, high, p): Welch's t interval with the Welch-Satterthwaite degrees
-    of freedom, and the two-sided p of Welch's t test (NaN where a sample has fewer than 2, or
-    neither spreads)."""
-    from scipy import stats
-
+def welch(a: Sequence[float], b: Sequence[float]) -> Estimate:
+    """mean(a) - mean(b) with Welch's standard error and the Welch-Satterthwaite degrees of
+    freedom (Welch 1947); NaN se where a sample has fewer than 2, or neither spreads."""
     if not a or not b:
-        return (math.nan,) * 4
+        return Estimate(math.nan, math.nan, math.nan)
     diff = statistics.fmean(a) - statistics.fmean(b)
     if len(a) < 2 or len(b) < 2:
-        return diff, math.nan, math.nan, math.nan
+        return Estimate(diff, math.nan, math.nan)
     va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
     se = math.sqrt(va + vb)
-    if se == 0:
-        return diff, math.nan, math.nan, math.nan
+    if not se > 1e-12 * max(1.0, abs(diff)):
+        return Estimate(diff, math.nan, math.nan)
     df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
-    half = float(stats.t.ppf(0.5 + CONFIDENCE / 2, df)) * se
-    return diff, diff - half, diff + half, float(stats.ttest_ind(a, b, equal_var=False).pvalue)
+    return Estimate(diff, se, df)
 
 
-def _verdict(expect: str, low: float, high: float, margin: float) -> str:
-    if math.isnan(low) or math.isnan(high):
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm's (1979) step-down adjusted p-values: sorted ascending, the i-th (from 0) times
+    (m - i), made non-decreasing, capped at 1. A NaN (no test) takes no part and stays NaN."""
+    tested = sorted((p, i) for i, p in enumerate(p_values) if not math.isnan(p))
+    out = [math.nan] * len(p_values)
+    running = 0.0
+    for rank, (p, i) in enumerate(tested):
+        running = max(running, min(1.0, (len(tested) - rank) * p))
+        out[i] = running
+    return out
+
+
+def verdict(expect: str, estimate: Estimate, *, p_adjusted: float, p_contrary: float, p_equivalence: float,
+            alpha: float) -> str:
+    """One claim's verdict from its adjusted p-values (see the module doc): ``p_adjusted`` of its own
+    test, ``p_contrary`` of a saturation's opposite test, ``p_equivalence`` of the TOST."""
+    if not estimate.testable or math.isnan(p_adjusted):
         return "inconclusive"
     if expect == "no_gain":
-        return "reproduced" if high < margin else "not reproduced" if low > 0 else "inconclusive"
-    above, below = low > 0, high < 0
-    if expect == "lower":
-        above, below = below, above
-    return "reproduced" if above else "not reproduced" if below else "inconclusive"
+        return "reproduced" if p_adjusted < alpha else "contradicted" if p_contrary < alpha else "inconclusive"
+    if p_adjusted < alpha:
+        predicted = estimate.diff > 0 if expect == "higher" else estimate.diff < 0
+        return "reproduced" if predicted else "contradicted"
+    if not math.isnan(p_equivalence) and p_equivalence < alpha:
+        return "smaller than the paper's"
+    return "inconclusive"
 
 
 def _trials(exp: Experiment, objective: str, epoch: int | None) -> pd.DataFrame:
@@ -224,28 +326,61 @@ def _means(a: Sequence[float], b: Sequence[float]) -> str:
     return f"{statistics.fmean(a):.4f} vs {statistics.fmean(b):.4f}"
 
 
-def evaluate_claim(claim: Claim, studies: Mapping[str, Experiment]) -> ClaimResult:
-    """Test ``claim`` on ``studies`` (its studies by name, loaded); a claim whose studies are not
-    all there is ``not run``."""
+def _estimate(claim: Claim, studies: Mapping[str, Experiment]) -> tuple[Estimate, str, str, str]:
+    """The claim's estimate, what it counted, the means it compares, the test's name."""
     test = claim.test
-    if any(s not in studies for s in test.studies):
-        return ClaimResult(claim, math.nan, math.nan, math.nan, math.nan, "-", "-", "not run", "-")
     if test.kind == "effect":
         exp = studies[test.study]
         diffs = _effect(exp, test)
-        diff, low, high, p = paired(diffs)
         trials = _trials(exp, test.objective, test.epoch)
         arm = _values(trials, test.objective, {test.knob: test.value})
         base = _values(trials, test.objective, {test.knob: test.baseline})
-        n, arms, name = f"{len(diffs)} pairs", _means(arm, base), "paired t (Student 1908)"
-    elif test.kind == "shrinks":
+        return paired(diffs), f"{len(diffs)} pairs", _means(arm, base), "paired t (Student 1908)"
+    if test.kind == "shrinks":
         first, then = _effect(studies[test.study], test), _effect(studies[test.then], test)
-        diff, low, high, p = welch(first, then)
         gaps = (f"{statistics.fmean(first):+.4f} vs {statistics.fmean(then):+.4f}" if first and then else "-")
-        n, arms, name = f"{len(first)} vs {len(then)} pairs", gaps, "Welch t (Welch 1947)"
-    else:
-        at = _at_point(studies[test.study], test)
-        control = _values(_trials(studies[test.control], test.objective, test.epoch), test.objective, {})
-        diff, low, high, p = welch(at, control)
-        n, arms, name = f"{len(at)} vs {len(control)} seeds", _means(at, control), "Welch t (Welch 1947)"
-    return ClaimResult(claim, diff, low, high, p, n, arms, _verdict(claim.expect, low, high, claim.margin), name)
+        return welch(first, then), f"{len(first)} vs {len(then)} pairs", gaps, "Welch t (Welch 1947)"
+    at = _at_point(studies[test.study], test)
+    control = _values(_trials(studies[test.control], test.objective, test.epoch), test.objective, {})
+    return welch(at, control), f"{len(at)} vs {len(control)} seeds", _means(at, control), "Welch t (Welch 1947)"
+
+
+def family_adjusted(claims: Sequence[Claim], p_values: Sequence[float]) -> list[float]:
+    """Each claim's p adjusted for the family: Bonferroni within a member (claims on the same
+    trials), Holm across the members on each member's smallest; NaN (no test) stays NaN."""
+    members = list(dict.fromkeys(c.member for c in claims))
+    size = {m: sum(c.member == m for c in claims) for m in members}
+    inside = [math.nan if math.isnan(p) else min(1.0, p * size[c.member]) for c, p in zip(claims, p_values)]
+    best = [min((p for c, p in zip(claims, inside) if c.member == m and not math.isnan(p)), default=math.nan)
+            for m in members]
+    across = dict(zip(members, holm(best)))
+    return [math.nan if math.isnan(p) else max(p, across[c.member]) for c, p in zip(claims, inside)]
+
+
+def evaluate_claims(claims: Sequence[Claim], studies: Mapping[str, Experiment]) -> list[ClaimResult]:
+    """Test ``claims`` on ``studies`` (their studies by name, loaded) as one family, corrected as
+    the module doc says; a claim whose studies are not all there is ``not run`` and takes no part."""
+    ran = [c for c in claims if all(s in studies for s in c.test.studies)]
+    measured = [_estimate(c, studies) for c in ran]
+    estimates = [m[0] for m in measured]
+    own = [e.p_below(c.margin) if c.expect == "no_gain" else e.p_two_sided() for c, e in zip(ran, estimates)]
+    adjusted = family_adjusted(ran, own)
+    contrary = family_adjusted(ran, [e.p_above(c.margin) if c.expect == "no_gain" else math.nan
+                                     for c, e in zip(ran, estimates)])
+    equivalence = family_adjusted(ran, [e.p_equivalent(c.sesoi) if c.sesoi and c.expect != "no_gain" else math.nan
+                                        for c, e in zip(ran, estimates)])
+    level = {c.id: c.alpha / max(1, len({x.member for x in ran})) for c in ran}  # Holm's first step
+    out: dict[str, ClaimResult] = {}
+    for c, (e, n, arms, name), p, p_adj, p_con, p_eq in zip(ran, measured, own, adjusted, contrary, equivalence):
+        low, high = e.interval()
+        said = verdict(c.expect, e, p_adjusted=p_adj, p_contrary=p_con, p_equivalence=p_eq, alpha=c.alpha)
+        detectable = e.detectable(level[c.id]) if said == "inconclusive" else math.nan
+        out[c.id] = ClaimResult(c, e.diff, low, high, p, n, arms, said, name, p_adjusted=p_adj, p_equivalence=p_eq,
+                                detectable=detectable, estimate=e)
+    return [out.get(c.id) or ClaimResult(c, math.nan, math.nan, math.nan, math.nan, "-", "-", "not run", "-")
+            for c in claims]
+
+
+def evaluate_claim(claim: Claim, studies: Mapping[str, Experiment]) -> ClaimResult:
+    """One claim tested alone (a family of one: no correction); see :func:`evaluate_claims`."""
+    return evaluate_claims([claim], studies)[0]

@@ -16,7 +16,7 @@ Otherwise the value is ``better`` or ``worse`` than the baseline by the objectiv
 fewer than 2 pairs there is no test (``too few pairs``); where every pair differs by the same
 amount (a device measurement, e.g. throughput, is the architecture's, one per architecture and
 shared by every seed) the t test does not apply: the difference is shown, without an interval or
-a p-value (``no spread``; ``no difference`` where it is 0).
+a p-value, and the verdict is ``inconclusive (no spread)``, as a claim's is (search.results.claims).
 """
 
 from __future__ import annotations
@@ -182,8 +182,8 @@ def _paired(pairs: Sequence[tuple[float, float]], mode: str) -> dict[str, Any]:
     result["diff"] = diff
     if len(pairs) < 2:
         return {**result, "verdict": "too few pairs"}
-    if not sd > 1e-12 * max(1.0, abs(diff)):  # every pair the same difference (up to rounding)
-        return {**result, "verdict": "no difference" if abs(diff) <= 1e-12 else "no spread"}
+    if not sd > 1e-12 * max(1.0, abs(diff)):  # every pair the same difference (up to rounding): no test
+        return {**result, "verdict": "inconclusive (no spread)"}
     from scipy import stats  # only where effects are computed
 
     p = float(stats.ttest_rel([a for a, _ in pairs], [b for _, b in pairs]).pvalue)

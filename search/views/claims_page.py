@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from search.results.claims import ClaimResult
+from search.results.claims import VERDICTS, ClaimResult
 from search.results.query import Experiment
 from search.results.replicates import REPLICATE_COLUMN
 from search.study.suite import SuiteStudy
@@ -54,14 +54,32 @@ def _what(r: ClaimResult) -> str:
 EXPECTS = {"higher": "above 0", "lower": "below 0", "no_gain": "below the margin"}
 
 
+def _protocol(r: ClaimResult) -> str:
+    """What the claim was fixed to before the run: the side, alpha, the smallest effect of interest."""
+    objective = r.claim.test.objective
+    unit = " pp" if objective.endswith("acc") else ""
+    side = EXPECTS[r.claim.expect] + (f" (+{_number(r.claim.margin, objective)}{unit})" if r.claim.expect == "no_gain" else "")
+    sesoi = f", sesoi {_number(r.claim.sesoi, objective)}{unit}" if r.claim.sesoi else ""
+    family = f", family {r.claim.family}" if r.claim.family else ""
+    return f"{side}; alpha {r.claim.alpha:g}{sesoi}{family}"
+
+
+def _verdict_text(r: ClaimResult) -> str:
+    """The verdict, and for an inconclusive one the smallest effect the run could have detected."""
+    if r.verdict == "inconclusive" and not math.isnan(r.detectable):
+        return f"**inconclusive** (detectable at 80% power: {_number(r.detectable, r.claim.test.objective, signed=True)})"
+    if r.verdict == "inconclusive":
+        return "**inconclusive** (no test: too few pairs or seeds, or no spread)"
+    return f"**{r.verdict}**"
+
+
 def claims_table(results: Sequence[ClaimResult]) -> list[list[str]]:
-    """One row per claim: id, claim, the paper's number, what we measured, ours, p, n, means, verdict."""
+    """One row per claim: id, claim, the paper's number, what we measured, its protocol, ours, p
+    and Holm's adjusted p, n, means, test, verdict."""
     rows = []
     for r in results:
-        expect = EXPECTS[r.claim.expect] + (f" (+{_number(r.claim.margin, r.claim.test.objective)} pp)"
-                                            if r.claim.expect == "no_gain" else "")
-        rows.append([r.claim.id, r.claim.claim, f"{r.claim.paper_result} [{r.claim.paper}]", _what(r), expect,
-                     difference_text(r), _p(r.p_value), r.n, r.arms, r.test, f"**{r.verdict}**"])
+        rows.append([r.claim.id, r.claim.claim, f"{r.claim.paper_result} [{r.claim.paper}]", _what(r), _protocol(r),
+                     difference_text(r), _p(r.p_value), _p(r.p_adjusted), r.n, r.arms, r.test, _verdict_text(r)])
     return rows
 
 
@@ -95,8 +113,7 @@ def _study_row(study: SuiteStudy, exp: Experiment | None) -> list[str]:
 def claims_page(results: Sequence[ClaimResult], studies: Sequence[SuiteStudy], loaded: Mapping[str, Experiment], *,
                 command: Sequence[str], profile: str | None, storage: str) -> str:
     """The page's Markdown."""
-    counts = {v: sum(r.verdict == v for r in results) for v in ("reproduced", "not reproduced", "inconclusive",
-                                                                 "not run")}
+    counts = {v: sum(r.verdict == v for r in results) for v in VERDICTS}
     summary = ", ".join(f"{n} {v}" for v, n in counts.items() if n)
     out = [
         "# The papers' claims, reproduced on this platform",
@@ -111,16 +128,21 @@ def claims_page(results: Sequence[ClaimResult], studies: Sequence[SuiteStudy], l
         "*effect*: a knob's value minus its baseline value in one grid study, over pairs of trials with the same "
         "seed and the same other knobs (paired t test, Student 1908); *shrinks*: that difference in one study minus "
         "the same difference in another (Welch's t test of the two sets of paired differences, Welch 1947); *versus*: "
-        "one grid point of a study minus a control study of another model, over seeds (Welch's t test). A claim is "
-        "**reproduced** when the interval lies on the side the paper predicts, **not reproduced** when it lies on "
-        "the other side, **inconclusive** when it covers 0 (a saturation claim, *below the margin*: reproduced when "
-        "the whole interval is below that gain). Accuracy differences are in percentage points (pp). The scale is "
-        "not the paper's: small models, a fraction of Fashion-MNIST, a few epochs, a few seeds (the studies' table); "
+        "one grid point of a study minus a control study of another model, over seeds (Welch's t test). Each "
+        "claim's protocol (the side, alpha, the smallest effect of interest) is fixed in the claims file before the "
+        "run, and the verdicts hold at that family-wise alpha: Holm's correction (Holm 1979) across the claims, "
+        "claims resting on the same trials counted as one. A claim is **reproduced** when its adjusted test puts "
+        "the difference on the side the paper predicts, **contradicted** when on the other side, **smaller than the "
+        "paper's** when an equivalence test (TOST, Schuirmann 1987) puts it within the smallest effect of interest, "
+        "**inconclusive** otherwise, with the smallest effect the run could have detected at 80% power (a saturation "
+        "claim, *below the margin*: reproduced when the difference is below that gain, contradicted when above). "
+        "Accuracy differences are in percentage points (pp). The scale is not the paper's: small models, a fraction "
+        "of Fashion-MNIST, a few epochs, a few seeds (the studies' table); "
         "a claim may fail to reproduce at this scale, and an inconclusive one needs more seeds, not a guess.",
         "",
     ]
-    out += _markdown(["id", "claim", "the paper", "ours measures", "reproduced when", "ours (95% interval)", "p",
-                      "n", "means", "test", "verdict"], claims_table(results))
+    out += _markdown(["id", "claim", "the paper", "ours measures", "protocol", "ours (95% interval)", "p",
+                      "p (Holm)", "n", "means", "test", "verdict"], claims_table(results))
     out += ["", "## The studies", "",
             "Wall time is from the first trial's start to the last trial's end (the set-up before it, a few seconds "
             "to a minute, not counted); training is the sum of the trials' own times.", ""]

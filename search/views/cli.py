@@ -436,7 +436,7 @@ def _cmd_effects(args: argparse.Namespace) -> int:
 def _cmd_claims(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from search.results.claims import evaluate_claim, load_claims
+    from search.results.claims import evaluate_claims, load_claims
     from search.results.query import load
     from search.spec.spec import pick_profile
     from search.study.suite import SuiteFailed, run_suite, study_state, suite_studies
@@ -461,7 +461,7 @@ def _cmd_claims(args: argparse.Namespace) -> int:
             print(_one_line(f"error: {exc}"), file=sys.stderr)
             return 1
     loaded = {s.name: load(s.folder) for s in studies if study_state(s)[0] != "missing"}
-    results = [evaluate_claim(c, loaded) for c in claims]
+    results = evaluate_claims(claims, loaded)
     command = ["python", "-m", "search", "claims", *([str(path)] if str(path) != "studies/claims.yaml" else []),
                *(["--profile", args.profile] if args.profile else [])]
     out = write_claims_page(args.out, claims_page(results, studies, loaded, command=command, profile=profile,

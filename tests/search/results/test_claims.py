@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from search.results.claims import _verdict, evaluate_claim, load_claims, paired, welch
+from search.results.claims import (Estimate, evaluate_claim, evaluate_claims, family_adjusted, holm, load_claims, paired,
+                                   verdict, welch)
 from search.results.query import load
 from search.results.store import ResultsStore
 from search.spec.spec import load_spec, to_plain
@@ -26,30 +27,86 @@ def test_paired_and_welch_against_the_formulas_worked_out_by_hand():
     from scipy import stats
 
     # paired differences 0.1, 0.2, 0.3: mean 0.2, sd 0.1, t(0.975, 2) = 4.302652729911275 (any t table)
-    mean, low, high, p = paired([0.1, 0.2, 0.3])
-    assert mean == pytest.approx(0.2) and high - mean == pytest.approx(4.302652729911275 * 0.1 / math.sqrt(3))
+    e = paired([0.1, 0.2, 0.3])
+    (low, high), p = e.interval(), e.p_two_sided()
+    assert (e.diff, e.se, e.df) == (pytest.approx(0.2), pytest.approx(0.1 / math.sqrt(3)), 2)
+    assert high - e.diff == pytest.approx(4.302652729911275 * 0.1 / math.sqrt(3))
     assert low == pytest.approx(0.2 - 4.302652729911275 * 0.1 / math.sqrt(3))
     assert p == pytest.approx(2 * stats.t.sf(0.2 / (0.1 / math.sqrt(3)), 2))
     # Welch: a (n 3, var 0.01), b (n 4, var 0.0666..): se^2 = 0.01/3 + 0.2/3/4 = 0.02, df = 4.0755
     a, b = [0.1, 0.2, 0.3], [0.5, 0.7, 0.9, 1.1]
-    diff, low, high, p = welch(a, b)
+    w = welch(a, b)
     df = 0.02 ** 2 / ((0.01 / 3) ** 2 / 2 + (0.2 / 3 / 4) ** 2 / 3)
-    assert df == pytest.approx(4.0755, abs=1e-4)
+    assert w.df == pytest.approx(4.0755, abs=1e-4) and w.df == pytest.approx(df)
     half = stats.t.ppf(0.975, df) * math.sqrt(0.02)
-    assert diff == pytest.approx(-0.6) and (low, high) == (pytest.approx(-0.6 - half), pytest.approx(-0.6 + half))
-    assert p == pytest.approx(2 * stats.t.sf(0.6 / math.sqrt(0.02), df))
-    # too few to test: a mean, no interval
-    assert math.isnan(paired([0.3])[1]) and math.isnan(welch([0.1], [0.2, 0.3])[1]) and math.isnan(paired([])[0])
+    assert w.diff == pytest.approx(-0.6) and w.interval() == (pytest.approx(-0.6 - half), pytest.approx(-0.6 + half))
+    assert w.p_two_sided() == pytest.approx(2 * stats.t.sf(0.6 / math.sqrt(0.02), df))
+    # too few to test, or no spread: a difference, no interval (claims and effects alike)
+    assert not paired([0.3]).testable and not welch([0.1], [0.2, 0.3]).testable and math.isnan(paired([]).diff)
+    assert not paired([0.1, 0.1, 0.1]).testable and math.isnan(paired([0.1, 0.1]).interval()[0])
 
 
-@pytest.mark.parametrize("expect,low,high,verdict", [
-    ("higher", 0.01, 0.2, "reproduced"), ("higher", -0.2, -0.01, "not reproduced"), ("higher", -0.1, 0.1, "inconclusive"),
-    ("lower", -0.2, -0.01, "reproduced"), ("lower", 0.01, 0.2, "not reproduced"),
-    ("no_gain", -0.03, 0.009, "reproduced"), ("no_gain", -0.01, 0.02, "inconclusive"), ("no_gain", 0.001, 0.02, "not reproduced"),
-    ("higher", math.nan, math.nan, "inconclusive"),
+def test_holm_by_hand():
+    # sorted 0.01, 0.03, 0.04 times 3, 2, 1 = 0.03, 0.06, 0.04; made non-decreasing: 0.03, 0.06, 0.06
+    assert holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
+    assert holm([0.5, math.nan, 0.2]) == [pytest.approx(0.5), pytest.approx(math.nan, nan_ok=True), pytest.approx(0.4)]
+    # the report's two "reproduced" claims among 11: 0.037 * 11 = 0.407, 0.040 * 10 = 0.40: both fail at 0.05
+    eleven = holm([0.037, 0.040] + [0.5] * 9)
+    assert eleven[:2] == pytest.approx([0.407, 0.407]) and min(eleven) > 0.05
+
+
+def test_claims_on_the_same_trials_are_one_member_of_the_family():
+    claims = [_claim("a", family="pairs"), _claim("b", family="pairs"), _claim("c")]
+    # within "pairs": Bonferroni (x2): 0.02, 0.06; members' smallest 0.02 and c's 0.03: Holm 0.04, 0.04
+    assert family_adjusted(claims, [0.01, 0.03, 0.03]) == pytest.approx([0.04, 0.06, 0.04])
+
+
+def _claim(cid: str, **extra) -> "Claim":
+    from search.results.claims import Claim
+
+    return Claim.model_validate({"id": cid, "paper": "P", "claim": "c", "paper_result": "r", "expect": "higher",
+                                 "test": {"kind": "effect", "study": "s", "knob": "k", "value": 1, "baseline": 0},
+                                 **extra})
+
+
+def test_tost_and_the_smallest_detectable_effect_by_hand():
+    e = Estimate(diff=0.002, se=0.004, df=10)
+    # TOST at +-0.02: t = (0.002 + 0.02) / 0.004 = 5.5 and (0.002 - 0.02) / 0.004 = -4.5 on 10 df:
+    # p = max(P(T > 5.5), P(T < -4.5)) = max(0.000131, 0.000572) = 0.000572
+    assert e.p_equivalent(0.02) == pytest.approx(0.0005715525, rel=1e-6)
+    # 80% power, two-sided 0.05, se 0.01 on 4 df: (t(0.975, 4) 2.776445 + t(0.8, 4) 0.940965) * 0.01
+    assert Estimate(0.0, 0.01, 4).detectable(0.05) == pytest.approx(0.0371741, abs=1e-7)
+
+
+@pytest.mark.parametrize("expect,diff,p_adj,p_con,p_eq,said", [
+    ("higher", 0.05, 0.01, math.nan, math.nan, "reproduced"),
+    ("higher", -0.05, 0.01, math.nan, math.nan, "contradicted"),
+    ("lower", -0.05, 0.01, math.nan, math.nan, "reproduced"),
+    ("lower", 0.05, 0.01, math.nan, math.nan, "contradicted"),
+    ("higher", 0.002, 0.6, math.nan, 0.001, "smaller than the paper's"),
+    ("higher", 0.002, 0.6, math.nan, 0.2, "inconclusive"),
+    ("higher", 0.002, 0.6, math.nan, math.nan, "inconclusive"),  # no sesoi: no equivalence test
+    ("no_gain", 0.02, 0.01, 0.99, math.nan, "reproduced"),
+    ("no_gain", 0.08, 0.99, 0.01, math.nan, "contradicted"),
+    ("no_gain", 0.04, 0.3, 0.7, math.nan, "inconclusive"),
 ])
-def test_the_verdict_rules(expect, low, high, verdict):
-    assert _verdict(expect, low, high, 0.01) == verdict
+def test_the_verdict_rules(expect, diff, p_adj, p_con, p_eq, said):
+    assert verdict(expect, Estimate(diff, 0.01, 5), p_adjusted=p_adj, p_contrary=p_con, p_equivalence=p_eq,
+                   alpha=0.05) == said
+    assert verdict(expect, Estimate(diff, math.nan, math.nan), p_adjusted=p_adj, p_contrary=p_con,
+                   p_equivalence=p_eq, alpha=0.05) == "inconclusive"  # no test
+
+
+def test_a_saturation_is_tested_against_its_margin_not_zero():
+    """The old rule called a gain 'not reproduced' once its interval cleared 0; it must clear the margin."""
+    # diff 0.02, se 0.004 on 2 df, margin 0.05: t = (0.02 - 0.05) / 0.004 = -7.5, P(T < -7.5) = 0.008659
+    e = Estimate(0.02, 0.004, 2)
+    assert e.p_below(0.05) == pytest.approx(0.0086587, rel=1e-4)
+    assert e.interval()[0] > 0  # above 0, yet below the margin: reproduced, not contradicted
+    assert verdict("no_gain", e, p_adjusted=e.p_below(0.05), p_contrary=e.p_above(0.05), p_equivalence=math.nan,
+                   alpha=0.05) == "reproduced"
+    above = Estimate(0.08, 0.004, 2)  # t = (0.08 - 0.05) / 0.004 = 7.5: P(T > 7.5) = 0.008659
+    assert above.p_above(0.05) == pytest.approx(0.0086587, rel=1e-4)
 
 
 def _study(root: Path, name: str, *, model: str, values: list, accs: dict, epoch1: dict | None = None) -> Path:

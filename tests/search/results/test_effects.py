@@ -115,8 +115,8 @@ def test_too_few_pairs_and_no_spread_have_no_test():
     trials["throughput"] = trials["arch"].map({"A": 1000.0, "B": 800.0})
     table = knob_effects(trials, objectives=[("throughput", "max")], knobs=KNOBS, baselines={})
     b, one = _row(table, "arch", "B"), _row(table, "null", 1)
-    assert (b["diff"], b["verdict"]) == (-200.0, "no spread") and math.isnan(b["diff_low"])
-    assert (one["diff"], one["verdict"]) == (0.0, "no difference")
+    assert (b["diff"], b["verdict"]) == (-200.0, "inconclusive (no spread)") and math.isnan(b["diff_low"])
+    assert (one["diff"], one["verdict"]) == (0.0, "inconclusive (no spread)")
 
 
 def test_baselines_are_parsed_and_checked_in_one_line():
@@ -180,7 +180,7 @@ def test_the_cli_and_the_report_on_a_grid_study(tmp_path, capsys):
     records = json.loads(capsys.readouterr().out)
     assert {r["objective"] for r in records} == {"val_acc"} and {r["baseline"] for r in records} == {0, 3}
     layer = next(r for r in records if r["knob"] == "local_up_to_layer" and r["value"] == 1)
-    assert layer["pairs"] == 4 and layer["diff"] == pytest.approx(0.1) and layer["verdict"] in ("better", "no spread")
+    assert layer["pairs"] == 4 and layer["diff"] == pytest.approx(0.1) and layer["verdict"] in ("better", "inconclusive (no spread)")
 
     for argv, message in [(["--baseline", "depth=9"], "'9' is not one of depth's values"),
                           (["--objective", "flops"], "--objective flops: not an objective of this study")]:
