@@ -29,7 +29,7 @@ from trainers.models.ls_convit import GPSA
 from trainers.models.ls_gmm import GMMAttention
 from trainers.models.ls_refiner import RefinedAttention
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 FP32_LIBRARY, BF16_LIBRARY = "locality_search_fp32.", "locality_search."
 ONEDNN = "mkldnn._linear_pointwise"
 

@@ -40,7 +40,7 @@ def _inputs(B, N, H, d, dtype, device, seed=0):
 def _run_in_interpreter(script: str) -> None:
     """Run `script` (which prints 'ok' when its checks pass) in a fresh Python under Triton's
     interpreter: TRITON_INTERPRET must be set before Triton compiles anything in the process."""
-    root = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+    root = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
     run = subprocess.run([sys.executable, '-c', script], env=dict(os.environ, TRITON_INTERPRET='1', PYTHONPATH=root),
                          cwd=root, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0 and run.stdout.strip() == 'ok', run.stderr[-3000:]
@@ -78,7 +78,7 @@ def test_kernel_matches_reference_in_triton_interpreter():
     script = textwrap.dedent(f"""
         import torch
         from trainers.kernels import _gpsa_triton
-        from tests.kernels.test_gpsa_triton import _inputs, reference
+        from tests.trainers.kernels.test_gpsa_triton import _inputs, reference
         for B, N, H, d in {SHAPES!r}:
             for dtype, tol in ((torch.float16, 2e-3),):  # the interpreter's numpy has no bfloat16
                 qkv, pos, cw = _inputs(B, N, H, d, dtype, 'cpu')

@@ -58,7 +58,7 @@ def _rel(a, b):
 @pytest.fixture(params=[False, True], ids=['gemms_fp32', 'gemms_bf16'])
 def native_bf16(request, monkeypatch):
     """Run the test as on a CPU without (False) and with (True) bf16 hardware, the core on its torch
-    ops (the fused kernel that replaces them with bf16 GEMMs: tests/kernels/test_attention_kernel.py)."""
+    ops (the fused kernel that replaces them with bf16 GEMMs: tests/trainers/kernels/test_attention_kernel.py)."""
     monkeypatch.setattr(_attention_core, 'cpu_has_native_bf16', lambda: request.param)
     monkeypatch.setattr(_library, '_USE_LIBRARIES', False)
     return request.param

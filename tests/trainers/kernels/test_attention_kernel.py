@@ -28,7 +28,7 @@ from trainers.throughput import count_flops
 
 from tests._layers import float32_avx2_kernel_or_skip, run_layer
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 _SWITCHED_ON = os.environ.get("LOCALITY_SEARCH_CPU_KERNELS", "1") != "0"
 _CAPABILITY = torch.backends.cpu.get_cpu_capability()
 CAN_BUILD = {
