@@ -11,7 +11,7 @@ import textwrap
 import pytest
 import torch
 
-from trainers.kernels import _gpsa, _gpsa_triton
+from trainers.kernels import _gpsa_triton
 
 _triton_missing = _gpsa_triton._triton() is None
 
@@ -130,7 +130,7 @@ def test_cuda_kernel_matches_reference(shape, dtype):
 
 
 @pytest.mark.triton
-def test_cuda_model_with_and_without_the_kernel(monkeypatch):
+def test_cuda_model_with_and_without_the_kernel(monkeypatch, kernel_backends):
     """ls_convit_tiny in bf16 inference with the kernel against the same model on fused SDPA + P @ V,
     and the kernel's layer in use (the switch changes the path taken)."""
     import timm
@@ -148,7 +148,7 @@ def test_cuda_model_with_and_without_the_kernel(monkeypatch):
     with torch.inference_mode(), torch.autocast('cuda', torch.bfloat16):
         fused = model(x).float()
         assert len(calls) == model.local_up_to_layer
-        monkeypatch.setattr(_gpsa, '_USE_TRITON', False)
+        kernel_backends(triton=False)
         unfused = model(x).float()
         assert len(calls) == model.local_up_to_layer
     with torch.inference_mode():
