@@ -43,12 +43,12 @@ class MultiplyAddPeak:
 
     def __init__(self, precisions: Sequence[str]) -> None:
         from benchmarks.peak import peak_ops
-        from trainers.kernels import _library
+        from trainers import kernels
 
         dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
         # where the models' library of that precision is built: its instruction runs here
         self._ops = {precision: ops for precision in precisions
-                     if _library.kernels(dtypes[precision]) is not None
+                     if kernels.cpu_library(dtypes[precision]) is not None
                      and (ops := peak_ops(dtypes[precision])) is not None}
         # the op counts what it did: one iteration's flops, on as many threads as the timed calls
         self.flops = {precision: int(ops.multiply_add_peak(1)) * self.ITERATIONS for precision, ops in self._ops.items()}

@@ -7,17 +7,17 @@
 Layers (all dim 96, 4 heads, the width of the *_micro models):
   plain      the families' plain attention (`MHSA`): fused scaled_dot_product_attention, or on a CPU
              with bf16 GEMMs under bf16 autocast, or in float32 on the float32 kernel, the explicit
-             core (`_attention_core`)
+             core (`kernels.plain_attention_on_explicit_core`)
   plain_fused  (where plain runs on the explicit core) the same layer on torch's fused kernel
-             (_PLAIN_ATTENTION_ON_EXPLICIT_CORE off)
+             (the `explicit_plain_attention` backend off)
   gmm_K      Gaussian Mixture Mask attention with K kernels per head: on a CPU in float32, or under
              bf16 autocast with bf16 hardware, on that dtype's kernel (`masked_attention`);
              elsewhere explicit scores, mask, softmax
-  gmm_K3_ops (where gmm runs on the kernel) gmm_K3 on its torch ops (_USE_LIBRARIES off)
+  gmm_K3_ops (where gmm runs on the kernel) gmm_K3 on its torch ops (the `libraries` backend off)
   refiner_r  Refiner attention with expansion ratio r, 3x3 kernel (plus a class token, as in the model):
              on a CPU with the float32 kernel, its maps refined there where `Refiner.choose_path` takes
              it (in float32 r <= 2 here; under bf16 autocast, forward + backward, r = 1)
-  refiner_r2_ops (where the refiner runs on the kernel) refiner_r2 on its torch ops (_USE_LIBRARIES off)
+  refiner_r2_ops (where the refiner runs on the kernel) refiner_r2 on its torch ops (the `libraries` backend off)
   gpsa       ConViT's GPSA, for reference
 Each is timed alternately with the others after a warm-up (so load drifts hit all alike), each
 round in its own seeded order (`_env.shuffled_rounds`: none always follows the same other); the
@@ -35,7 +35,7 @@ import time
 import torch
 
 from benchmarks._env import add_malloc_option, autocast, parse_and_set_up, shuffled_rounds, sync, write_result
-from trainers.kernels import _attention_core, _library
+from trainers import kernels
 from trainers.models.ls_convit import GPSA, MHSA
 from trainers.models.ls_gmm import GMMAttention
 from trainers.models.ls_refiner import RefinedAttention
@@ -70,11 +70,11 @@ def run(*, batch: int, tokens: int, dim: int, heads: int, repeats: int, warmup: 
     torch.manual_seed(0)
     # where the two differ: MHSA on the explicit core (its choice for a qkv of this shape and dtype)
     probe = torch.zeros(3, 1, heads, tokens, dim // heads, dtype=torch.bfloat16 if bf16 else torch.float32, device=dev)
-    plain_fused = _attention_core.use_explicit_core(probe)
+    plain_fused = kernels.plain_attention_on_explicit_core(probe)
     # and GMM on a kernel (float32, or bf16 under autocast on bf16 hardware)
-    gmm_ops = _attention_core.masked_attention_usable(probe)
+    gmm_ops = kernels.masked_attention_usable(probe)
     # and the Refiner's maps on it (float32: r 2 is on the kernel; under bf16 autocast only r 1 is, fwd+bwd)
-    refiner_ops = not bf16 and dev.type == "cpu" and _library.available(torch.float32, tokens + 1)
+    refiner_ops = not bf16 and dev.type == "cpu" and kernels.cpu_library_available(torch.float32, tokens + 1)
     layers = {name: (layer.to(dev), extra)
               for name, (layer, extra) in _layers(dim, heads, tokens, plain_fused, gmm_ops, refiner_ops).items()}
     inputs = {name: torch.randn(batch, tokens + extra, dim, device=dev, requires_grad=True)
@@ -84,9 +84,7 @@ def run(*, batch: int, tokens: int, dim: int, heads: int, repeats: int, warmup: 
         layer, x = layers[name][0], inputs[name]
         layer.zero_grad(set_to_none=True)
         x.grad = None
-        _attention_core._PLAIN_ATTENTION_ON_EXPLICIT_CORE = name != "plain_fused"
-        _library._USE_LIBRARIES = name not in _ON_TORCH_OPS
-        try:
+        with kernels.backends(explicit_plain_attention=name != "plain_fused", libraries=name not in _ON_TORCH_OPS):
             sync(dev)
             start = time.perf_counter()
             with autocast(dev, "bf16" if bf16 else "fp32"):
@@ -94,9 +92,6 @@ def run(*, batch: int, tokens: int, dim: int, heads: int, repeats: int, warmup: 
             y.float().sum().backward()
             sync(dev)
             return time.perf_counter() - start
-        finally:
-            _attention_core._PLAIN_ATTENTION_ON_EXPLICIT_CORE = True
-            _library._USE_LIBRARIES = True
 
     for _ in range(warmup):
         for name in layers:

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks._env import setup_process, shuffled_rounds, write_result
-from trainers.kernels import _gpsa_triton
+from trainers import kernels
 
 # (label, batch, tokens, heads, head width): ConViT-Ti (dim 192, 4 heads) at its default batches
 SHAPES = (("224 px (14 x 14 tokens)", 256, 196, 4, 48), ("32 px, patch 4 (8 x 8 tokens)", 1024, 64, 4, 48))
@@ -54,7 +54,7 @@ def _ways(qkv, gated_pos, content_weight, scale):
                              out=torch.empty((B, N, H, d), dtype=qkv.dtype, device=qkv.device))
 
     def kernel():
-        return _gpsa_triton.gated_attention_inference(qkv, gated_pos, content_weight, scale)
+        return kernels.triton_gated_attention(qkv, gated_pos, content_weight, scale)
 
     return {"fused kernel": kernel, "SDPA + P @ V": sdpa_path, "SDPA content term alone": content}
 
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
     args = parser.parse_args(argv)
     probe = torch.zeros(1, dtype=torch.bfloat16, device="cuda") if torch.cuda.is_available() else None
-    if probe is None or not _gpsa_triton.available(probe, 48):
+    if probe is None or not kernels.triton_gated_attention_usable(probe, 48):
         print("error: gpsa_cuda_core needs a CUDA GPU and Triton (the fused kernel runs nowhere else); "
               "run it on a GPU machine", file=sys.stderr)
         raise SystemExit(2)

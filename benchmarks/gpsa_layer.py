@@ -18,26 +18,26 @@ bf16`), timed in the same rounds as the fp32 steps (timm and ours in each precis
   ratio_timm_fp32_over_ours_bf16  timm in fp32 vs ours in bf16: a PRECISION CHANGE, not like for like
 
 Ours apart (same rotation, fp32, CPU, where the float32 kernel is built): the same layer with its
-projections and its core as separate ops instead of the fused layer (`trainers/kernels/_gpsa_layer.py`,
-which runs them a few images at a time in one op per direction): `ratio_fused_layer_gain` = apart /
-ours.
+projections and its core as separate ops instead of the fused layer (the `fused_gpsa_layer` backend
+of `trainers.kernels`, which runs them a few images at a time in one op per direction):
+`ratio_fused_layer_gain` = apart / ours.
 
 Ours on torch ops (same rotation, each precision, CPU, where a kernel is built): the same layer
 with its attention core on torch ops instead of the fused kernels
-(`trainers/models/_library.py`: float32, and bf16 on bf16 hardware):
+(the `libraries` backend: float32, and bf16 on bf16 hardware):
 `ratio_fused_kernel_gain[_bf16]` = torch ops / the kernel (in fp32 against ours apart: the core's
 gain alone).
 
 Ours recomputing its maps (same rotation, fp32, where the float32 kernel is built): the same layer
-with the kernel's forward keeping no softmax maps for the backward (`KEPT_MAPS_BYTES` 0), so the
-backward recomputes them as it does over that budget: `ratio_kept_maps_gain` = recomputing / ours.
+with the kernel's forward keeping no softmax maps for the backward (the `kept_maps` backend off), so
+the backward recomputes them as it does over its budget: `ratio_kept_maps_gain` = recomputing / ours.
 
-Ours with MKL's float32 projections (same rotation, fp32, on a CPU where `trainers/kernels/_linear.py`
+Ours with MKL's float32 projections (same rotation, fp32, on a CPU where `kernels.onednn_beats_mkl_here`
 puts them on oneDNN: AVX-512 where MKL runs AVX2 code, AMD's Zen 4 and 5): the same layer apart with torch's
 `F.linear` for its projections, `ratio_onednn_linear_gain` = MKL / oneDNN (both apart), and
 `ratio_timm_over_ours_mkl_linear` (timm / ours on the GEMM library timm uses). There too, where the
 float32 kernel is built, ours with the weight gradients of its projections on oneDNN or MKL instead of
-the kernel's `linear_weight_grad` (`_linear._USE_WEIGHT_GRAD_KERNEL` off): `ratio_weight_grad_kernel_gain`.
+the kernel's `linear_weight_grad` (the `weight_grad_kernel` backend off): `ratio_weight_grad_kernel_gain`.
 
 The floor (same rotation, each precision): our layer's projections alone, forward + backward (the
 q/k/v matmul and the output projection, with the shapes and upstream gradients the layer has), as
@@ -61,7 +61,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from types import ModuleType
 from typing import Callable
 
 import torch
@@ -70,7 +69,7 @@ from timm.models.convit import GPSA as TimmGPSA
 from benchmarks._ceiling import PEAK_SIZE, MultiplyAddPeak, PeakMatmul, ceilings, counted_flops, describe
 from benchmarks._env import (add_malloc_option, autocast, bf16_by_default, parse_and_set_up, shuffled_rounds, sync,
                             write_result)
-from trainers.kernels import _gpsa, _gpsa_layer, _library, _linear
+from trainers import kernels
 from trainers.models.ls_convit import GPSA
 
 
@@ -82,28 +81,21 @@ def _step(layer: torch.nn.Module, x: torch.Tensor, precision: str = "fp32") -> N
     y.float().sum().backward()  # .float(): a no-op in fp32
 
 
-def _step_with(*settings: tuple[ModuleType, str, object]) -> Callable[[GPSA, torch.Tensor, str], None]:
-    """`_step` with modules' settings (module, name, value) changed for the step (and restored): a
-    path of ours off."""
+def _step_with(**switches: bool) -> Callable[[GPSA, torch.Tensor, str], None]:
+    """`_step` with kernel backends switched for the step (`kernels.backends`): a path of ours off."""
     def step(layer: GPSA, x: torch.Tensor, precision: str = "fp32") -> None:
-        saved = [(module, name, getattr(module, name)) for module, name, _ in settings]
-        for module, name, value in settings:
-            setattr(module, name, value)
-        try:
+        with kernels.backends(**switches):
             _step(layer, x, precision)
-        finally:
-            for module, name, value in saved:
-                setattr(module, name, value)
     return step
 
 
-_APART = (_gpsa_layer, "_USE_FUSED_LAYER", False)  # the projections and the core as separate ops
-_apart_step = _step_with(_APART)
-_torch_ops_step = _step_with((_library, "_USE_LIBRARIES", False))  # the core on torch ops (so apart)
-_recomputing_step = _step_with((_library, "KEPT_MAPS_BYTES", 0))  # the float32 kernel keeping no maps
+_APART = dict(fused_gpsa_layer=False)  # the projections and the core as separate ops
+_apart_step = _step_with(**_APART)
+_torch_ops_step = _step_with(libraries=False)  # the core on torch ops (so apart)
+_recomputing_step = _step_with(kept_maps=False)  # the float32 kernel keeping no maps
 # apart, the float32 projections on MKL (torch's default), and their weight grads on oneDNN/MKL
-_mkl_linear_step = _step_with(_APART, (_linear, "_USE_ONEDNN_FP32", False))
-_library_weight_grad_step = _step_with(_APART, (_linear, "_USE_WEIGHT_GRAD_KERNEL", False))
+_mkl_linear_step = _step_with(**_APART, onednn_fp32=False)
+_library_weight_grad_step = _step_with(**_APART, weight_grad_kernel=False)
 
 
 def _projections_step(layer: GPSA, x: torch.Tensor, z: torch.Tensor, precision: str = "fp32") -> None:
@@ -112,7 +104,8 @@ def _projections_step(layer: GPSA, x: torch.Tensor, z: torch.Tensor, precision: 
     layer.zero_grad(set_to_none=True)
     x.grad = z.grad = None
     with autocast(x.device, precision):
-        qkv = _gpsa._qkv(x, layer.qk, layer.v, layer._frozen_cache)  # (B, N, 3C)
+        # q, k and v in one product, (B, N, 3C), as the layer's forward runs it (no q/k/v bias)
+        qkv = kernels.linear(x, torch.cat((layer.qk.weight, layer.v.weight)))
         out = layer.proj(z)  # (B, N, C)
     torch.autograd.backward((qkv, out), (torch.ones_like(qkv), torch.ones_like(out)))
 
@@ -158,14 +151,14 @@ def run(*, batch: int, tokens: int, dim: int, heads: int, repeats: int, warmup: 
     if multiply_add_peak.flops:
         steps["multiply_add_peak"] = multiply_add_peak
     kernel_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}
-    fused_kernel = {precision: dev.type == "cpu" and _library.kernels(kernel_dtype[precision]) is not None
+    fused_kernel = {precision: dev.type == "cpu" and kernels.cpu_library(kernel_dtype[precision]) is not None
                     for precision in precisions}
     if any(fused_kernel.values()):
         steps["ours_torch_ops"] = lambda precision: _torch_ops_step(ours, x, precision)
     if fused_kernel["fp32"]:
         steps["ours_apart"] = lambda precision: _apart_step(ours, x, precision)
         steps["ours_recomputing"] = lambda precision: _recomputing_step(ours, x, precision)
-    onednn_linear = dev.type == "cpu" and _linear.onednn_beats_mkl_here()
+    onednn_linear = dev.type == "cpu" and kernels.onednn_beats_mkl_here()
     if onednn_linear:
         steps["ours_mkl_linear"] = lambda precision: _mkl_linear_step(ours, x, precision)
         if fused_kernel["fp32"]:
@@ -206,7 +199,7 @@ def run(*, batch: int, tokens: int, dim: int, heads: int, repeats: int, warmup: 
         "max_abs_output_diff": max_abs_diff,
         "fused_kernel": fused_kernel if dev.type == "cpu" else None,
         "fused_kernel_unavailable_because": None if dev.type != "cpu" else {
-            precision: _library.build_error(kernel_dtype[precision]) for precision in precisions},
+            precision: kernels.cpu_library_error(kernel_dtype[precision]) for precision in precisions},
     }
     if fused_kernel["fp32"]:
         out["ratio_fused_layer_gain"] = med["fp32"]["ours_apart"] / med["fp32"]["ours"]

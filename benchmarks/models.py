@@ -55,20 +55,20 @@ over without; only fp16/bf16 inference takes the kernel, so the other columns re
 On the CPU the convit and micro groups add "fused-MHSA ls_convit_*": the same model with its plain
 attention blocks on torch's fused kernel instead of the explicit core (which they take under bf16
 autocast on a CPU with bf16 GEMMs, and in float32 where the float32 kernel is built,
-`trainers/kernels/_attention_core.py`), and `explicit_core_gain` (with over without; about 1 where
+`kernels.plain_attention_on_explicit_core`), and `explicit_core_gain` (with over without; about 1 where
 neither holds). They also add "torch-ops-core ls_convit_*" (and in the micro group
 "torch-ops-core ls_gmm_micro"): the same model with its attention core on torch ops instead of the
-fused CPU kernels (`trainers/models/_library.py`, where they are built: float32, and bf16
+fused CPU kernels (`kernels.cpu_library`, where they are built: float32, and bf16
 on bf16 hardware, GMM attention's masked core included), and `cpu_kernel_gain` (with over
 without).
 Where our inference runs the blocks' norms (and the residual add before norm2) on a kernel and
-fuses fc1's GELU (and in bf16 the linears' bias) into oneDNN's op (`kernels.LayerNorm`, `_linear`:
+fuses fc1's GELU (and in bf16 the linears' bias) into oneDNN's op (`kernels.LayerNorm`, `kernels.linear`:
 float32 where the float32 kernel is built, bf16 on a bf16 CPU) in a timed precision, the convit
 and micro groups add "torch-inference-ops ls_convit_*": the same model with those on torch's ops
 (F.linear, the GELU, the add, layer_norm and in bf16 the cast) and oneDNN's products given the
-plain weights (not the kept packed ones, `_linear._PACK_WEIGHTS`), and `inference_ops_gain` (with
+plain weights (not the kept packed ones, the `packed_weights` backend), and `inference_ops_gain` (with
 over without; only the inference columns take those paths, training reads about 1).
-On a CPU where our float32 linears run on oneDNN (`trainers/kernels/_linear.py`: full-width
+On a CPU where our float32 linears run on oneDNN (`kernels.onednn_beats_mkl_here`: full-width
 AVX-512 where MKL runs AVX2 code, AMD's Zen 4 and 5) and fp32 is timed, the convit and tiny groups add "MKL-linear
 ls_convit_tiny" (the same model on torch's `F.linear`, MKL: `onednn_linear_gain`, with over
 without) and "oneDNN-linear <the DeiT>" (timm's DeiT with its nn.Linear layers swapped for ours,
@@ -79,9 +79,9 @@ multiply-add" on the CPU where the kernels are built, "peak matmul": `peaks`, ap
 models) and report `ceiling` per timing column and peak: timm's ConViT's counted flops at the
 peak's rate, the most any ConViT doing that arithmetic could reach over it here (`ratio`), and the
 share of the peak ours runs it at.
-Where bf16 inference's linears run on the bf16 kernel instead of oneDNN (`_linear`: Zen 4) and bf16
+Where bf16 inference's linears run on the bf16 kernel instead of oneDNN (`kernels.linear`: Zen 4) and bf16
 is timed, the convit and micro groups add "oneDNN-bf16-linear ls_convit_*": the same model with
-them on oneDNN (`_linear._USE_BF16_KERNEL_LINEAR` off), and `kernel_linear_gain` (with over without;
+them on oneDNN (the `bf16_kernel_linear` backend off), and `kernel_linear_gain` (with over without;
 only the bf16 inference column takes the path, the others read about 1).
 """
 
@@ -98,7 +98,7 @@ import torch
 import trainers.models  # noqa: F401  (registers the ls_* families)
 from trainers._cuda_graph import GraphedInference, capture_inference
 from trainers._memory_format import runs_channels_last
-from trainers.kernels import _attention_core, _gpsa, _library, _linear, _norm
+from trainers import kernels
 from benchmarks._ceiling import PEAK_SIZE, MultiplyAddPeak, PeakMatmul, ceilings, counted_flops, describe
 from benchmarks._env import (add_malloc_option, autocast, bf16_by_default, parse_and_set_up, shuffled_rounds, sync,
                             write_result)
@@ -123,8 +123,7 @@ PRECISION_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 def _any_cpu_kernel(precisions: tuple[str, ...]) -> bool:
     """Whether the attention core has a fused CPU kernel here in a timed precision's dtype (asking
     only for those: a kernel that cannot be built warns, which an fp32-only run should not print)."""
-    dtypes = [PRECISION_DTYPES[p] for p in precisions if PRECISION_DTYPES[p] in _library.DTYPES]
-    return any(_library.kernels(dtype) is not None for dtype in dtypes)
+    return any(kernels.cpu_library(PRECISION_DTYPES[p]) is not None for p in precisions)
 
 
 def _converted(name: str, **kwargs) -> torch.nn.Module:
@@ -149,79 +148,72 @@ def _convit_pair(img_size: int, patch_size: int) -> tuple[torch.nn.Module, torch
 
 
 class _WithPathOff(torch.nn.Module):
-    """A model run with one of its fast paths switched off (a module's flag, or several, False
-    during the forward, which picks the path its backward follows), sharing the wrapped model's
-    weights: the path's gain, timed in the same rotation."""
+    """A model run with one of its fast paths switched off (one kernel backend, or several, off
+    during the forward, which picks the path its backward follows: `kernels.backends`), sharing the
+    wrapped model's weights: the path's gain, timed in the same rotation."""
 
-    def __init__(self, model: torch.nn.Module, *flags: tuple[object, str]):  # (module, its flag's name)
+    def __init__(self, model: torch.nn.Module, *backends: str):
         super().__init__()
-        self.model, self.flags = model, flags
+        self.model, self.off = model, dict.fromkeys(backends, False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        saved = [getattr(module, flag) for module, flag in self.flags]
-        for module, flag in self.flags:
-            setattr(module, flag, False)
-        try:
+        with kernels.backends(**self.off):
             return self.model(x)
-        finally:
-            for (module, flag), value in zip(self.flags, saved):
-                setattr(module, flag, value)
 
 
 def _without_fused_cuda_kernel(model: torch.nn.Module) -> torch.nn.Module:
-    return _WithPathOff(model, (_gpsa, "_USE_TRITON"))
+    return _WithPathOff(model, "triton")
 
 
 def _with_fused_mhsa(model: torch.nn.Module) -> torch.nn.Module:
-    return _WithPathOff(model, (_attention_core, "_PLAIN_ATTENTION_ON_EXPLICIT_CORE"))
+    return _WithPathOff(model, "explicit_plain_attention")
 
 
 def _with_torch_ops_core(model: torch.nn.Module) -> torch.nn.Module:
-    return _WithPathOff(model, (_library, "_USE_LIBRARIES"))
+    return _WithPathOff(model, "libraries")
 
 
 def _with_mkl_linears(model: torch.nn.Module) -> torch.nn.Module:
-    return _WithPathOff(model, (_linear, "_USE_ONEDNN_FP32"))
+    return _WithPathOff(model, "onednn_fp32")
 
 
 def _with_torch_inference_ops(model: torch.nn.Module) -> torch.nn.Module:
-    return _WithPathOff(model, (_linear, "_USE_ONEDNN_BF16"), (_linear, "_FUSE_GELU"), (_linear, "_PACK_WEIGHTS"),
-                        (_norm, "_USE_NORM_KERNEL"))
+    return _WithPathOff(model, "onednn_bf16", "fused_gelu", "packed_weights", "norm_kernel")
 
 
 def _with_onednn_bf16_linears(model: torch.nn.Module) -> torch.nn.Module:
-    return _WithPathOff(model, (_linear, "_USE_BF16_KERNEL_LINEAR"))
+    return _WithPathOff(model, "bf16_kernel_linear")
 
 
 def _with_onednn_linears(model: torch.nn.Module) -> torch.nn.Module:
     """`model` with each `nn.Linear` recast as our `Linear` (same parameters; as `Mlp` does)."""
     for module in model.modules():
         if type(module) is torch.nn.Linear:
-            module.__class__ = _linear.Linear
+            module.__class__ = kernels.Linear
     return model
 
 
 def _inference_ops_timed(cuda: bool, precisions: tuple[str, ...]) -> bool:
     """Whether our inference takes, in a timed precision, paths the "torch-inference-ops" twin turns
     off: the norms on a kernel (`kernels.LayerNorm`), and with them fc1's fused GELU and the packed
-    weights on oneDNN (`_linear`; in bf16 its linears on oneDNN's op too)."""
-    bf16 = ("bf16" in precisions and _linear.onednn_runs_bf16_here()
-            and _library.kernels(torch.bfloat16) is not None)
-    return not cuda and (bf16 or "fp32" in precisions and _library.kernels(torch.float32) is not None)
+    weights on oneDNN (`kernels.linear`; in bf16 its linears on oneDNN's op too)."""
+    bf16 = ("bf16" in precisions and kernels.onednn_runs_bf16_here()
+            and kernels.cpu_library(torch.bfloat16) is not None)
+    return not cuda and (bf16 or "fp32" in precisions and kernels.cpu_library(torch.float32) is not None)
 
 
 def _kernel_linears_timed(cuda: bool, precisions: tuple[str, ...]) -> bool:
-    """Whether bf16 inference's linears run on the bf16 kernel here, bf16 timed (`_linear`)."""
-    return (not cuda and "bf16" in precisions and _linear._USE_BF16_KERNEL_LINEAR
-            and _linear.onednn_runs_bf16_here() and _linear.kernel_bf16_linear_beats_onednn_here()
-            and _library.kernels(torch.bfloat16) is not None)
+    """Whether bf16 inference's linears run on the bf16 kernel here, bf16 timed (`kernels.linear`)."""
+    return (not cuda and "bf16" in precisions and kernels.selected_backends().bf16_kernel_linear
+            and kernels.onednn_runs_bf16_here() and kernels.kernel_bf16_linear_beats_onednn_here()
+            and kernels.cpu_library(torch.bfloat16) is not None)
 
 
 def _onednn_linears_timed(cuda: bool, precisions: tuple[str, ...]) -> bool:
     """Whether our models' float32 linears run on oneDNN here, in a timed precision (so timm's, on
     MKL, are not like for like): in inference at least (`onednn_inference_beats_mkl_here`; on
     Intel's AVX-512 CPUs training keeps MKL, and the twins read about 1 there)."""
-    return not cuda and "fp32" in precisions and _linear.onednn_inference_beats_mkl_here()
+    return not cuda and "fp32" in precisions and kernels.onednn_inference_beats_mkl_here()
 
 
 def _group(name: str, *, cuda: bool = False, precisions: tuple[str, ...] = ("fp32", "bf16")

@@ -38,13 +38,13 @@ class OpCalls(TorchDispatchMode):
 
 
 def float32_kernel_or_skip():
-    """The float32 CPU kernel's ops (`trainers.kernels._library`), or a skip where it is not built here (no
+    """The float32 CPU kernel's ops (`kernels.cpu_library`), or a skip where it is not built here (no
     compiler, no AVX2)."""
-    from trainers.kernels import _library
+    from trainers import kernels
 
-    if not _library.available(torch.float32, 1):
-        pytest.skip(f"the float32 CPU kernel is not built here: {_library.build_error(torch.float32)}")
-    return _library.kernels(torch.float32)
+    if not kernels.cpu_library_available(torch.float32):
+        pytest.skip(f"the float32 CPU kernel is not built here: {kernels.cpu_library_error(torch.float32)}")
+    return kernels.cpu_library(torch.float32)
 
 
 AVX2_NAMESPACE = "locality_search_fp32_avx2"
@@ -54,16 +54,14 @@ AVX2_NAMESPACE = "locality_search_fp32_avx2"
 def _float32_avx2_build() -> tuple[object | None, str]:
     """(ops, "") for the float32 kernel compiled with the AVX2 flags alone (8 lanes) under its own op
     namespace, or (None, why not)."""
-    from trainers.kernels import _library
+    from trainers import kernels
 
     if torch.backends.cpu.get_cpu_capability() == "AVX2":
         return None, "this CPU's own float32 kernel is the 8-lane AVX2 build"
     if not torch.backends.cpu.get_cpu_capability().startswith("AVX512"):
         return None, "this CPU runs neither AVX2 nor AVX-512 code"
-    source = _library._KERNELS[torch.float32].source
-    flags = [*_library.FP32_AVX2_FLAGS, f"-DATTENTION_LIBRARY={AVX2_NAMESPACE}"]
-    _library.load_library(source, "avx2_tests", flags)  # raises where the build fails: a test failure
-    return getattr(torch.ops, AVX2_NAMESPACE), ""
+    # raises where the build fails: a test failure
+    return kernels.build_cpu_library(torch.float32, AVX2_NAMESPACE, avx2=True), ""
 
 
 def float32_avx2_kernel_or_skip():

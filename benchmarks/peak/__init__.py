@@ -1,6 +1,6 @@
 """The CPU's multiply-add peak in a kernel library's own arithmetic (`multiply_add_peak.h`), built
 apart from the libraries the models use: `peak_ops(dtype)` builds `peak.cpp` with the -m flags of
-the library of that dtype (`trainers.kernels._library`) and returns its ops
+the library of that dtype (`trainers.kernels.build_cpu_library`) and returns its ops
 (``multiply_add_peak(iterations) -> flops``), or None where that library cannot run here."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any, Optional
 
 import torch
 
-from trainers.kernels import _library
+from trainers import kernels
 
 __all__ = ["peak_build_error", "peak_ops"]
 
@@ -23,21 +23,15 @@ _errors: dict[torch.dtype, str] = {}
 def peak_ops(dtype: torch.dtype) -> Optional[Any]:
     """The peak's ops for the `dtype` library's instruction (float32: its vector FMA; bf16:
     vdpbf16ps), built on first use; None where it cannot be built here (`peak_build_error`)."""
-    kernel = _library._KERNELS[dtype]
-    isa = kernel.isa_flags()
-    if isa is None:
-        _errors[dtype] = f"this CPU has no {kernel.needs}"
-        return None
-    variant = kernel.variant(isa)
-    namespace = f"locality_search_peak_{variant}"
-    defines = [f"-DATTENTION_LIBRARY={namespace}"] + (["-DMULTIPLY_ADD_PEAK_BF16"] if dtype == torch.bfloat16 else [])
+    bf16 = dtype == torch.bfloat16
+    variant = "bf16" if bf16 else "fp32"
     try:
-        _library.load_library(_SOURCE, variant, [*isa, *defines])
+        return kernels.build_cpu_library(dtype, f"locality_search_peak_{variant}", source=_SOURCE,
+                                         defines=["-DMULTIPLY_ADD_PEAK_BF16"] if bf16 else [])
     except (RuntimeError, OSError) as error:
         _errors[dtype] = str(error)
         warnings.warn(f"the multiply-add peak ({variant}) is not measured ({error})", RuntimeWarning, stacklevel=2)
         return None
-    return getattr(torch.ops, namespace)
 
 
 def peak_build_error(dtype: torch.dtype) -> Optional[str]:

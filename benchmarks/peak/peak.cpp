@@ -1,6 +1,6 @@
 // The CPU's multiply-add peak (multiply_add_peak.h) as its own small library, for
 // benchmarks/_ceiling.py: built by benchmarks/peak/__init__.py with the flags of the attention
-// kernel library of the same precision (trainers/kernels/_build.py), so it runs that library's
+// kernel library of the same precision (trainers.kernels.build_cpu_library), so it runs that library's
 // instruction. MULTIPLY_ADD_PEAK_BF16: the bf16 library's vdpbf16ps; else the float32 library's
 // vector FMA, 16 lanes with AVX-512F, 8 with AVX2.
 #include <ATen/ATen.h>

@@ -11,7 +11,7 @@ from benchmarks._ceiling import MultiplyAddPeak, PeakMatmul, arithmetic_ceiling,
 from benchmarks.models import PEAKS, run_group
 from trainers._cpu import cpu_has_native_bf16
 from benchmarks.peak import peak_build_error, peak_ops
-from trainers.kernels import _library
+from trainers import kernels
 
 
 def test_the_ceiling_is_the_baseline_over_its_arithmetic_at_the_peak_rate():
@@ -67,7 +67,7 @@ def test_the_gpsa_benchmark_reports_ceilings_from_timms_counted_step_and_the_pea
     r = gpsa_layer.run(batch=2, tokens=16, dim=32, heads=2, repeats=1, warmup=0, device="cpu", bf16=False)
     med = r["median_s"]
     peaks = {"matmul": (2 * 1024 ** 3, med["matmul_peak"])}
-    if _library.kernels(torch.float32) is not None:
+    if kernels.cpu_library(torch.float32) is not None:
         peaks["multiply_add"] = (MultiplyAddPeak(["fp32"]).flops["fp32"], med["multiply_add_peak"])
     _check_ceilings(r["ceiling"], baseline_s=med["timm"], ours_s=med["ours"], peaks=peaks)
     expected = 3 * (2 * 32 * 32 * 4 * 32) + 3 * (2 * 2 * 2 * 2 * 16 * 16 * 16) + 2 * (2 * 2 * 16 * 16 * 3 * 2)
@@ -79,7 +79,7 @@ def test_the_convit_pair_groups_time_the_peaks_beside_the_models_and_bound_ours_
     r = run_group("px32", batch=2, repeats=1, warmup=0, device="cpu", train=True, precisions=precisions)
     for label in PEAKS:  # not models
         assert label not in r["params"] and label not in r["inference"]["median_batch_s"]
-    kernels_built = all(_library.kernels({"fp32": torch.float32, "bf16": torch.bfloat16}[p]) is not None
+    kernels_built = all(kernels.cpu_library({"fp32": torch.float32, "bf16": torch.bfloat16}[p]) is not None
                         for p in precisions)
     assert set(r["peaks"]) == ({"multiply_add", "matmul"} if kernels_built else {"matmul"})
     ours, timm_convit = "ls_convit_tiny (32 px, patch 4)", "timm convit_tiny (32 px, patch 4)"
@@ -103,8 +103,8 @@ def test_the_convit_pair_groups_time_the_peaks_beside_the_models_and_bound_ours_
                                        pytest.param("bf16", marks=pytest.mark.avx512_bf16)])
 def test_the_multiply_add_peak_counts_what_it_did_on_every_thread(precision):
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[precision]
-    if _library.kernels(dtype) is None:
-        pytest.skip(f"no {precision} kernel here: {_library.build_error(dtype)}")
+    if kernels.cpu_library(dtype) is None:
+        pytest.skip(f"no {precision} kernel here: {kernels.cpu_library_error(dtype)}")
     ops = peak_ops(dtype)
     assert ops is not None, peak_build_error(dtype)
     # float32: one FMA a chain a step, 2 flops a lane; bf16: one vdpbf16ps, 4 flops a float32 lane of 16

@@ -11,7 +11,8 @@ import torch
 
 from benchmarks.models import NCHW, _with_onednn_linears, _with_torch_inference_ops, run_group
 from tests._layers import OpCalls
-from trainers.kernels import _library, _linear, _norm
+from trainers import kernels
+from trainers.kernels import _linear
 
 TCNN = "ls_tcnn_resnet10_micro_s (converted)"
 
@@ -35,7 +36,7 @@ def test_a_timm_model_with_onednn_linears_has_every_linear_swapped_and_the_same_
     reference = timm.create_model("deit_tiny_patch16_224", img_size=32, patch_size=4, num_classes=10).eval()
     swapped = _with_onednn_linears(copy.deepcopy(reference))
     linears = [m for m in swapped.modules() if isinstance(m, torch.nn.Linear)]
-    assert linears and all(type(m) is _linear.Linear for m in linears)
+    assert linears and all(type(m) is kernels.Linear for m in linears)
     assert swapped.state_dict().keys() == reference.state_dict().keys()
     x = torch.randn(8, 3, 32, 32)
     with torch.inference_mode(), OpCalls() as ops:
@@ -52,9 +53,9 @@ def test_the_torch_inference_ops_twin_runs_inference_on_torch_ops_and_switches_b
     inference norms on torch's ops and fc1's GELU (and in bf16 the linears) off oneDNN's fused op,
     and oneDNN's products on the plain weights (no packing), during its forward only; the flags
     come back on."""
-    if precision == "bf16" and (not _linear.onednn_runs_bf16_here() or _library.kernels(torch.bfloat16) is None):
+    if precision == "bf16" and (not kernels.onednn_runs_bf16_here() or kernels.cpu_library(torch.bfloat16) is None):
         pytest.skip("no bf16 oneDNN products or bf16 kernel here")
-    if precision == "fp32" and _library.kernels(torch.float32) is None:
+    if precision == "fp32" and kernels.cpu_library(torch.float32) is None:
         pytest.skip("no float32 kernel here")
     monkeypatch.setattr(_linear, "onednn_beats_mkl_here", lambda: True)  # fc1's GELU fuses on any CPU
     torch.manual_seed(0)
@@ -68,7 +69,7 @@ def test_the_torch_inference_ops_twin_runs_inference_on_torch_ops_and_switches_b
             slow = twin(x)
         assert not fused_ops & set(ops.calls) and torch_norms & set(ops.calls) and "aten.gelu_" in ops.calls
         assert "mkldnn._reorder_linear_weight" not in ops.calls
-        assert _linear._USE_ONEDNN_BF16 and _linear._FUSE_GELU and _linear._PACK_WEIGHTS and _norm._USE_NORM_KERNEL
+        assert kernels.selected_backends() == kernels.Backends()  # every backend back on
         with OpCalls() as ops:
             fast = model(x)
         assert fused_ops <= set(ops.calls) and not {"aten.gelu_", "aten.gelu"} & set(ops.calls)

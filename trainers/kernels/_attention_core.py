@@ -6,7 +6,7 @@ shared by the batch (GMM attention: softmax((Q K^T * scale) * M) @ V, `masked_at
 At the token counts of these models (N <= 197) the maps are small and the GEMMs batched, so on a
 small CPU this beats torch's fused attention kernels where its GEMMs can run in bf16 (CPU autocast
 on bf16 hardware) and in float32 on the float32 library; only in float32 on torch ops are the two
-even, so plain attention keeps torch's fused kernel there (`use_explicit_core`;
+even, so plain attention keeps torch's fused kernel there (`plain_attention_on_explicit_core`;
 benchmarks/attention_blocks.py times them side by side). GPSA runs this core on the CPU in every dtype: fused kernels have no
 positional term.
 
@@ -30,25 +30,23 @@ import torch.nn.functional as F
 
 from trainers._cpu import cpu_has_native_bf16
 from trainers.kernels import _library
-from trainers.kernels._switch import enabled
+from trainers.kernels._switch import enabled, selected_backends
 
 __all__ = [
-    'CPU_CORE_DTYPES', 'FULL_PRECISION', 'attention', 'attention_inference', 'compiled_away', 'gate_and_pos_grads',
-    'gated_attention', 'masked_attention', 'masked_attention_usable', 'plain_attention', 'use_explicit_core',
+    'CPU_CORE_DTYPES', 'FULL_PRECISION', 'attention_inference', 'compiled_away', 'explicit_core_attention',
+    'gate_and_pos_grads', 'gated_attention', 'masked_attention', 'masked_attention_usable', 'plain_attention',
+    'plain_attention_on_explicit_core',
 ]
 
 FULL_PRECISION = (torch.float32, torch.float64)
 CPU_CORE_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
-# False: plain attention (`MHSA`) keeps torch's fused kernel on the CPU where `use_explicit_core`
-# would take this core (the benchmarks time both side by side); GPSA is not affected
-_PLAIN_ATTENTION_ON_EXPLICIT_CORE = True
 
 
 def _register_cpu_sdpa_flop_formulas() -> None:
     """Count torch's fused CPU attention as torch counts its CUDA kernels (it registers formulas
     for those only): a plain block's attention on it counted no FLOPs, while the same block on the
     explicit core counted its two products, so a trial's `flops` depended on the CPU (the path
-    `use_explicit_core` picks) and on whether the CPU kernel was built."""
+    `plain_attention_on_explicit_core` picks) and on whether the CPU kernel was built."""
     forward = getattr(torch.ops.aten, '_scaled_dot_product_flash_attention_for_cpu', None)
     backward = getattr(torch.ops.aten, '_scaled_dot_product_flash_attention_for_cpu_backward', None)
     if forward is not None and forward not in flop_registry and forward.default not in flop_registry:
@@ -75,11 +73,13 @@ def gemm_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32
 
 
-def use_explicit_core(qkv: torch.Tensor) -> bool:
-    """Whether plain attention on `qkv` (the projection's output) is quicker through this core than
-    through torch's fused kernel: on the CPU when its GEMMs run in bf16, or in float32 on the float32
-    kernel (see the module doc). Under torch.compile never: see `compiled_away`."""
-    if not (enabled() and _PLAIN_ATTENTION_ON_EXPLICIT_CORE and qkv.device.type == 'cpu') or compiled_away():
+def plain_attention_on_explicit_core(qkv: torch.Tensor) -> bool:
+    """Whether `plain_attention` on `qkv` ((3, B, H, N, d), the projection's output permuted) runs on
+    this core, the quicker there, rather than on torch's fused kernel: on the CPU when its GEMMs run
+    in bf16, or in float32 on the float32 library (see the module doc); never with the kernels or
+    the `explicit_plain_attention` backend off, nor under torch.compile (see `compiled_away`)."""
+    if (not (enabled() and selected_backends().explicit_plain_attention and qkv.device.type == 'cpu')
+            or compiled_away()):
         return False
     if qkv.dtype == torch.bfloat16:
         return cpu_has_native_bf16()
@@ -155,8 +155,8 @@ def _kernel_forward(qkv: torch.Tensor, gate: Optional[torch.Tensor], pos: Option
     _, B, H, N, d = qkv.shape
     out = qkv.new_empty(B, N, H, d).transpose(1, 2)
     keep_maps = for_backward and _library.keeps_maps(qkv)
-    row_max, row_inv, maps = _library.kernels(qkv.dtype).attention_forward(qkv, gate, pos, mask, scale, out,
-                                                                                    for_backward, keep_maps)
+    row_max, row_inv, maps = _library.cpu_library(qkv.dtype).attention_forward(
+        qkv, gate, pos, mask, scale, out, for_backward, keep_maps)
     return out, row_max, row_inv, maps
 
 
@@ -180,9 +180,10 @@ def _scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Ten
 def plain_attention(qkv: torch.Tensor, scale: float, *, dropout_p: float = 0.) -> torch.Tensor:
     """softmax(Q K^T * scale) @ V per head for qkv (3, B, H, N, d) (any strides), with attention
     dropout `dropout_p` (on the fused SDPA): on this core where it is the quicker
-    (`use_explicit_core`, no dropout), else on torch's fused attention. Returns (B, H, N, d)."""
-    if dropout_p == 0. and use_explicit_core(qkv):
-        return attention(qkv, scale)
+    (`plain_attention_on_explicit_core`, no dropout: `explicit_core_attention`), else on torch's fused
+    attention. Returns (B, H, N, d)."""
+    if dropout_p == 0. and plain_attention_on_explicit_core(qkv):
+        return explicit_core_attention(qkv, scale)
     q, k, v = qkv.unbind(0)
     return _scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
 
@@ -198,7 +199,7 @@ def gate_and_pos_grads(d_attn_sum: torch.Tensor, soft_dot: torch.Tensor, gate: t
 
 
 class _Attention(torch.autograd.Function):
-    """The core with a hand-written backward (see `attention` and `gated_attention`).
+    """The core with a hand-written backward (see `explicit_core_attention` and `gated_attention`).
 
     gate and pos (both None for plain attention) come in the map dtype (float32/64); mask (H, N, N),
     float32, only on a fused kernel (`masked_attention_usable`); qkv may be
@@ -243,7 +244,7 @@ class _Attention(torch.autograd.Function):
         d_qkv = torch.empty_strided(qkv.shape, ctx.in_strides, dtype=qkv.dtype, device=qkv.device)
         coef = ctx.scale * (torch.ones(H) if gate is None else 1. - gate)  # dS's factor per head
         map_grads = any(ctx.needs_input_grad[1:4])
-        d_attn_sum, soft_dot = _library.kernels(qkv.dtype).attention_backward(
+        d_attn_sum, soft_dot = _library.cpu_library(qkv.dtype).attention_backward(
             _library.d_out_for_kernel(d_out, qkv.dtype), qkv, gate, pos, mask, row_max, row_inv, maps,
             coef, ctx.scale, d_qkv, map_grads)  # sum_b dA (H, N, N) and sum <dA, softmax(S)> per head, for the
         d_gate = d_pos = d_mask = None   # gate's grads; or the mask's gradient (H, N, N)
@@ -304,8 +305,9 @@ def _core(qkv: torch.Tensor, gate: Optional[torch.Tensor], pos: Optional[torch.T
     return _Attention.apply(qkv, gate, pos, mask, scale)
 
 
-def attention(qkv: torch.Tensor, scale: float) -> torch.Tensor:
-    """softmax(Q K^T * scale) @ V per head, differentiable in qkv.
+def explicit_core_attention(qkv: torch.Tensor, scale: float) -> torch.Tensor:
+    """softmax(Q K^T * scale) @ V per head on this core (always: `plain_attention` picks between it
+    and torch's fused kernel), differentiable in qkv with the hand-written backward.
 
     qkv: (3, B, H, N, d), any strides (q, k, v stacked, as a (B, N, 3, H, d) projection output
     permuted). Returns (B, H, N, d) in qkv's dtype (see the module doc for the precision)."""

@@ -8,7 +8,7 @@ backend here; the values are those of the paper's formula up to rounding. The ba
   - CPU otherwise (bf16/fp16 under autocast, training): the explicit core with its hand-written
     backward, on a library where one is built (`_attention_core.gated_attention`);
   - CUDA fp16/bf16 inference with a head width of one or two powers of two >= 16: one Triton kernel
-    for both terms and the mix (`_gpsa_triton`);
+    for both terms and the mix (`_gpsa_triton`; the `triton` backend);
   - elsewhere (CUDA, torch.compile): fused SDPA for the content term plus P @ V, one GEMM per head.
 What is derived from parameters alone (the q/k/v weight concatenated, the per-head weights, s P
 and 1 - s) is kept for inference in the layer's `KeptValues` (see `_kept`).
@@ -27,11 +27,9 @@ from trainers.kernels._attention_core import (CPU_CORE_DTYPES, FULL_PRECISION, a
                                               gated_attention as _gated_core)
 from trainers.kernels._kept import KeptValues
 from trainers.kernels._linear import linear
+from trainers.kernels._switch import selected_backends
 
 __all__ = ["gated_attention", "mixing_terms", "qkv_weight", "takes_cpu_core"]
-
-# False: CUDA inference keeps fused SDPA + P @ V where the Triton kernel would run (the benchmarks' A/B rows)
-_USE_TRITON = True
 
 
 def takes_cpu_core(x: torch.Tensor) -> bool:
@@ -100,7 +98,7 @@ def gated_attention(x: torch.Tensor, *, qk: nn.Linear, v: nn.Linear, proj: nn.Li
         if _gpsa_layer.usable(x, qk=qk, v=v, proj=proj, proj_drop=proj_drop):  # the projections and the core as one op
             return _gpsa_layer.gpsa_layer(x, qkv_weight(qk, v, kept), gate, pos, proj.weight, proj.bias, scale)
         if (not torch.is_grad_enabled() and x.dtype in FULL_PRECISION and not torch.is_autocast_enabled('cpu')
-                and not _library.available(x.dtype, N)):
+                and not _library.cpu_library_available(x.dtype, N)):
             # inference on torch ops: q, k, v come out of their matmul already laid out for them (the
             # library's core reads the projection's layout as it is)
             out = attention_inference(_qkv_heads_first(x, qk, v, H, kept), scale, gate, pos.to(x.dtype))
@@ -111,7 +109,7 @@ def gated_attention(x: torch.Tensor, *, qk: nn.Linear, v: nn.Linear, proj: nn.Li
         return proj_drop(proj(out.reshape(B, N, C)))
 
     qkv = _qkv(x, qk, v, kept).view(B, N, 3, H, d)
-    if (_USE_TRITON and not torch.is_grad_enabled() and not torch.compiler.is_compiling()
+    if (selected_backends().triton and not torch.is_grad_enabled() and not torch.compiler.is_compiling()
             and _gpsa_triton.available(qkv, d)):
         # inference: both terms and the mix in one Triton kernel, written (B, N, H, d)
         pos_attn, content_weight = mixing_terms(gating_param, pos, pos_params, grid, qkv.dtype, kept)

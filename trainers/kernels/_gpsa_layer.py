@@ -21,11 +21,10 @@ from torch import nn
 from trainers.kernels import _library
 from trainers.kernels._attention_core import gate_and_pos_grads
 from trainers.kernels._hooks import has_hooks
+from trainers.kernels._switch import selected_backends
 
 __all__ = ["gpsa_layer", "usable"]
 
-# False: GPSA runs its projections and its core apart (the benchmarks time both side by side)
-_USE_FUSED_LAYER = True
 _WIDTH_MULTIPLE = 16  # the kernel's products run whole vectors along C (16 lanes with AVX-512, 8 with AVX2)
 # Every chunk's products pass over the whole q/k/v and output weights, and the backward adds into
 # their gradients: they must stay in cache. Side by side (benchmarks/gpsa_layer.py, fp32) the fused
@@ -34,19 +33,20 @@ _MAX_QKV_WEIGHT_BYTES = 3 * 192 * 192 * 4
 
 
 def usable(x: torch.Tensor, *, qk: nn.Linear, v: nn.Linear, proj: nn.Linear, proj_drop: nn.Module) -> bool:
-    """Whether GPSA's forward on x (B, N, C) with these projections can run as the fused layer: float32 (x and the
-    weights) on the CPU outside autocast and torch.compile (`_library.available`: the
-    float32 kernel built), C a multiple of 16 and at most 192 (the weights in cache), no q/k/v bias
-    (timm's default), an output bias, no active output dropout, and no forward hooks on the
-    projections (the fused op would bypass them)."""
-    return (_USE_FUSED_LAYER and x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() == 3
+    """Whether GPSA's forward on x (B, N, C) with these projections can run as the fused layer: the
+    `fused_gpsa_layer` backend on, float32 (x and the weights) on the CPU outside autocast and
+    torch.compile (`_library.cpu_library_available`: the float32 kernel built), C a multiple of 16
+    and at most 192 (the weights in cache), no q/k/v bias (timm's default), an output bias, no
+    active output dropout, and no forward hooks on the projections (the fused op would bypass them)."""
+    return (selected_backends().fused_gpsa_layer
+            and x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() == 3
             and all(p.dtype == torch.float32 for p in (qk.weight, v.weight, proj.weight))
             and x.shape[-1] % _WIDTH_MULTIPLE == 0 and 3 * x.shape[-1] ** 2 * 4 <= _MAX_QKV_WEIGHT_BYTES
             and not torch.is_autocast_enabled("cpu")
             and qk.bias is None and v.bias is None and proj.bias is not None
             and not (proj_drop.training and proj_drop.p > 0)
             and not any(has_hooks(m) for m in (qk, v, proj, proj_drop))
-            and _library.available(torch.float32, x.shape[1]))
+            and _library.cpu_library_available(torch.float32, x.shape[1]))
 
 
 class _Layer(torch.autograd.Function):
@@ -58,7 +58,7 @@ class _Layer(torch.autograd.Function):
                 w_proj: torch.Tensor, b_proj: torch.Tensor, scale: float) -> torch.Tensor:
         B, N, _ = x.shape
         keep_maps = _library.kept_maps_fit(B, gate.numel(), N)
-        y, qkv, out, row_max, row_inv, maps = _library.kernels(torch.float32).gpsa_layer_forward(
+        y, qkv, out, row_max, row_inv, maps = _library.cpu_library(torch.float32).gpsa_layer_forward(
             x, w_qkv, gate, pos, scale, w_proj, b_proj, True, keep_maps)
         ctx.save_for_backward(x, w_qkv, gate, pos, w_proj, qkv, out, row_max, row_inv, maps)
         ctx.scale = scale
@@ -69,9 +69,9 @@ class _Layer(torch.autograd.Function):
     def backward(ctx, dy: torch.Tensor):
         x, w_qkv, gate, pos, w_proj, qkv, out, row_max, row_inv, maps = ctx.saved_tensors
         coef = ctx.scale * (1. - gate)  # dS's factor per head
-        dx, d_w_qkv, d_w_proj, d_b_proj, d_attn_sum, soft_dot = _library.kernels(
-            torch.float32).gpsa_layer_backward(dy.contiguous(), x, qkv, out, w_qkv, w_proj, gate, pos, row_max, row_inv,
-                                               maps, coef, ctx.scale)
+        dx, d_w_qkv, d_w_proj, d_b_proj, d_attn_sum, soft_dot = _library.cpu_library(
+            torch.float32).gpsa_layer_backward(dy.contiguous(), x, qkv, out, w_qkv, w_proj, gate, pos, row_max,
+                                               row_inv, maps, coef, ctx.scale)
         d_gate, d_pos = gate_and_pos_grads(d_attn_sum, soft_dot, gate, pos)
         return dx, d_w_qkv, d_gate, d_pos, d_w_proj, d_b_proj, None
 
@@ -87,5 +87,5 @@ def gpsa_layer(x: torch.Tensor, w_qkv: torch.Tensor, gate: torch.Tensor, pos: to
     w_proj, b_proj = w_proj.contiguous(), b_proj.contiguous()
     if torch.is_grad_enabled() and any(t.requires_grad for t in (x, w_qkv, gate, pos, w_proj, b_proj)):
         return _Layer.apply(x, w_qkv, gate, pos, w_proj, b_proj, scale)
-    return _library.kernels(torch.float32).gpsa_layer_forward(x, w_qkv, gate, pos, scale, w_proj, b_proj,
-                                                                       False, False)[0]
+    return _library.cpu_library(torch.float32).gpsa_layer_forward(x, w_qkv, gate, pos, scale, w_proj, b_proj,
+                                                                  False, False)[0]

@@ -12,9 +12,10 @@ that in float32 the forward keeps the softmax maps where they are small (`keeps_
 Built once per machine into ``$XDG_CACHE_HOME/locality-search/kernels/<name>``, the name holding
 the source, the variant and a hash of the sources, the -m flags and torch's version, so an edit
 rebuilds; cpp_extension's lock file makes concurrent trials wait for one build. Where a library
-cannot be built (no compiler, another OS, a CPU without its instructions) `kernels` returns None
+cannot be built (no compiler, another OS, a CPU without its instructions) `cpu_library` returns None
 with one warning saying why, and the ops run on torch; ``LOCALITY_SEARCH_CPU_KERNELS=0`` chooses
-that outright (`_switch`).
+that outright, and the `libraries` backend off (`_switch.backends`) for a block.
+`build_cpu_library` builds another source (or a second copy of a library) the same way.
 """
 from __future__ import annotations
 
@@ -33,20 +34,19 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 from torch.utils.flop_counter import register_flop_formula
 
-from trainers.kernels._switch import DISABLE_ENV, enabled
+from trainers.kernels._switch import DISABLE_ENV, enabled, selected_backends
 
 __all__ = [
-    "DTYPES", "FP32_AVX2_FLAGS", "KEPT_MAPS_BYTES", "MAX_TOKENS", "available", "build_error", "d_out_for_kernel",
-    "kept_maps_fit", "keeps_maps", "kernels", "load_library", "prebuild_cpu_kernels", "usable",
+    "DTYPES", "KEPT_MAPS_BYTES", "MAX_TOKENS", "build_cpu_library", "cpu_library", "cpu_library_available",
+    "cpu_library_error", "d_out_for_kernel", "kept_maps_fit", "keeps_maps", "load_library", "prebuild_cpu_kernels",
+    "usable",
 ]
 
 MAX_TOKENS = 1024  # the kernel's row buffer (kMaxTokens)
 # The most a float32 forward keeps of softmax maps for its backward, per call: keeping them saves
-# the backward's scores product and exp (benchmarks/gpsa_layer.py: `ratio_kept_maps_gain`)
+# the backward's scores product and exp (benchmarks/gpsa_layer.py: `ratio_kept_maps_gain`; the
+# `kept_maps` backend off keeps none)
 KEPT_MAPS_BYTES = 256 << 20
-# False: the ops run on torch where they would run on a library (the benchmarks' A/B rows only;
-# everything else turns every backend off with `set_enabled`)
-_USE_LIBRARIES = True
 
 
 def _cache_dir() -> Path:
@@ -133,25 +133,53 @@ def load_library(source: Path, variant: str, flags: Sequence[str]) -> None:
         raise RuntimeError(f"compiling {source.name} failed: {first_error}") from error
 
 
-def _build(kernel: _Kernel) -> None:
-    """Build and load `kernel`'s library for this CPU, or raise RuntimeError saying why not."""
-    if os.environ.get(DISABLE_ENV, "1").strip() == "0":
-        raise RuntimeError(f"{DISABLE_ENV}=0")
+def _isa(kernel: _Kernel) -> list[str]:
+    """`kernel`'s -m flags for this CPU, or RuntimeError saying what it lacks."""
     isa = kernel.isa_flags()
     if isa is None:
         raise RuntimeError(f"this CPU has no {kernel.needs} (torch dispatches "
                            f"{torch.backends.cpu.get_cpu_capability()})")
+    return isa
+
+
+def _build(kernel: _Kernel) -> None:
+    """Build and load `kernel`'s library for this CPU, or raise RuntimeError saying why not."""
+    if os.environ.get(DISABLE_ENV, "1").strip() == "0":
+        raise RuntimeError(f"{DISABLE_ENV}=0")
+    isa = _isa(kernel)
     load_library(kernel.source, kernel.variant(isa), isa)
+
+
+def build_cpu_library(dtype: torch.dtype, namespace: str, *, source: Optional[Path] = None,
+                      defines: Sequence[str] = (), avx2: bool = False) -> Any:
+    """Build (or load from the cache) a C++ source as the `dtype` library is built, its ops
+    registered as ``torch.ops.<namespace>`` (the source's ``ATTENTION_LIBRARY`` macro), and return
+    them: the `dtype` library's own source by default (a second copy of it), or `source`, a file
+    that includes its headers (benchmarks/peak); `defines` more -D flags. The -m flags are this
+    CPU's for that library, or with `avx2` (float32 only) its 8-lane AVX2 build's, the code an
+    AVX2-only CPU runs. Raises RuntimeError saying why it cannot be built here (no compiler, a CPU
+    without the instructions). Not affected by the switches: nothing runs these ops but the caller."""
+    kernel = _KERNELS[dtype]
+    if avx2 and dtype != torch.float32:
+        raise ValueError(f"build_cpu_library({dtype}, avx2=True): only the float32 library has an AVX2 build")
+    isa = list(FP32_AVX2_FLAGS) if avx2 else _isa(kernel)
+    load_library(source or kernel.source, kernel.variant(isa), [*isa, f"-DATTENTION_LIBRARY={namespace}", *defines])
+    return getattr(torch.ops, namespace)
 
 
 _build_errors: dict[torch.dtype, str] = {}
 
 
 @functools.lru_cache(maxsize=None)
-def kernels(dtype: torch.dtype = torch.bfloat16) -> Optional[Any]:
-    """The ops of the `dtype` kernel (``attention_forward`` and ``attention_backward``, loaded), or
-    None where it cannot be built here (`build_error` says why; warned once)."""
-    kernel = _KERNELS[dtype]
+def cpu_library(dtype: torch.dtype = torch.bfloat16) -> Optional[Any]:
+    """The ops of the `dtype` library (float32 or bf16; ``attention_forward``, ``attention_backward``
+    and the rest, loaded: built on the first call), or None where it cannot be built here, or for a
+    dtype without a library (`cpu_library_error` says why; warned once). Whether the ops run is
+    `cpu_library_available`'s question: the switches aside, this only says the library is here."""
+    kernel = _KERNELS.get(dtype)
+    if kernel is None:
+        _build_errors[dtype] = f"no C++ library for {dtype} (only {', '.join(map(str, DTYPES))})"
+        return None
     try:
         _build(kernel)
     except (RuntimeError, OSError, subprocess.SubprocessError) as error:
@@ -209,11 +237,11 @@ def prebuild_cpu_kernels() -> dict:
     from trainers._cpu import cpu_has_native_bf16
 
     dtypes = [torch.float32] + ([torch.bfloat16] if cpu_has_native_bf16() else [])
-    return {dtype: None if kernels(dtype) is not None else build_error(dtype) for dtype in dtypes}
+    return {dtype: None if cpu_library(dtype) is not None else cpu_library_error(dtype) for dtype in dtypes}
 
 
-def build_error(dtype: torch.dtype = torch.bfloat16) -> Optional[str]:
-    """Why `kernels(dtype)` is None (after it was called), else None."""
+def cpu_library_error(dtype: torch.dtype = torch.bfloat16) -> Optional[str]:
+    """Why `cpu_library(dtype)` is None (after it was called), else None."""
     return _build_errors.get(dtype)
 
 
@@ -224,11 +252,14 @@ def _kernel_layout(t: torch.Tensor) -> bool:
     return t.dtype != torch.bfloat16 or (all(stride % 2 == 0 for stride in t.stride()[:-1]) and t.data_ptr() % 4 == 0)
 
 
-def available(dtype: torch.dtype, tokens: int) -> bool:
-    """Whether a CPU core in `dtype` over `tokens` tokens can run on a kernel here (as `usable`,
-    before qkv exists: the layout and head dim aside)."""
-    return (enabled() and _USE_LIBRARIES and dtype in _KERNELS and 1 <= tokens <= MAX_TOKENS
-            and not torch.compiler.is_compiling() and kernels(dtype) is not None)
+def cpu_library_available(dtype: torch.dtype, tokens: int = 1) -> bool:
+    """Whether an attention core, GPSA's fused layer or the Refiner's refinement in `dtype` over
+    `tokens` tokens can run on a library here now: the kernels `enabled()` with the `libraries`
+    backend on, outside torch.compile, at most MAX_TOKENS tokens, the `dtype` library built (on
+    this first call where it is not yet; `cpu_library`). For the core, as `usable` before qkv
+    exists (the layout and head dim aside)."""
+    return (enabled() and selected_backends().libraries and dtype in _KERNELS and 1 <= tokens <= MAX_TOKENS
+            and not torch.compiler.is_compiling() and cpu_library(dtype) is not None)
 
 
 def usable(qkv: torch.Tensor) -> bool:
@@ -238,9 +269,9 @@ def usable(qkv: torch.Tensor) -> bool:
     kernel built here. The caller makes sure the core's GEMMs run in qkv's dtype
     (`_attention_core.gemm_dtype`)."""
     _, _, _, tokens, dim = qkv.shape
-    # torch.compile first (`available` asks), before _kernel_layout reads a fake tensor's data pointer
+    # torch.compile first (`cpu_library_available` asks), before _kernel_layout reads a fake tensor's data pointer
     return (qkv.device.type == "cpu" and (dim % 2 == 0 or qkv.dtype != torch.bfloat16)
-            and available(qkv.dtype, tokens) and _kernel_layout(qkv))
+            and cpu_library_available(qkv.dtype, tokens) and _kernel_layout(qkv))
 
 
 def keeps_maps(qkv: torch.Tensor) -> bool:
@@ -252,9 +283,10 @@ def keeps_maps(qkv: torch.Tensor) -> bool:
 
 
 def kept_maps_fit(batch: int, heads: int, tokens: int) -> bool:
-    """Whether a float32 forward's softmax maps for `batch` x `heads` maps of `tokens` fit
-    KEPT_MAPS_BYTES (an upper bound: rows padded to 16 floats)."""
-    return batch * heads * tokens * -(-tokens // 16) * 16 * 4 <= KEPT_MAPS_BYTES
+    """Whether a float32 forward keeps its softmax maps for `batch` x `heads` maps of `tokens`: the
+    `kept_maps` backend on, the maps within KEPT_MAPS_BYTES (an upper bound: rows padded to 16
+    floats)."""
+    return selected_backends().kept_maps and batch * heads * tokens * -(-tokens // 16) * 16 * 4 <= KEPT_MAPS_BYTES
 
 
 def d_out_for_kernel(d_out: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

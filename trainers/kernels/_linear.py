@@ -1,7 +1,9 @@
 """`Linear` and `linear`: CPU linear layers on the GEMM library that is the quicker one here.
 benchmarks/models.py (`onednn_linear_gain`, `inference_ops_gain`, `kernel_linear_gain`) and
 benchmarks/gpsa_layer.py (`ratio_onednn_linear_gain`, `ratio_weight_grad_kernel_gain`) measure
-each rule below against torch's own path, side by side.
+each rule below against torch's own path, side by side (each rule a backend `kernels.backends`
+turns off: onednn_fp32, onednn_bf16, bf16_kernel_linear, weight_grad_kernel, fused_gelu,
+packed_weights).
 
 float32: torch runs `F.linear` and its backward on MKL, which picks its AVX-512 code by CPU vendor,
 not by the CPU's flags, so on a non-Intel CPU with AVX-512 it runs AVX2 code. There (and for
@@ -41,20 +43,11 @@ from timm.models._features_fx import register_notrace_function
 from trainers._cpu import cpu_family, cpuinfo_field
 from trainers.kernels import _library
 from trainers.kernels._kept import parameters_key
-from trainers.kernels._switch import enabled
+from trainers.kernels._switch import enabled, selected_backends
 
 __all__ = ["Linear", "linear", "cpu_autocast_to_bf16", "kernel_bf16_linear_beats_onednn_here",
            "onednn_beats_mkl_here", "onednn_inference_beats_mkl_here", "onednn_runs_bf16_here", "records_autograd"]
 
-_USE_ONEDNN_FP32 = True
-_USE_ONEDNN_BF16 = True
-# False: linear(..., gelu=True) applies the GELU after oneDNN's product, not inside it (the benchmarks' side-by-side rows)
-_FUSE_GELU = True
-# False: the inference paths hand oneDNN the plain weight on every call (see _packed_weight)
-_PACK_WEIGHTS = True
-_USE_WEIGHT_GRAD_KERNEL = True
-# False: bf16 inference runs on oneDNN where the bf16 kernel's linear would (see the module doc)
-_USE_BF16_KERNEL_LINEAR = True
 # the float32 kernel's lanes where this module's path runs (AVX-512: onednn_beats_mkl_here asks for it)
 _KERNEL_LANES = 16
 _BF16_KERNEL_COLUMNS = 16  # the bf16 kernel's linear: its tiles' columns, N a multiple of them (csrc/linear_bf16.h)
@@ -141,7 +134,7 @@ def _packed_weight(weight: torch.Tensor, dtype: torch.dtype, rows: int) -> torch
     (`_kept_derived`) where it can be tracked; else the plain cast. Inference only (the callers').
     `rows` is oneDNN's hint for the layout."""
     packed = None
-    if _PACK_WEIGHTS:
+    if selected_backends().packed_weights:
         packed = _kept_derived(weight, dtype, lambda w: torch.ops.mkldnn._reorder_linear_weight(
             w.to(dtype).contiguous(), rows))
     return weight.to(dtype) if packed is None else packed
@@ -184,8 +177,9 @@ def _weight_grad(grad: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     """grad^T (N, M) @ rows (M, K) -> (N, K): on the float32 kernel where it is built and N or K fills
     whole vectors, else on oneDNN or MKL (see the module doc)."""
     out_features, in_features = grad.shape[1], rows.shape[1]
-    if _USE_WEIGHT_GRAD_KERNEL and (out_features % _KERNEL_LANES == 0 or in_features % _KERNEL_LANES == 0):
-        kernel = _library.kernels(torch.float32)
+    if (selected_backends().weight_grad_kernel
+            and (out_features % _KERNEL_LANES == 0 or in_features % _KERNEL_LANES == 0)):
+        kernel = _library.cpu_library(torch.float32)
         if kernel is not None:
             return kernel.linear_weight_grad(grad.contiguous(), rows.contiguous())
     if max(out_features, in_features) < GRAD_WEIGHT_MIN_WIDTH:
@@ -218,7 +212,8 @@ def _takes_onednn_bf16(x: torch.Tensor, weight: torch.Tensor, bias: Optional[tor
         bf16 = cpu_autocast_to_bf16() and x.dtype in _LINEAR_DTYPES and weight.dtype in _LINEAR_DTYPES
     else:
         bf16 = x.dtype == weight.dtype == torch.bfloat16 and (bias is None or bias.dtype == torch.bfloat16)
-    return (bf16 and enabled() and _USE_ONEDNN_BF16 and x.device.type == "cpu" and weight.device.type == "cpu"
+    return (bf16 and enabled() and selected_backends().onednn_bf16
+            and x.device.type == "cpu" and weight.device.type == "cpu"
             and x.dim() >= 2 and not records_autograd(x, weight, bias)
             and not torch.compiler.is_compiling() and torch.backends.mkldnn.enabled and onednn_runs_bf16_here()
             and x.numel() * weight.shape[0] >= BF16_MIN_MULTIPLY_ADDS)
@@ -232,9 +227,9 @@ def _bf16_inference(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.
     rows = x.reshape(-1, x.shape[-1]).to(bf16)  # (M, K)
     bias_bf16 = None if bias is None else bias.to(bf16)
     out_features, in_features = weight.shape
-    if (_USE_BF16_KERNEL_LINEAR and out_features % _BF16_KERNEL_COLUMNS == 0 and in_features % 2 == 0
+    if (selected_backends().bf16_kernel_linear and out_features % _BF16_KERNEL_COLUMNS == 0 and in_features % 2 == 0
             and kernel_bf16_linear_beats_onednn_here()):
-        kernel = _library.kernels(bf16)
+        kernel = _library.cpu_library(bf16)
         packed = None if kernel is None else _kernel_weight(weight)
         if packed is not None:
             if not (rows.is_contiguous() and rows.data_ptr() % 4 == 0):  # the kernel reads bf16 pairs as words
@@ -245,7 +240,7 @@ def _bf16_inference(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.
 
 
 def _takes_onednn(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> bool:
-    return (enabled() and _USE_ONEDNN_FP32 and x.dtype == torch.float32 and weight.dtype == torch.float32
+    return (enabled() and selected_backends().onednn_fp32 and x.dtype == torch.float32 and weight.dtype == torch.float32
             and x.device.type == "cpu" and x.dim() >= 2 and not torch.is_autocast_enabled("cpu")
             and not torch.compiler.is_compiling()
             and (onednn_beats_mkl_here()
@@ -259,8 +254,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
     """`F.linear` (then the exact `F.gelu` if `gelu`): bf16 inference on oneDNN's linear op (on AMD
     family 25 the bf16 kernel's), float32 on oneDNN's where it beats MKL (see the module doc), else
     `F.linear` itself. Without autograd recording, the GELU runs inside the product where the
-    product runs on oneDNN or the kernel (unless _FUSE_GELU is off), else in place on the product."""
-    fused_gelu = gelu and _FUSE_GELU
+    product runs on oneDNN or the kernel (unless the `fused_gelu` backend is off), else in place on
+    the product."""
+    fused_gelu = gelu and selected_backends().fused_gelu
     if _takes_onednn_bf16(x, weight, bias):
         out = _bf16_inference(x, weight, bias, gelu=fused_gelu)
     elif not _takes_onednn(x, weight, bias):

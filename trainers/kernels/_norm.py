@@ -19,12 +19,9 @@ from timm.models._features_fx import register_notrace_function, register_notrace
 from trainers.kernels import _library
 from trainers.kernels._hooks import has_hooks
 from trainers.kernels._linear import cpu_autocast_to_bf16, records_autograd
-from trainers.kernels._switch import enabled
+from trainers.kernels._switch import enabled, selected_backends
 
 __all__ = ["LayerNorm", "add_and_norm", "add_residual"]
-
-# False: the norms run on torch ops only (the benchmarks' A/B rows)
-_USE_NORM_KERNEL = True
 
 
 @register_notrace_module  # reason: branches on dtype, device and autocast (timm's FX feature extraction)
@@ -68,10 +65,12 @@ def add_residual(x: torch.Tensor, branch: torch.Tensor, norm: nn.Module) -> torc
 
 def _norm_kernel(x: torch.Tensor, norm: nn.Module, branch: Optional[torch.Tensor] = None) -> Optional[Any]:
     """The kernel library whose `layer_norm` runs `norm(x)` (with a branch: `norm(x + branch)` and
-    the sum; see `LayerNorm`), else None: the bf16 one under CPU autocast to bf16, the float32 one
+    the sum; see `LayerNorm`), else None (also with the `norm_kernel` backend off): the bf16 one
+    under CPU autocast to bf16, the float32 one
     without autocast, where that library is built; a branch it reads as it is (contiguous, x's
     shape, float32 or the library's dtype)."""
-    if not (enabled() and _USE_NORM_KERNEL and type(norm) is LayerNorm and x.device.type == 'cpu' and x.dtype == torch.float32
+    if not (enabled() and selected_backends().norm_kernel and type(norm) is LayerNorm
+            and x.device.type == 'cpu' and x.dtype == torch.float32
             and x.is_contiguous() and norm.normalized_shape == x.shape[-1:] and norm.weight is not None
             and norm.bias is not None and norm.weight.dtype == norm.bias.dtype == torch.float32
             and norm.weight.is_contiguous() and norm.bias.is_contiguous()
@@ -85,4 +84,4 @@ def _norm_kernel(x: torch.Tensor, norm: nn.Module, branch: Optional[torch.Tensor
         dtype = torch.float32
     if dtype is None or branch is not None and branch.dtype not in (torch.float32, dtype):
         return None
-    return _library.kernels(dtype)
+    return _library.cpu_library(dtype)

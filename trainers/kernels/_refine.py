@@ -16,11 +16,11 @@ _MAX_KERNEL_HEADS = 64  # the kernel's per-vector arrays (kMaxRefinerHeads)
 def refine_maps_usable(device: torch.device, tokens: int, expand: torch.Tensor, kernel: torch.Tensor,
                        reduce: torch.Tensor) -> bool:
     """Whether maps over `tokens` keys on `device` with these float32 weights can go to the library:
-    on the CPU, at most 64 heads either side, the float32 library built (`_library.available`: also
-    off under torch.compile and with the kernels switched off)."""
+    on the CPU, at most 64 heads either side, the float32 library built (`cpu_library_available`:
+    also off under torch.compile and with the kernels or the `libraries` backend switched off)."""
     return (device.type == 'cpu' and all(p.dtype == torch.float32 for p in (expand, kernel, reduce))
             and max(reduce.shape[0], expand.shape[0]) <= _MAX_KERNEL_HEADS
-            and _library.available(torch.float32, tokens))
+            and _library.cpu_library_available(torch.float32, tokens))
 
 
 def refine_maps(maps: torch.Tensor, expand: torch.Tensor, kernel: torch.Tensor, reduce: torch.Tensor,
@@ -40,12 +40,12 @@ class _RefineOnKernel(torch.autograd.Function):
                 grid_h: int, grid_w: int) -> torch.Tensor:
         ctx.save_for_backward(maps, expand, kernel, reduce)
         ctx.grid = (grid_h, grid_w)
-        return _library.kernels(torch.float32).refine_forward(maps, expand.contiguous(), kernel.contiguous(),
-                                                                      reduce.contiguous(), grid_h, grid_w)
+        return _library.cpu_library(torch.float32).refine_forward(maps, expand.contiguous(), kernel.contiguous(),
+                                                                  reduce.contiguous(), grid_h, grid_w)
 
     @staticmethod
     def backward(ctx, d_out: torch.Tensor):
         maps, expand, kernel, reduce = ctx.saved_tensors
-        d_maps, d_expand, d_kernel, d_reduce = _library.kernels(torch.float32).refine_backward(
+        d_maps, d_expand, d_kernel, d_reduce = _library.cpu_library(torch.float32).refine_backward(
             d_out.contiguous(), maps, expand.contiguous(), kernel.contiguous(), reduce.contiguous(), *ctx.grid)
         return d_maps, d_expand, d_kernel, d_reduce, None, None

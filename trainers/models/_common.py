@@ -206,7 +206,7 @@ class MHSA(nn.Module):
         qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # (3, B, H, N, d)
         dropout_p = self.attn_drop_p if self.training else 0.
         if kernels.enabled():
-            x = kernels.attention(qkv, self.head_dim ** -0.5, dropout_p=dropout_p)  # (B, H, N, d)
+            x = kernels.plain_attention(qkv, self.head_dim ** -0.5, dropout_p=dropout_p)  # (B, H, N, d)
         else:
             q, k, v = qkv.unbind(0)
             x = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)

@@ -61,7 +61,7 @@ def _softmax_without_denormals(scores: torch.Tensor) -> torch.Tensor:
     units below the peak, so a plain softmax fills P with subnormal floats, and every op that
     reads P (the mixing, over the whole batch) then runs several times slower on x86. Rows sum to
     1, so those entries are below 1e-30 of the row: zeroing them changes no output or gradient
-    beyond float32 rounding (nor float64 at the tolerances of tests/models/test_convit.py), and what is
+    beyond float32 rounding (nor float64 at the tolerances of tests/trainers/models/test_convit.py), and what is
     left, times any gate above 1e-8, stays a normal float.
     """
     P = scores.softmax(dim=-1)

@@ -169,7 +169,8 @@ class Refiner(nn.Module):
 
     def _kernel_usable(self, maps: torch.Tensor) -> bool:
         """Whether `maps` and the weights can go to the float32 kernel: CPU float32, the kernel built
-        here (`_library.available`: also off under torch.compile and _USE_LIBRARIES)."""
+        here (`kernels.cpu_library_available`: also off under torch.compile and with the `libraries`
+        backend off)."""
         return maps.dtype == torch.float32 and self._kernel_usable_on(maps.device, maps.shape[-1])
 
     def _kernel_usable_on(self, device: torch.device, tokens: int) -> bool:

@@ -3,7 +3,7 @@
 Paper: `Transformed CNNs: recasting pre-trained convolutional layers with self-attention`
     - https://arxiv.org/abs/2106.05795  (d'Ascoli, Sagun, Biroli, Morcos, 2021)
 
-No reference code was published; the equivalence tests in tests/models/test_tcnn.py are the reference.
+No reference code was published; the equivalence tests in tests/trainers/models/test_tcnn.py are the reference.
 Each converted k x k conv becomes a `ReparamGPSA` with k*k heads, one per filter tap, whose gated
 positional attention reproduces the convolution (paper Sec. 2, Eq. 4-7; details in `ReparamGPSA`).
 What differs from the paper: alpha is a standard softplus (the paper's footnote has the sign the
@@ -81,7 +81,7 @@ class ReparamGPSA(nn.Module):
       exactly the zero-padded convolution, border pixels included. (`ReparamGPSA.forward` computes
       this without materialising the ring's keys and values, which are all zero.) At alpha = 1, lambda = 1 (the
       paper's init) it does not: each head spreads its attention over neighbouring pixels and 27%
-      of it goes to content; tests/models/test_tcnn.py measures how far the logits move.
+      of it goes to content; tests/trainers/models/test_tcnn.py measures how far the logits move.
 
     What is converted: every non-strided, non-dilated, ungrouped k x k conv (k odd, k > 1, padding
     k//2) of the last stage (`layer4`). The first block's strided conv stays a convolution: a

@@ -12,8 +12,8 @@ import torch.nn.functional as F
 from timm.layers import LayerNorm
 
 import trainers.models  # noqa: F401  (registers the ls_* families)
-from trainers.kernels import _library, _linear, _norm
-from trainers.kernels import _norm as norm_module
+from trainers import kernels
+from trainers.kernels import _library
 from trainers.models import _common
 from trainers.models._common import PreNorm, add_and_norm, add_residual
 from tests._layers import OpCalls, float32_avx2_kernel_or_skip, float32_kernel_or_skip
@@ -25,9 +25,9 @@ TORCH_NORMS = {"aten.layer_norm", "aten.native_layer_norm"}
 
 @pytest.fixture(scope="module")
 def ops():
-    if not _linear.onednn_runs_bf16_here() or _library.kernels(torch.bfloat16) is None:
-        pytest.skip(f"the bf16 kernel is not built here: {_library.build_error(torch.bfloat16)}")
-    return _library.kernels(torch.bfloat16)
+    if not kernels.onednn_runs_bf16_here() or kernels.cpu_library(torch.bfloat16) is None:
+        pytest.skip(f"the bf16 kernel is not built here: {kernels.cpu_library_error(torch.bfloat16)}")
+    return kernels.cpu_library(torch.bfloat16)
 
 
 @pytest.fixture(scope="module")
@@ -179,9 +179,9 @@ def test_pre_norm_in_bf16_inference_returns_what_the_next_linear_casts_to(ops, m
       for case in ("switched off", "hooked", "not contiguous", "timm LayerNorm", "no kernel built")),
     ("bf16", "float16 autocast"),
 ])
-def test_where_the_norms_keep_torch_ops(request, monkeypatch, precision, case):
-    """_USE_NORM_KERNEL off, a hook on the norm (it must see the call), tokens the kernel cannot read
-    in place, a norm that is not a PreNorm, no kernel library built, and autocast to another dtype:
+def test_where_the_norms_keep_torch_ops(request, monkeypatch, kernel_backends, precision, case):
+    """The `norm_kernel` backend off, a hook on the norm (it must see the call), tokens the kernel
+    cannot read in place, a norm that is not a PreNorm, no kernel library built, and autocast to another dtype:
     torch's ops, as before, in bf16 inference (autocast) and in float32 inference."""
     request.getfixturevalue("ops" if precision == "bf16" else "ops32")
     norm = LayerNorm(64) if case == "timm LayerNorm" else _norm(64)
@@ -190,13 +190,13 @@ def test_where_the_norms_keep_torch_ops(request, monkeypatch, precision, case):
         branch = branch.bfloat16()
     seen = []
     if case == "switched off":
-        monkeypatch.setattr(norm_module, "_USE_NORM_KERNEL", False)
+        kernel_backends(norm_kernel=False)
     if case == "hooked":
         norm.register_forward_hook(lambda module, args, out: seen.append(out))
     if case == "not contiguous":
         x = torch.randn(2, 64, 30).transpose(1, 2)
     if case == "no kernel built":
-        monkeypatch.setattr(_library, "kernels", lambda dtype=torch.bfloat16: None)
+        monkeypatch.setattr(_library, "cpu_library", lambda dtype=torch.bfloat16: None)
     dtype = torch.float16 if case == "float16 autocast" else torch.bfloat16
     with torch.inference_mode(), torch.autocast("cpu", dtype=dtype, enabled=precision == "bf16"), OpCalls() as calls:
         normed = norm(x)
@@ -248,7 +248,7 @@ def test_add_and_norm_with_autograd_is_the_add_then_the_norm(ops):
 
 
 @pytest.mark.parametrize("variant, blocks", [("ls_convit_micro", 8), ("ls_gmm_micro", 8), ("ls_refiner_micro", 8)])
-def test_models_in_bf16_inference_norm_on_the_kernel_and_agree_with_torch_ops(ops, monkeypatch, variant, blocks):
+def test_models_in_bf16_inference_norm_on_the_kernel_and_agree_with_torch_ops(ops, kernel_backends, variant, blocks):
     """Every block's two norms take the kernel (the residual add before norm2 inside it); only the
     model's last norm stays on torch's op. The logits agree with the same model on torch's norms
     within bf16 noise, and are no further from float32."""
@@ -261,7 +261,7 @@ def test_models_in_bf16_inference_norm_on_the_kernel_and_agree_with_torch_ops(op
         with torch.autocast("cpu", dtype=torch.bfloat16):
             with OpCalls() as calls:
                 fused = model(x).float()
-            monkeypatch.setattr(norm_module, "_USE_NORM_KERNEL", False)
+            kernel_backends(norm_kernel=False)
             plain = model(x).float()
     torch_norms = calls.calls.get("aten.layer_norm", 0) + calls.calls.get("aten.native_layer_norm", 0)
     assert calls.calls.get(NORM_KERNEL) == 2 * blocks and torch_norms == 1
@@ -271,7 +271,8 @@ def test_models_in_bf16_inference_norm_on_the_kernel_and_agree_with_torch_ops(op
 
 
 @pytest.mark.parametrize("variant", ["ls_convit_micro", "ls_gmm_micro", "ls_refiner_micro"])
-def test_models_in_float32_inference_norm_on_the_float32_kernel_and_agree_with_torch_ops(ops32, monkeypatch, variant):
+def test_models_in_float32_inference_norm_on_the_float32_kernel_and_agree_with_torch_ops(ops32, kernel_backends,
+                                                                                          variant):
     """Every block's two norms take the float32 kernel (the residual add before norm2 inside it); the
     model's last norm stays on torch's op; the logits are torch's norms' but for float32 rounding."""
     torch.manual_seed(0)
@@ -280,7 +281,7 @@ def test_models_in_float32_inference_norm_on_the_float32_kernel_and_agree_with_t
     with torch.inference_mode():
         with OpCalls() as calls:
             fused = model(x)
-        monkeypatch.setattr(norm_module, "_USE_NORM_KERNEL", False)
+        kernel_backends(norm_kernel=False)
         plain = model(x)
     torch_norms = calls.calls.get("aten.layer_norm", 0) + calls.calls.get("aten.native_layer_norm", 0)
     assert calls.calls.get(NORM_KERNEL_FP32) == 2 * len(model.blocks) and torch_norms == 1
@@ -342,7 +343,7 @@ def test_add_residual_keeps_x_where_it_must(case):
 def test_models_add_their_last_residual_in_place_in_inference_with_the_same_logits(monkeypatch, variant, precision):
     """Every block's last add runs in place in inference (one aten.add_ per block, no out-of-place
     add of a block's size), and the logits are bit for bit those of the out-of-place add."""
-    if precision == "bf16" and not _linear.onednn_runs_bf16_here():
+    if precision == "bf16" and not kernels.onednn_runs_bf16_here():
         pytest.skip("no bf16 oneDNN products here")
     torch.manual_seed(0)
     model = timm.create_model(variant).eval()

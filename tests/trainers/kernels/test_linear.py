@@ -1,9 +1,9 @@
-"""`trainers.kernels._linear`: float32 linear layers on oneDNN where MKL runs AVX2 code, and bf16
+"""`kernels.linear` / `kernels.Linear`: float32 linear layers on oneDNN where MKL runs AVX2 code, and bf16
 inference on oneDNN or on the bf16 kernel's linear.
 
 The oneDNN float32 path is forced on here (`onednn_beats_mkl_here` patched True), so it is checked
 on every CPU, not only the AMD AVX-512 ones where models take it by default: oneDNN runs on any x86
-CPU. bf16 inference is tested on oneDNN everywhere (`_USE_BF16_KERNEL_LINEAR` off but in the bf16
+CPU. bf16 inference is tested on oneDNN everywhere (the `bf16_kernel_linear` backend off but in the bf16
 kernel's own section, which forces that path on wherever the kernel is built)."""
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 import trainers.models  # noqa: F401  (registers the ls_* families)
-from trainers.kernels import _gpsa_layer, _linear
+from trainers import kernels
+from trainers.kernels import _linear
 from trainers.models.ls_refiner import Refiner
 from trainers.throughput import count_flops
 from tests._layers import OpCalls, float32_avx2_kernel_or_skip, float32_kernel_or_skip, run_layer
@@ -35,9 +36,9 @@ def onednn_here(monkeypatch):
 
 
 @pytest.fixture(autouse=True)
-def bf16_inference_on_onednn(monkeypatch):
+def bf16_inference_on_onednn(kernel_backends):
     """bf16 inference on oneDNN, whatever the CPU (the bf16 kernel's section turns its path back on)."""
-    monkeypatch.setattr(_linear, "_USE_BF16_KERNEL_LINEAR", False)
+    kernel_backends(bf16_kernel_linear=False)
 
 
 def _float64_reference(x, weight, bias, upstream):
@@ -55,19 +56,19 @@ def _float64_reference(x, weight, bias, upstream):
     ((4, 5, 60, 128), 128, 128, "mkl"),    # both under GRAD_WEIGHT_MIN_WIDTH
     ((500, 100), 100, 200, "onednn"),      # kernel on, but neither dim a multiple of its 16 lanes
 ])
-def test_output_and_all_gradients_match_float64(onednn_here, monkeypatch, shape, in_features, out_features,
+def test_output_and_all_gradients_match_float64(onednn_here, kernel_backends, shape, in_features, out_features,
                                                 weight_grad_on):
     kernel_on = weight_grad_on == "kernel" or in_features % 16 != 0 and out_features % 16 != 0
     if weight_grad_on == "kernel":
         float32_kernel_or_skip()
-    monkeypatch.setattr(_linear, "_USE_WEIGHT_GRAD_KERNEL", kernel_on)
+    kernel_backends(weight_grad_kernel=kernel_on)
     torch.manual_seed(0)
     x = torch.randn(*shape, requires_grad=True)
     weight = torch.randn(out_features, in_features, requires_grad=True)
     bias = torch.randn(out_features, requires_grad=True)
     upstream = torch.randn(*shape[:-1], out_features)
     with OpCalls() as ops:
-        out = _linear.linear(x, weight, bias)
+        out = kernels.linear(x, weight, bias)
         grads = torch.autograd.grad(out, (x, weight, bias), upstream)
     # forward, grad_input, and grad_weight on its path
     assert ops.calls.get(ONEDNN) == (3 if weight_grad_on == "onednn" else 2)
@@ -126,23 +127,23 @@ def test_only_the_gradients_asked_for_are_computed(onednn_here):
     x = torch.randn(500, 96)
     weight, bias = torch.randn(192, 96), torch.randn(192, requires_grad=True)
     with OpCalls() as ops:
-        out = _linear.linear(x, weight, bias)
+        out = kernels.linear(x, weight, bias)
         (grad_bias,) = torch.autograd.grad(out, (bias,), torch.ones_like(out))
     assert ops.calls.get(ONEDNN) == 1  # the forward only
     torch.testing.assert_close(grad_bias, torch.full((192,), 500.))
 
     x.requires_grad_()
     with OpCalls() as ops:
-        out = _linear.linear(x, weight, None)
+        out = kernels.linear(x, weight, None)
         (grad_x,) = torch.autograd.grad(out, (x,), torch.ones_like(out))
     assert ops.calls.get(ONEDNN) == 2
     torch.testing.assert_close(grad_x, weight.sum(0).expand(500, 96), atol=1e-4, rtol=1e-5)
 
 
 @pytest.mark.parametrize("case", ["small", "float64", "autocast", "switched off", "1-d"])
-def test_where_torch_linear_is_kept(onednn_here, monkeypatch, case):
+def test_where_torch_linear_is_kept(onednn_here, kernel_backends, case):
     """Products under MIN_MULTIPLY_ADDS (oneDNN's per-call cost loses there), other dtypes, CPU
-    autocast with autograd recording (F.linear runs bf16 on oneDNN already) and _USE_ONEDNN_FP32 off
+    autocast with autograd recording (F.linear runs bf16 on oneDNN already) and the `onednn_fp32` backend off
     take F.linear."""
     rows = {"small": 100, "1-d": None}.get(case, 4096)
     x = torch.randn(96) if rows is None else torch.randn(rows, 96)
@@ -150,34 +151,34 @@ def test_where_torch_linear_is_kept(onednn_here, monkeypatch, case):
     if case == "float64":
         x, weight, bias = x.double(), weight.double(), bias.double()
     if case == "switched off":
-        monkeypatch.setattr(_linear, "_USE_ONEDNN_FP32", False)
+        kernel_backends(onednn_fp32=False)
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=case == "autocast"):
         with OpCalls() as ops:
-            out = _linear.linear(x, weight, bias)
+            out = kernels.linear(x, weight, bias)
         expected = F.linear(x, weight, bias)
     assert ONEDNN not in ops.calls
     assert out.dtype == (torch.bfloat16 if case == "autocast" else x.dtype)
     torch.testing.assert_close(out, expected, atol=0, rtol=0)
     with OpCalls() as ops:  # the control: a large float32 product does go to oneDNN
-        _linear.linear(torch.randn(4096, 96), weight.float(), bias.detach().float())
+        kernels.linear(torch.randn(4096, 96), weight.float(), bias.detach().float())
     assert ops.calls.get(ONEDNN, 0) == (0 if case == "switched off" else 1)
 
 
 @pytest.mark.parametrize("mode", ["inference", "autograd", "switched off"])
-def test_float32_inference_fuses_the_gelu_into_the_onednn_product_bit_for_bit(onednn_here, monkeypatch, mode):
+def test_float32_inference_fuses_the_gelu_into_the_onednn_product_bit_for_bit(onednn_here, kernel_backends, mode):
     """`linear(..., gelu=True)` in float32 inference on oneDNN is one op: oneDNN's GELU, which is the
     float32 GELU torch runs on a contiguous tensor, so bit for bit the product then F.gelu. With
-    autograd recording, or _FUSE_GELU off, the GELU runs after the product (F.gelu, or in place)."""
+    autograd recording, or the `fused_gelu` backend off, the GELU runs after the product (F.gelu, or in place)."""
     torch.manual_seed(0)
     x, weight, bias = torch.randn(2, 700, 96), 0.3 * torch.randn(384, 96), torch.randn(384)
     if mode == "autograd":
         x.requires_grad_()
     if mode == "switched off":
-        monkeypatch.setattr(_linear, "_FUSE_GELU", False)
+        kernel_backends(fused_gelu=False)
     with OpCalls() as ops:
-        out = _linear.linear(x, weight, bias, gelu=True)
+        out = kernels.linear(x, weight, bias, gelu=True)
     with torch.no_grad():
-        expected = F.gelu(_linear.linear(x, weight, bias))
+        expected = F.gelu(kernels.linear(x, weight, bias))
     gelu_ops = ops.calls.get("aten.gelu", 0) + ops.calls.get("aten.gelu_", 0)
     assert ops.calls.get(ONEDNN) == 1 and gelu_ops == (0 if mode == "inference" else 1)
     assert torch.equal(out.detach(), expected) and out.min() < 0  # the exact GELU's dip below zero
@@ -216,10 +217,10 @@ def test_where_only_inference_beats_mkl_training_keeps_f_linear(monkeypatch):
     x = torch.randn(300, 96)
     weight, bias = torch.randn(384, 96, requires_grad=True), torch.randn(384, requires_grad=True)
     with torch.inference_mode(), OpCalls() as ops:
-        inferred = _linear.linear(x, weight, bias, gelu=True)
+        inferred = kernels.linear(x, weight, bias, gelu=True)
     assert ops.calls.get(ONEDNN) == 1 and not {"aten.gelu", "aten.gelu_", "aten.addmm"} & set(ops.calls)
     with OpCalls() as ops:
-        trained = _linear.linear(x, weight, bias, gelu=True)
+        trained = kernels.linear(x, weight, bias, gelu=True)
     assert ONEDNN not in ops.calls and "aten.addmm" in ops.calls and trained.requires_grad
     torch.testing.assert_close(inferred, trained.detach(), atol=1e-5, rtol=1e-5)
 
@@ -250,7 +251,7 @@ def test_flop_counter_counts_the_onednn_linear_as_f_linear(onednn_here):
     counts = {}
     for on in (True, False):
         with FlopCounterMode(display=False) as counter, OpCalls() as ops:
-            _linear.linear(x, weight, bias) if on else F.linear(x, weight, bias)
+            kernels.linear(x, weight, bias) if on else F.linear(x, weight, bias)
         assert (ONEDNN in ops.calls) is on
         counts[on] = counter.get_total_flops()
     assert counts[True] == counts[False] == 2 * 2 * 2048 * 96 * 288
@@ -263,7 +264,7 @@ def test_flop_counter_counts_a_training_step_with_the_weight_grad_kernel_as_torc
     counts = {}
     for on in (True, False):
         with FlopCounterMode(display=False) as counter, OpCalls() as ops:
-            out = _linear.linear(x, weight, bias) if on else F.linear(x, weight, bias)
+            out = kernels.linear(x, weight, bias) if on else F.linear(x, weight, bias)
             out.backward(torch.ones_like(out))
         assert (WEIGHT_GRAD_KERNEL in ops.calls) is on
         counts[on] = counter.get_total_flops()
@@ -271,7 +272,7 @@ def test_flop_counter_counts_a_training_step_with_the_weight_grad_kernel_as_torc
 
 
 @pytest.mark.parametrize("variant", ["ls_convit_micro", "ls_gmm_micro", "ls_refiner_micro"])
-def test_models_on_onednn_linears_are_as_close_to_float64_as_on_torch_linears(onednn_here, monkeypatch, variant):
+def test_models_on_onednn_linears_are_as_close_to_float64_as_on_torch_linears(onednn_here, kernel_backends, variant):
     """A model's linears (q/k/v, projections, MLP, head) take oneDNN; its logits and every gradient
     are within 2x (+ a hair) of F.linear's float32 error against the same model in float64, and its
     `flops` are the same (the trials' column must not depend on the library)."""
@@ -282,7 +283,7 @@ def test_models_on_onednn_linears_are_as_close_to_float64_as_on_torch_linears(on
                           upstream=upstream)
     errors, flops = {}, {}
     for on in (True, False):
-        monkeypatch.setattr(_linear, "_USE_ONEDNN_FP32", on)
+        kernel_backends(onednn_fp32=on)
         with OpCalls() as ops:
             results = run_layer(model, x, dtype=torch.float32, bf16=False, train=True, upstream=upstream)
         assert (ONEDNN in ops.calls) is on
@@ -294,10 +295,10 @@ def test_models_on_onednn_linears_are_as_close_to_float64_as_on_torch_linears(on
 
 
 def test_linear_keeps_nn_linear_parameters_and_state_dict():
-    layer = _linear.Linear(8, 4)
+    layer = kernels.Linear(8, 4)
     assert isinstance(layer, torch.nn.Linear)
     assert list(layer.state_dict()) == ["weight", "bias"]
-    assert isinstance(timm.create_model("ls_convit_micro").blocks[0].mlp.fc1, _linear.Linear)
+    assert isinstance(timm.create_model("ls_convit_micro").blocks[0].mlp.fc1, kernels.Linear)
 
 
 def test_refiner_dense_path_on_onednn_matches_float64(onednn_here):
@@ -336,7 +337,7 @@ def test_mlp_has_timm_mlp_initial_weights_from_the_same_seed():
     torch.manual_seed(0)
     timms = TimmMlp(in_features=16, hidden_features=64)
     assert torch.equal(torch.rand(1), after_ours)
-    assert type(ours.fc1) is _linear.Linear and type(ours.fc2) is _linear.Linear
+    assert type(ours.fc1) is kernels.Linear and type(ours.fc2) is kernels.Linear
     for key, value in timms.state_dict().items():
         assert torch.equal(ours.state_dict()[key], value)
 
@@ -345,7 +346,7 @@ def test_mlp_has_timm_mlp_initial_weights_from_the_same_seed():
 
 @pytest.fixture
 def onednn_bf16():
-    if not _linear.onednn_runs_bf16_here():
+    if not kernels.onednn_runs_bf16_here():
         pytest.skip("torch runs no bf16 products on oneDNN on this CPU")
 
 
@@ -366,7 +367,7 @@ def test_bf16_inference_adds_the_bias_inside_onednn_bit_for_bit(onednn_bf16, cas
     x, weight, bias = _bf16_operands(case, x, weight, torch.randn(160) if with_bias else None)
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=case == "autocast"), torch.inference_mode():
         with OpCalls() as ops:
-            out = _linear.linear(x, weight, bias)
+            out = kernels.linear(x, weight, bias)
         expected = F.linear(x, weight, bias)
     assert ops.calls.get(ONEDNN) == 1 and "aten.addmm" not in ops.calls and "aten.mm" not in ops.calls
     assert out.dtype == torch.bfloat16 and out.shape == (*shape[:-1], 160)
@@ -383,7 +384,7 @@ def test_bf16_inference_gelu_is_fused_and_rounds_once(onednn_bf16, case):
     rounded_once = F.gelu(F.linear(*(t.bfloat16().float() for t in (x, weight, bias)))).bfloat16()
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=case == "autocast"), torch.no_grad():
         with OpCalls() as ops:
-            fused = _linear.linear(x, weight, bias, gelu=True)
+            fused = kernels.linear(x, weight, bias, gelu=True)
         unfused = F.gelu(F.linear(x, weight, bias))
     assert ops.calls.get(ONEDNN) == 1 and not {"aten.gelu", "aten.gelu_", "aten.addmm", "aten.mm"} & set(ops.calls)
     assert fused.dtype == torch.bfloat16
@@ -394,21 +395,21 @@ def test_bf16_inference_gelu_is_fused_and_rounds_once(onednn_bf16, case):
 
 
 @pytest.mark.parametrize("case", ["autograd", "switched off", "small", "no bf16 here", "float32"])
-def test_where_bf16_products_keep_f_linear(onednn_bf16, monkeypatch, case):
-    """With autograd recording (training), _USE_ONEDNN_BF16 off, products under torch's own oneDNN
+def test_where_bf16_products_keep_f_linear(onednn_bf16, monkeypatch, kernel_backends, case):
+    """With autograd recording (training), the `onednn_bf16` backend off, products under torch's own oneDNN
     size rule, CPUs where torch runs no bf16 oneDNN products, and float32 outside autocast (the
     float32 rule's business): F.linear (then F.gelu), as before."""
     rows = 10 if case == "small" else 512
     x = torch.randn(rows, 32 if case == "small" else 96, requires_grad=case == "autograd")
     weight, bias = torch.randn(8 if case == "small" else 128, x.shape[1]), None
     if case == "switched off":
-        monkeypatch.setattr(_linear, "_USE_ONEDNN_BF16", False)
+        kernel_backends(onednn_bf16=False)
     if case == "no bf16 here":
         monkeypatch.setattr(_linear, "onednn_runs_bf16_here", lambda: False)
-    monkeypatch.setattr(_linear, "_USE_ONEDNN_FP32", False)  # only the bf16 path may call oneDNN here
+    kernel_backends(onednn_fp32=False)  # only the bf16 path may call oneDNN here
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=case != "float32"):
         with OpCalls() as ops:
-            out = _linear.linear(x, weight, bias, gelu=True)
+            out = kernels.linear(x, weight, bias, gelu=True)
         expected = F.gelu(F.linear(x, weight, bias))
     assert ONEDNN not in ops.calls
     torch.testing.assert_close(out, expected, atol=0, rtol=0)
@@ -436,11 +437,8 @@ def test_mlp_fuses_fc1_and_gelu_in_bf16_inference_unless_fc1_has_hooks(onednn_bf
         finally:
             handle.remove()
         assert ops.calls.get("aten.gelu_") == 1  # only the hooked block's MLP unfused
-        _linear._USE_ONEDNN_BF16 = False
-        try:
+        with kernels.backends(onednn_bf16=False):
             unfused = model(x)
-        finally:
-            _linear._USE_ONEDNN_BF16 = True
     assert len(seen) == 1 and seen[0].min() < 0  # fc1's output, not the GELU's (>= -0.17)
     with torch.inference_mode():
         full = model(x)
@@ -457,22 +455,22 @@ REORDER = "mkldnn._reorder_linear_weight"
 
 def _packing_precision_or_skip(precision: str) -> bool:
     """Whether the case runs under bf16 autocast (skipped where torch runs no bf16 oneDNN products)."""
-    if precision == "bf16" and not _linear.onednn_runs_bf16_here():
+    if precision == "bf16" and not kernels.onednn_runs_bf16_here():
         pytest.skip("torch runs no bf16 products on oneDNN on this CPU")
     return precision == "bf16"
 
 
 @pytest.mark.parametrize("precision", ["float32", "bf16"])
-def test_inference_packs_each_weight_once_and_follows_its_changes(onednn_here, monkeypatch, precision):
+def test_inference_packs_each_weight_once_and_follows_its_changes(onednn_here, kernel_backends, precision):
     """Inference lays each weight out for oneDNN once and reuses it (no reorder on later calls), bit
     for bit the product with the plain weight; an in-place change (an optimizer step,
     load_state_dict) is seen through the weight's version counter and packed again."""
     bf16 = _packing_precision_or_skip(precision)
     torch.manual_seed(0)
-    layer, x = _linear.Linear(96, 384), torch.randn(2, 700, 96)
+    layer, x = kernels.Linear(96, 384), torch.randn(2, 700, 96)
 
     def infer(pack: bool = True) -> tuple[torch.Tensor, int]:
-        monkeypatch.setattr(_linear, "_PACK_WEIGHTS", pack)
+        kernel_backends(packed_weights=pack)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16), torch.inference_mode():
             with OpCalls() as ops:
                 out = layer(x)
@@ -510,7 +508,7 @@ def test_float32_and_bf16_inference_in_turn_keep_one_packed_weight_each(onednn_h
     keeps a packed weight for each dtype: no reorder once both are made."""
     _packing_precision_or_skip("bf16")
     torch.manual_seed(0)
-    layer, x = _linear.Linear(96, 384), torch.randn(2, 700, 96)
+    layer, x = kernels.Linear(96, 384), torch.randn(2, 700, 96)
 
     def reorders(bf16: bool) -> int:
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16), torch.inference_mode():
@@ -522,24 +520,24 @@ def test_float32_and_bf16_inference_in_turn_keep_one_packed_weight_each(onednn_h
 
 
 @pytest.mark.parametrize("case", ["inference tensor", "view", "switched off"])
-def test_weights_not_tracked_are_not_kept_packed(onednn_here, monkeypatch, case):
+def test_weights_not_tracked_are_not_kept_packed(onednn_here, kernel_backends, case):
     """A weight made in inference mode has no version counter (an in-place change would go unseen)
     and a view is a new object on every call (`w.t()`): neither is kept; they run with the plain
-    weight, as everything does with _PACK_WEIGHTS off."""
+    weight, as everything does with the `packed_weights` backend off."""
     torch.manual_seed(0)
     x = torch.randn(1400, 96)
     weight = torch.randn(96, 384).t() if case == "view" else torch.randn(384, 96)  # normal tensors
     if case == "switched off":
-        monkeypatch.setattr(_linear, "_PACK_WEIGHTS", False)
+        kernel_backends(packed_weights=False)
     with torch.inference_mode():
         if case == "inference tensor":
             weight = torch.randn(384, 96)
         with OpCalls() as ops:
-            out = _linear.linear(x, weight)
-            _linear.linear(x, weight)
+            out = kernels.linear(x, weight)
+            kernels.linear(x, weight)
             if case == "inference tensor":
                 weight.mul_(2.0)  # unseen by any cache: must not serve the old product
-                doubled = _linear.linear(x, weight)
+                doubled = kernels.linear(x, weight)
     assert ops.calls.get(ONEDNN) == (3 if case == "inference tensor" else 2) and REORDER not in ops.calls
     assert weight not in _linear._derived_weights
     torch.testing.assert_close(out, x @ weight.t() / (2.0 if case == "inference tensor" else 1.0))
@@ -550,7 +548,7 @@ def test_weights_not_tracked_are_not_kept_packed(onednn_here, monkeypatch, case)
 def test_a_packed_weight_is_dropped_with_its_weight(onednn_here):
     """The packed copy lives as long as its weight (weak keys): a model freed frees its copies."""
     x = torch.randn(1400, 96)
-    layer = _linear.Linear(96, 384)
+    layer = kernels.Linear(96, 384)
     with torch.inference_mode():
         layer(x)
     assert layer.weight in _linear._derived_weights
@@ -560,19 +558,19 @@ def test_a_packed_weight_is_dropped_with_its_weight(onednn_here):
 
 
 @pytest.mark.parametrize("precision", ["float32", "bf16"])
-def test_models_keep_every_large_weight_packed_for_inference(onednn_here, monkeypatch, precision):
+def test_models_keep_every_large_weight_packed_for_inference(onednn_here, kernel_backends, precision):
     """In ls_convit_micro inference every linear's weight is packed on the first call, GPSA's fused
     qkv weight too (kept by `_frozen` as a normal tensor, so tracked), none on the second; the
     logits equal the plain weights' bit for bit, and after an optimizer step they follow it. (GPSA
     apart: in float32 it runs its projections inside its fused layer, `_gpsa_layer`, where it can.)"""
     bf16 = _packing_precision_or_skip(precision)
-    monkeypatch.setattr(_gpsa_layer, "_USE_FUSED_LAYER", False)
+    kernel_backends(fused_gpsa_layer=False)
     torch.manual_seed(0)
     model = timm.create_model("ls_convit_micro", num_classes=10)
     x = torch.randn(8, 1, 28, 28)
 
     def infer(pack: bool = True) -> tuple[torch.Tensor, int]:
-        monkeypatch.setattr(_linear, "_PACK_WEIGHTS", pack)
+        kernel_backends(packed_weights=pack)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16), torch.inference_mode():
             with OpCalls() as ops:
                 out = model.eval()(x)
@@ -604,13 +602,11 @@ KERNEL_LINEAR = "locality_search.linear_bf16"
 
 
 @pytest.fixture
-def kernel_linear(monkeypatch, onednn_bf16):
+def kernel_linear(monkeypatch, kernel_backends, onednn_bf16):
     """The bf16 kernel's linear forced on (where the bf16 kernel is built: AVX512-BF16)."""
-    from trainers.kernels import _library
-
-    if _library.kernels(torch.bfloat16) is None:
-        pytest.skip(f"the bf16 CPU kernel is not built here: {_library.build_error(torch.bfloat16)}")
-    monkeypatch.setattr(_linear, "_USE_BF16_KERNEL_LINEAR", True)
+    if kernels.cpu_library(torch.bfloat16) is None:
+        pytest.skip(f"the bf16 CPU kernel is not built here: {kernels.cpu_library_error(torch.bfloat16)}")
+    kernel_backends(bf16_kernel_linear=True)
     monkeypatch.setattr(_linear, "kernel_bf16_linear_beats_onednn_here", lambda: True)
 
 
@@ -639,7 +635,7 @@ def test_kernel_linear_is_the_float64_product_rounded_once(kernel_linear, case, 
     expected = _rounded_once(x, weight, bias, gelu)
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=case == "autocast"), torch.inference_mode():
         with OpCalls() as ops:
-            out = _linear.linear(x, weight, bias, gelu=gelu)
+            out = kernels.linear(x, weight, bias, gelu=gelu)
     assert ops.calls.get(KERNEL_LINEAR) == 1 and ONEDNN not in ops.calls
     assert not {"aten.gelu", "aten.gelu_", "aten.addmm", "aten.mm"} & set(ops.calls)
     assert out.dtype == torch.bfloat16 and out.shape == (*shape[:-1], out_features)
@@ -656,14 +652,14 @@ def test_kernel_linear_reads_rows_at_any_offset(kernel_linear):
     assert x.data_ptr() % 4 == 2
     with torch.inference_mode():
         with OpCalls() as ops:
-            out = _linear.linear(x, weight)
+            out = kernels.linear(x, weight)
     assert ops.calls.get(KERNEL_LINEAR) == 1
     torch.testing.assert_close(out.float(), _rounded_once(x, weight, None, False).float(), atol=1e-6, rtol=2 ** -7)
 
 
 @pytest.mark.parametrize("case", ["columns not in vectors", "odd in_features", "inference tensor", "view",
                                   "switched off", "not measured here"])
-def test_where_bf16_inference_keeps_onednn(kernel_linear, monkeypatch, case):
+def test_where_bf16_inference_keeps_onednn(kernel_linear, monkeypatch, kernel_backends, case):
     """The kernel takes whole vectors of output columns (a multiple of 16: not a 1000-class head),
     bf16 pairs along in_features (even), and weights it can keep in its layout (tracked: not
     inference tensors, not views); else, switched off, or on CPUs where it was not measured to win,
@@ -673,14 +669,14 @@ def test_where_bf16_inference_keeps_onednn(kernel_linear, monkeypatch, case):
     x = torch.randn(300, in_features)
     weight = torch.randn(in_features, out_features).t() if case == "view" else torch.randn(out_features, in_features)
     if case == "switched off":
-        monkeypatch.setattr(_linear, "_USE_BF16_KERNEL_LINEAR", False)
+        kernel_backends(bf16_kernel_linear=False)
     if case == "not measured here":
         monkeypatch.setattr(_linear, "kernel_bf16_linear_beats_onednn_here", lambda: False)
     with torch.autocast("cpu", dtype=torch.bfloat16), torch.inference_mode():
         if case == "inference tensor":
             weight = torch.randn(out_features, in_features)
         with OpCalls() as ops:
-            out = _linear.linear(x, weight)
+            out = kernels.linear(x, weight)
     assert ops.calls.get(ONEDNN) == 1 and KERNEL_LINEAR not in ops.calls
     torch.testing.assert_close(out.float(), _rounded_once(x, weight, None, False).float(), atol=1e-6, rtol=2 ** -7)
 
@@ -690,7 +686,7 @@ def test_kernel_linear_keeps_its_weight_and_follows_its_changes(kernel_linear):
     load_state_dict) makes a new layout, and the output follows it. Float32 and oneDNN's bf16
     layouts, kept beside it, are not mixed up with it."""
     torch.manual_seed(0)
-    layer, x = _linear.Linear(96, 384), torch.randn(2, 700, 96)
+    layer, x = kernels.Linear(96, 384), torch.randn(2, 700, 96)
 
     def infer() -> tuple[torch.Tensor, torch.Tensor]:
         with torch.autocast("cpu", dtype=torch.bfloat16), torch.inference_mode():
@@ -717,9 +713,7 @@ def test_kernel_linear_keeps_its_weight_and_follows_its_changes(kernel_linear):
 
 
 def test_kernel_linear_op_refuses_what_it_cannot_take(kernel_linear):
-    from trainers.kernels import _library
-
-    op = _library.kernels(torch.bfloat16).linear_bf16
+    op = kernels.cpu_library(torch.bfloat16).linear_bf16
     x, packed = torch.randn(10, 96).bfloat16(), torch.zeros(48, 64, dtype=torch.int32)
     with pytest.raises(RuntimeError, match="packed contiguous int32"):
         op(x, torch.zeros(47, 64, dtype=torch.int32), None, False)  # K / 2 rows
@@ -735,14 +729,14 @@ def test_flop_counter_counts_the_kernel_linear_as_f_linear(kernel_linear):
     x, weight, bias = torch.randn(300, 96), torch.randn(160, 96), torch.randn(160)
     with torch.autocast("cpu", dtype=torch.bfloat16), torch.inference_mode():
         with OpCalls() as ops:
-            _linear.linear(x, weight, bias)
+            kernels.linear(x, weight, bias)
         assert ops.calls.get(KERNEL_LINEAR) == 1
         with FlopCounterMode(display=False) as counted:
-            _linear.linear(x, weight, bias)
+            kernels.linear(x, weight, bias)
     assert counted.get_total_flops() == 2 * 300 * 96 * 160
 
 
-def test_models_on_the_kernel_linear_are_as_close_to_float32_as_on_onednn(kernel_linear, monkeypatch):
+def test_models_on_the_kernel_linear_are_as_close_to_float32_as_on_onednn(kernel_linear, kernel_backends):
     """ls_convit_micro's bf16 inference with its linears on the kernel: near oneDNN's logits, and no
     further from float32's than they are (give or take bf16 noise)."""
     torch.manual_seed(0)
@@ -754,7 +748,7 @@ def test_models_on_the_kernel_linear_are_as_close_to_float32_as_on_onednn(kernel
             with OpCalls() as ops:
                 kernel = model(x)
             assert ops.calls.get(KERNEL_LINEAR, 0) >= 4 * len(model.blocks) - 1  # GPSA's fused qkv too
-            monkeypatch.setattr(_linear, "_USE_BF16_KERNEL_LINEAR", False)
+            kernel_backends(bf16_kernel_linear=False)
             onednn = model(x)
     torch.testing.assert_close(kernel.float(), onednn.float(), atol=0.05, rtol=0.05)
     assert (kernel.float() - full).abs().max() <= 1.5 * (onednn.float() - full).abs().max()

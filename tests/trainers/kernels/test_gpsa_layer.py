@@ -12,7 +12,8 @@ import torch
 from timm.models.convit import GPSA as TimmGPSA
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from trainers.kernels import _gpsa_layer, _library
+from trainers import kernels
+from trainers.kernels import _library
 from trainers.models.ls_convit import GPSA
 
 from tests._layers import float32_avx2_kernel_or_skip, float32_kernel_or_skip
@@ -45,8 +46,8 @@ def float32_ops(request, monkeypatch):
         return float32_kernel_or_skip()
     float32_kernel_or_skip()
     ops = float32_avx2_kernel_or_skip()
-    real = _library.kernels
-    monkeypatch.setattr(_library, "kernels",
+    real = _library.cpu_library
+    monkeypatch.setattr(_library, "cpu_library",
                         lambda dtype=torch.bfloat16: ops if dtype == torch.float32 else real(dtype))
     return ops
 
@@ -128,8 +129,8 @@ def test_kept_and_recomputed_maps_and_reruns_give_the_same_bits(monkeypatch):
 
     kept_sizes, kept = run()
     _, again = run()
-    monkeypatch.setattr(_library, "KEPT_MAPS_BYTES", 0)
-    recomputed_sizes, recomputed = run()
+    with kernels.backends(kept_maps=False):
+        recomputed_sizes, recomputed = run()
     assert len(kept_sizes) == 1 and kept_sizes[0] >= 6 * 4 * 49 * 49 and recomputed_sizes == [0]
     for a, b, c in zip(kept, again, recomputed, strict=True):
         assert torch.equal(a, b) and torch.equal(a, c)
@@ -143,13 +144,13 @@ def _hooked(layer: GPSA) -> list[str]:
 
 @pytest.mark.parametrize("case", ["fused", "switched off", "autocast", "qkv bias", "hook on proj",
                                   "output dropout", "width 40", "width 256", "eval with output dropout"])
-def test_the_layer_runs_apart_where_the_fused_op_cannot(case, monkeypatch):
+def test_the_layer_runs_apart_where_the_fused_op_cannot(case, kernel_backends):
     float32_kernel_or_skip()
     width = {"width 40": 40, "width 256": 256}.get(case, 96)  # not a multiple of 16; weights over the limit
     _, ours = _pair(width, 4, qkv_bias=case == "qkv bias")
     seen = _hooked(ours) if case == "hook on proj" else None
     if case == "switched off":
-        monkeypatch.setattr(_gpsa_layer, "_USE_FUSED_LAYER", False)
+        kernel_backends(fused_gpsa_layer=False)
     if case in ("output dropout", "eval with output dropout"):
         ours.proj_drop.p = 0.1
     ours.train(case != "eval with output dropout")

@@ -11,7 +11,7 @@ import textwrap
 import pytest
 import torch
 
-from trainers.kernels import _gpsa, _gpsa_triton
+from trainers.kernels import _gpsa_triton
 
 _triton_missing = _gpsa_triton._triton() is None
 
@@ -40,7 +40,7 @@ def _inputs(B, N, H, d, dtype, device, seed=0):
 def _run_in_interpreter(script: str) -> None:
     """Run `script` (which prints 'ok' when its checks pass) in a fresh Python under Triton's
     interpreter: TRITON_INTERPRET must be set before Triton compiles anything in the process."""
-    root = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+    root = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
     run = subprocess.run([sys.executable, '-c', script], env=dict(os.environ, TRITON_INTERPRET='1', PYTHONPATH=root),
                          cwd=root, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0 and run.stdout.strip() == 'ok', run.stderr[-3000:]
@@ -78,7 +78,7 @@ def test_kernel_matches_reference_in_triton_interpreter():
     script = textwrap.dedent(f"""
         import torch
         from trainers.kernels import _gpsa_triton
-        from tests.kernels.test_gpsa_triton import _inputs, reference
+        from tests.trainers.kernels.test_gpsa_triton import _inputs, reference
         for B, N, H, d in {SHAPES!r}:
             for dtype, tol in ((torch.float16, 2e-3),):  # the interpreter's numpy has no bfloat16
                 qkv, pos, cw = _inputs(B, N, H, d, dtype, 'cpu')
@@ -130,7 +130,7 @@ def test_cuda_kernel_matches_reference(shape, dtype):
 
 
 @pytest.mark.triton
-def test_cuda_model_with_and_without_the_kernel(monkeypatch):
+def test_cuda_model_with_and_without_the_kernel(monkeypatch, kernel_backends):
     """ls_convit_tiny in bf16 inference with the kernel against the same model on fused SDPA + P @ V,
     and the kernel's layer in use (the switch changes the path taken)."""
     import timm
@@ -148,7 +148,7 @@ def test_cuda_model_with_and_without_the_kernel(monkeypatch):
     with torch.inference_mode(), torch.autocast('cuda', torch.bfloat16):
         fused = model(x).float()
         assert len(calls) == model.local_up_to_layer
-        monkeypatch.setattr(_gpsa, '_USE_TRITON', False)
+        kernel_backends(triton=False)
         unfused = model(x).float()
         assert len(calls) == model.local_up_to_layer
     with torch.inference_mode():

@@ -250,7 +250,7 @@ def test_unknown_dataset_lists_known():
 
 def test_malformed_catalog_names_file_and_key(tmp_path, monkeypatch):
     monkeypatch.setattr(_prepare, "CATALOG_DIR", tmp_path)
-    good = (Path(__file__).resolve().parents[2] / "datasets" / "synthetic.yaml").read_text()
+    good = (Path(__file__).resolve().parents[3] / "datasets" / "synthetic.yaml").read_text()
     (tmp_path / "synthetic.yaml").write_text(good + "colour: blue\n")
     with pytest.raises(ConfigError, match=r"synthetic\.yaml: unknown key\(s\) colour"):
         load_catalog("synthetic")

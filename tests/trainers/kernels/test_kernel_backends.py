@@ -29,7 +29,7 @@ from trainers.models.ls_convit import GPSA
 from trainers.models.ls_gmm import GMMAttention
 from trainers.models.ls_refiner import RefinedAttention
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 FP32_LIBRARY, BF16_LIBRARY = "locality_search_fp32.", "locality_search."
 ONEDNN = "mkldnn._linear_pointwise"
 
@@ -41,7 +41,7 @@ def _layer(op: str) -> tuple[torch.nn.Module, tuple[int, ...]]:
         "gated_attention": lambda: (GPSA(32, num_heads=4), (4, 49, 32)),
         "masked_attention": lambda: (GMMAttention(32, num_heads=4, num_kernels=2), (4, 49, 32)),
         "refine_maps": lambda: (RefinedAttention(32, 4, (7, 7), ratio=2, kernel_size=3), (4, 50, 32)),
-        "attention": lambda: (MHSA(32, num_heads=4), (4, 50, 32)),
+        "plain_attention": lambda: (MHSA(32, num_heads=4), (4, 50, 32)),
         "linear": lambda: (kernels.Linear(32, 96), (4, 49, 32)),
         "layer_norm": lambda: (kernels.LayerNorm(32), (4, 49, 32)),
     }[op]()
@@ -52,8 +52,8 @@ def _layer(op: str) -> tuple[torch.nn.Module, tuple[int, ...]]:
 
 
 def _library_or_skip(dtype: torch.dtype) -> None:
-    if _library.kernels(dtype) is None:  # the compiler failed (the CPU's markers passed)
-        pytest.skip(f"the {dtype} kernel library is not built here: {_library.build_error(dtype)}")
+    if kernels.cpu_library(dtype) is None:  # the compiler failed (the CPU's markers passed)
+        pytest.skip(f"the {dtype} kernel library is not built here: {kernels.cpu_library_error(dtype)}")
 
 
 @contextlib.contextmanager
@@ -68,25 +68,24 @@ def _backend(name: str, monkeypatch: pytest.MonkeyPatch, *, bf16: bool,
         yield lambda calls: any(op.startswith(FP32_LIBRARY) for op in calls)
     elif name == "bf16_library":
         _library_or_skip(torch.bfloat16)
-        monkeypatch.setattr(_linear, "_USE_BF16_KERNEL_LINEAR", False)  # its linear: test_linear.py
-        yield lambda calls: any(op.startswith(BF16_LIBRARY) for op in calls)
+        with kernels.backends(bf16_kernel_linear=False):  # its linear: test_linear.py
+            yield lambda calls: any(op.startswith(BF16_LIBRARY) for op in calls)
     elif name == "torch_ops":  # the kernels on, their libraries off: the explicit core, heads-first inference
-        monkeypatch.setattr(_library, "_USE_LIBRARIES", False)
-        monkeypatch.setattr(_linear, "_USE_ONEDNN_FP32", False)
-        monkeypatch.setattr(_linear, "_USE_BF16_KERNEL_LINEAR", False)  # where it beats oneDNN (a Zen 4): a library too
-        yield lambda calls: not any(op.startswith((FP32_LIBRARY, BF16_LIBRARY)) for op in calls)
+        # bf16 linears too where they beat oneDNN (a Zen 4): a library
+        with kernels.backends(libraries=False, onednn_fp32=False, bf16_kernel_linear=False):
+            yield lambda calls: not any(op.startswith((FP32_LIBRARY, BF16_LIBRARY)) for op in calls)
     elif name == "sdpa":  # GPSA's GPU path (fused SDPA + P @ V), forced on the CPU
         monkeypatch.setattr(_gpsa, "takes_cpu_core", lambda x: False)
         yield lambda calls: "aten._scaled_dot_product_flash_attention_for_cpu" in calls
     elif name == "onednn":  # linears on oneDNN, float32 as on the CPUs where it beats MKL
         if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
             pytest.skip("this torch has no oneDNN linear op")
-        if bf16 and not _linear.onednn_runs_bf16_here():
+        if bf16 and not kernels.onednn_runs_bf16_here():
             pytest.skip("torch runs no bf16 products on oneDNN on this CPU")
         monkeypatch.setattr(_linear, "onednn_beats_mkl_here", lambda: True)
         monkeypatch.setattr(_linear, "MIN_MULTIPLY_ADDS", 0)
-        monkeypatch.setattr(_linear, "_USE_BF16_KERNEL_LINEAR", False)  # bf16 linears on oneDNN, not the kernel's
-        yield lambda calls: ONEDNN in calls
+        with kernels.backends(bf16_kernel_linear=False):  # bf16 linears on oneDNN, not the kernel's
+            yield lambda calls: ONEDNN in calls
     else:
         raise AssertionError(name)
 
@@ -105,9 +104,9 @@ BACKENDS = [
     ("masked_attention", "bf16_library", _BF16, "bf16", BOTH),
     ("refine_maps", "fp32_library", _AVX2, "fp32", BOTH),
     ("refine_maps", "fp32_library", _AVX2, "bf16", INFER),  # float32 maps under autocast
-    ("attention", "fp32_library", _AVX2, "fp32", BOTH),
-    ("attention", "bf16_library", _BF16, "bf16", BOTH),
-    ("attention", "torch_ops", [], "bf16", TRAIN),  # SDPA in float32 for a bf16 backward
+    ("plain_attention", "fp32_library", _AVX2, "fp32", BOTH),
+    ("plain_attention", "bf16_library", _BF16, "bf16", BOTH),
+    ("plain_attention", "torch_ops", [], "bf16", TRAIN),  # SDPA in float32 for a bf16 backward
     ("linear", "onednn", [], "fp32", BOTH),
     ("linear", "onednn", [], "bf16", INFER),
     ("linear", "fp32_library", _AVX2, "fp32", TRAIN),  # the weight gradient
@@ -209,10 +208,10 @@ def _forbid_every_backend(monkeypatch: pytest.MonkeyPatch) -> None:
         return call
 
     for name in ("gated_attention", "masked_attention", "masked_attention_usable", "refine_maps",
-                 "refine_maps_usable", "attention", "add_and_norm", "add_residual"):
+                 "refine_maps_usable", "plain_attention", "add_and_norm", "add_residual"):
         monkeypatch.setattr(kernels, name, forbidden(f"kernels.{name}"))
     monkeypatch.setattr(kernels.KeptValues, "keep", forbidden("KeptValues.keep"))
-    monkeypatch.setattr(_library, "kernels", forbidden("_library.kernels"))
+    monkeypatch.setattr(_library, "cpu_library", forbidden("_library.cpu_library"))
     monkeypatch.setattr(_linear, "_onednn", forbidden("_linear._onednn"))
     monkeypatch.setattr(_norm, "_norm_kernel", forbidden("_norm._norm_kernel"))
     monkeypatch.setattr(_gpsa_triton, "gated_attention_inference", forbidden("the Triton kernel"))
@@ -262,3 +261,32 @@ def test_the_switch_takes_only_a_bool():
     with pytest.raises(TypeError, match="pass True or False"):
         kernels.set_enabled(0)
     assert kernels.enabled()
+
+
+def test_backends_switches_for_the_block_and_restores_the_selection_it_found():
+    """`kernels.backends` changes only the backends it names, nests, and on exit (also on an
+    exception) brings back the selection it found, whatever that was."""
+    default = kernels.selected_backends()
+    assert default == kernels.Backends() and all(vars(default).values())  # every backend on by default
+    with kernels.backends(libraries=False, fused_gelu=False) as outer:
+        assert kernels.selected_backends() == outer
+        assert not outer.libraries and not outer.fused_gelu and outer.norm_kernel
+        with kernels.backends(libraries=True, norm_kernel=False) as inner:
+            assert inner.libraries and not inner.fused_gelu and not inner.norm_kernel
+        assert kernels.selected_backends() == outer
+        with pytest.raises(ZeroDivisionError):
+            with kernels.backends(triton=False):
+                assert not kernels.selected_backends().triton
+                1 / 0
+        assert kernels.selected_backends() == outer
+    assert kernels.selected_backends() == default
+    with kernels.backends():  # nothing named: the selection as it is
+        assert kernels.selected_backends() == default
+
+
+def test_backends_refuses_an_unknown_name_or_a_value_not_a_bool_before_changing_anything():
+    with pytest.raises(TypeError, match="no backend named 'onednn'; the backends are libraries, "):
+        kernels.backends(onednn=False, libraries=False)
+    with pytest.raises(TypeError, match=r"backends\(libraries=0\): pass True or False"):
+        kernels.backends(libraries=0)
+    assert kernels.selected_backends() == kernels.Backends()

@@ -7,7 +7,6 @@ import torch
 import torch.nn.functional as F
 
 import trainers.models  # noqa: F401  (registers ls_refiner_* with timm)
-from trainers.kernels import _library
 from trainers.models.ls_refiner import LocalityRefinerViT, RefinedAttention, Refiner
 from trainers.throughput import count_flops
 
@@ -251,15 +250,15 @@ def test_under_bf16_autocast_the_maps_go_to_the_kernel_in_float32_where_the_rule
         assert error < 3e-2 and (error < 1.5 * bf16_error + 1e-3 if on_kernel else error == bf16_error)
 
 
-def test_flops_count_what_the_kernel_computes(monkeypatch):
+def test_flops_count_what_the_kernel_computes(kernel_backends):
     """`count_flops` (the trials' `flops` column) counts the kernel's multiply-adds: expand, k x k taps
     per patch key, reduce, per query row, in each refined block, in place of the torch path's GEMMs."""
     float32_kernel_or_skip()
     model = timm.create_model('ls_refiner_nano', **NANO)
     refiner = model.blocks[0].attn.refiner
-    monkeypatch.setattr(_library, '_USE_LIBRARIES', False)
+    kernel_backends(libraries=False)
     on_torch_ops, torch_path = count_flops(model, (1, 28, 28)), refiner.choose_path(49, backward=False)
-    monkeypatch.setattr(_library, '_USE_LIBRARIES', True)
+    kernel_backends(libraries=True)
     on_kernel = count_flops(model, (1, 28, 28))
     H, eh, k, N, patches = refiner.num_heads, refiner.expanded_heads, refiner.kernel_size, 50, 49
     rows = N  # one image: a query row per token

@@ -16,8 +16,8 @@ from timm.models.convit import ConVit as TimmConVit
 
 import trainers.models  # noqa: F401  (registers ls_convit_* with timm)
 import trainers.models.ls_convit as ls_convit
-from trainers.kernels import _attention_core, _gpsa, _library
-from trainers.kernels._attention_core import attention, gated_attention
+from trainers.kernels import _attention_core, _gpsa
+from trainers.kernels._attention_core import explicit_core_attention, gated_attention
 from trainers.models.ls_convit import GPSA, MHSA, LocalityConViT
 
 NANO = dict(img_size=28, patch_size=4, in_chans=1, num_classes=10)
@@ -56,11 +56,11 @@ def _rel(a, b):
 
 
 @pytest.fixture(params=[False, True], ids=['gemms_fp32', 'gemms_bf16'])
-def native_bf16(request, monkeypatch):
+def native_bf16(request, monkeypatch, kernel_backends):
     """Run the test as on a CPU without (False) and with (True) bf16 hardware, the core on its torch
-    ops (the fused kernel that replaces them with bf16 GEMMs: tests/kernels/test_attention_kernel.py)."""
+    ops (the fused kernel that replaces them with bf16 GEMMs: tests/trainers/kernels/test_attention_kernel.py)."""
     monkeypatch.setattr(_attention_core, 'cpu_has_native_bf16', lambda: request.param)
-    monkeypatch.setattr(_library, '_USE_LIBRARIES', False)
+    kernel_backends(libraries=False)
     return request.param
 
 
@@ -183,7 +183,7 @@ def test_plain_attention_core_bfloat16_inputs(native_bf16):
     linear_out = qkv.permute(1, 3, 0, 2, 4).detach().requires_grad_()
     x = linear_out.permute(2, 0, 3, 1, 4)  # a non-leaf view: its gradient comes as the core returns it
     with _GemmDtypes() as gemms:
-        y = attention(x, 0.3)
+        y = explicit_core_attention(x, 0.3)
         d_x, = torch.autograd.grad((y.float() * w).sum(), x)
     assert gemms.seen == ({torch.bfloat16} if native_bf16 else {torch.float32})
     assert y.dtype == torch.bfloat16 and y.shape == (B, H, N, d)
@@ -191,17 +191,17 @@ def test_plain_attention_core_bfloat16_inputs(native_bf16):
     assert d_x.dtype == torch.bfloat16 and d_x.stride() == x.stride()
     torch.testing.assert_close(d_x.float(), q32.grad, rtol=2e-2, atol=2e-2 * q32.grad.abs().max().item())
     with torch.no_grad():  # the inference core: the same numbers
-        torch.testing.assert_close(attention(qkv, 0.3), y.detach(), rtol=0, atol=0)
+        torch.testing.assert_close(explicit_core_attention(qkv, 0.3), y.detach(), rtol=0, atol=0)
     # float64: exact up to rounding, and the gradient checked numerically
     q64 = torch.randn(3, 2, 2, 5, 4, dtype=torch.float64, generator=gen).requires_grad_()
     a, b, c = q64
-    torch.testing.assert_close(attention(q64, 0.7), torch.softmax(a @ b.transpose(-2, -1) * 0.7, -1) @ c,
+    torch.testing.assert_close(explicit_core_attention(q64, 0.7), torch.softmax(a @ b.transpose(-2, -1) * 0.7, -1) @ c,
                                rtol=0, atol=1e-12)
-    assert torch.autograd.gradcheck(lambda t: attention(t, 0.7), (q64,))
+    assert torch.autograd.gradcheck(lambda t: explicit_core_attention(t, 0.7), (q64,))
 
 
 @pytest.mark.parametrize('train', [True, False], ids=['train', 'inference'])
-def test_mhsa_under_bf16_autocast_runs_the_explicit_core_where_gemms_are_bf16(train, native_bf16, monkeypatch):
+def test_mhsa_under_bf16_autocast_runs_the_explicit_core_where_gemms_are_bf16(train, native_bf16, kernel_backends):
     torch.manual_seed(0)
     layer = MHSA(48, num_heads=4)
     exact = copy.deepcopy(layer).double()
@@ -224,7 +224,7 @@ def test_mhsa_under_bf16_autocast_runs_the_explicit_core_where_gemms_are_bf16(tr
         assert _rel(gx, gx_64) < 3e-2
         for name, g in gp.items():
             assert _rel(g, gp_64[name]) < 6e-2, name
-    monkeypatch.setattr(_attention_core, '_PLAIN_ATTENTION_ON_EXPLICIT_CORE', False)  # the switch: fused kernel
+    kernel_backends(explicit_plain_attention=False)  # the switch: fused kernel
     (y_fused, _, _), seen = run()
     assert seen == set() and _rel(y_fused.double(), y_64) < 3e-2
 

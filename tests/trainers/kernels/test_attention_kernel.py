@@ -1,4 +1,4 @@
-"""The fused CPU attention kernels (`trainers/models/_library.py`, `csrc/attention_core.cpp`
+"""The fused CPU attention kernels (`trainers/kernels/_library.py`, `csrc/attention_core.cpp`
 in bf16, `csrc/attention_core_fp32.cpp` in float32), each where its CPU can run it: it builds; its
 outputs, gradients and the gate's sums (GPSA), or the score mask's gradient (GMM attention), match the papers' formulas in float64 for every token count its vector tails can meet,
 several head dims, the projection's strided layout and a contiguous one; the float32 backward gives
@@ -23,12 +23,13 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import trainers.models  # noqa: F401  (registers ls_convit_* with timm)
 
+from trainers import kernels
 from trainers.kernels import _attention_core, _library
 from trainers.throughput import count_flops
 
 from tests._layers import float32_avx2_kernel_or_skip, run_layer
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 _SWITCHED_ON = os.environ.get("LOCALITY_SEARCH_CPU_KERNELS", "1") != "0"
 _CAPABILITY = torch.backends.cpu.get_cpu_capability()
 CAN_BUILD = {
@@ -56,8 +57,8 @@ def kernel(request):
         _skip_unless_built(torch.float32)
         return torch.float32, float32_avx2_kernel_or_skip()
     _skip_unless_built(request.param)
-    ops = _library.kernels(request.param)
-    assert ops is not None, f"the {request.param} kernel did not build here: {_library.build_error(request.param)}"
+    ops = kernels.cpu_library(request.param)
+    assert ops is not None, f"the {request.param} kernel did not build here: {kernels.cpu_library_error(request.param)}"
     return request.param, ops
 
 
@@ -238,8 +239,8 @@ def test_bad_inputs_are_refused_with_a_message(kernel):
 
 
 @pytest.fixture(params=[True, False], ids=["fused_kernel", "torch_ops"])
-def fused_kernel(request, monkeypatch):
-    monkeypatch.setattr(_library, "_USE_LIBRARIES", request.param)
+def fused_kernel(request, kernel_backends):
+    kernel_backends(libraries=request.param)
     return request.param
 
 
@@ -268,7 +269,8 @@ def test_core_outputs_and_gradients_match_float64_on_either_path(fused_kernel, g
     qkv = projection.to(gemm_dtype).permute(2, 0, 3, 1, 4).requires_grad_()
     gate = gate64.detach().float().requires_grad_()
     pos = pos64.detach().float().requires_grad_()
-    out = _attention_core.gated_attention(qkv, gate, pos, scale) if gated else _attention_core.attention(qkv, scale)
+    out = (_attention_core.gated_attention(qkv, gate, pos, scale) if gated
+           else _attention_core.explicit_core_attention(qkv, scale))
     (out.double() * w).sum().backward()
     assert qkv.grad.stride() == qkv.stride()  # the linear's backward reads it as it is
     got = [out.detach(), qkv.grad] + ([gate.grad, pos.grad] if gated else [])
@@ -279,18 +281,18 @@ def test_core_outputs_and_gradients_match_float64_on_either_path(fused_kernel, g
 
 
 @pytest.mark.parametrize("gated", [True, False])
-def test_inference_on_the_kernel_matches_torch_ops(kernel, gated, monkeypatch):
+def test_inference_on_the_kernel_matches_torch_ops(kernel, gated, monkeypatch, kernel_backends):
     dtype, ops = kernel
-    if ops is not _library.kernels(dtype):
+    if ops is not kernels.cpu_library(dtype):
         pytest.skip("the core runs this CPU's own build")
     monkeypatch.setattr(_attention_core, "cpu_has_native_bf16", lambda: True)
     qkv, gate, pos, _ = _inputs(5, 4, 50, 8, gated, "projection", seed=2, dtype=dtype)
     with torch.no_grad():
         run = (lambda: _attention_core.gated_attention(qkv, gate, pos, 0.3)) if gated else (
-            lambda: _attention_core.attention(qkv, 0.3))
+            lambda: _attention_core.explicit_core_attention(qkv, 0.3))
         with _CustomOps() as recorder:
             fused = run()
-        monkeypatch.setattr(_library, "_USE_LIBRARIES", False)
+        kernel_backends(libraries=False)
         separate = run()
     assert recorder.seen == {_library._KERNELS[dtype].namespace + ".attention_forward"}
     # the same up to where bf16 roundings land (torch's GEMM rounds S to bf16, the kernel keeps it
@@ -409,14 +411,14 @@ def test_torch_fused_cpu_attention_counts_its_products_forward_and_backward():
 
 
 @pytest.mark.parametrize("name", ["ls_convit_nano", "ls_gmm_nano"])
-def test_flops_are_the_same_on_the_kernel_as_on_torch_ops(name, monkeypatch):
+def test_flops_are_the_same_on_the_kernel_as_on_torch_ops(name, kernel_backends):
     """The trials' `flops` column (`count_flops`) counts the core's two products on the kernel too (a
     custom op FlopCounterMode knew nothing of: ConViT's attention went uncounted), also for a model
     whose first forward is the counted one (the kernel loads, registering its formula, during it)."""
     _skip_unless_built(torch.float32)
     counts = {}
     for fused in (False, True):
-        monkeypatch.setattr(_library, "_USE_LIBRARIES", fused)
+        kernel_backends(libraries=fused)
         counts[fused] = count_flops(timm.create_model(name), (1, 28, 28))
     assert counts[True] == counts[False]
     # and in a fresh process, where the kernel is loaded by the counted model's forward
@@ -432,7 +434,7 @@ def test_flops_are_the_same_on_the_kernel_as_on_torch_ops(name, monkeypatch):
 
 
 @pytest.mark.parametrize("train", [True, False])
-def test_gmm_attention_on_the_float32_kernel_matches_its_torch_ops(train, monkeypatch):
+def test_gmm_attention_on_the_float32_kernel_matches_its_torch_ops(train, kernel_backends):
     """GMMAttention in float32: on the kernel (forward, and backward when training) with the same
     output and gradients (x, the projections, alpha and sigma through the mask) as on its torch ops;
     with attention dropout while training, the torch ops."""
@@ -458,14 +460,14 @@ def test_gmm_attention_on_the_float32_kernel_matches_its_torch_ops(train, monkey
     namespace = _library._KERNELS[torch.float32].namespace
     assert recorder.calls == ({f"{namespace}.attention_forward": 1, f"{namespace}.attention_backward": 1}
                               if train else {f"{namespace}.attention_forward": 1})
-    monkeypatch.setattr(_library, "_USE_LIBRARIES", False)
+    kernel_backends(libraries=False)
     separate, separate_grads = run()
     torch.testing.assert_close(fused, separate, atol=1e-6, rtol=1e-5)
     names = ["x"] + [name for name, _ in layer.named_parameters()] if train else []
     for name, a, b in zip(names, fused_grads, separate_grads):
         assert _relative(a, b.double()) < 2e-5, name
     if train:
-        monkeypatch.setattr(_library, "_USE_LIBRARIES", True)
+        kernel_backends(libraries=True)
         layer.attn_drop.p = 0.1
         with _CustomOps() as recorder:
             run()
@@ -473,7 +475,8 @@ def test_gmm_attention_on_the_float32_kernel_matches_its_torch_ops(train, monkey
 
 
 @pytest.mark.parametrize("train", [True, False])
-def test_gmm_attention_under_bf16_autocast_runs_the_bf16_kernel_as_close_to_float64_as_torch_ops(train, monkeypatch):
+def test_gmm_attention_under_bf16_autocast_runs_the_bf16_kernel_as_close_to_float64_as_torch_ops(train,
+                                                                                                  kernel_backends):
     """GMMAttention under bf16 autocast on bf16 hardware: on the bf16 kernel (forward, and backward
     when training), its output and gradients (x, the projections, alpha and sigma through the mask)
     as close to the float64 layer's as its torch ops under the same autocast are."""
@@ -496,7 +499,7 @@ def test_gmm_attention_under_bf16_autocast_runs_the_bf16_kernel_as_close_to_floa
     namespace = _library._KERNELS[torch.bfloat16].namespace
     assert recorder.core_calls == ({f"{namespace}.attention_forward": 1, f"{namespace}.attention_backward": 1}
                                    if train else {f"{namespace}.attention_forward": 1})
-    monkeypatch.setattr(_library, "_USE_LIBRARIES", False)
+    kernel_backends(libraries=False)
     separate = run(layer, torch.float32, True)
     names = ["out", "x"] + [name for name, _ in layer.named_parameters()] if train else ["out"]
     for name, a, b, ref in zip(names, fused, separate, reference):
@@ -514,9 +517,9 @@ PROBE = """
     import warnings
     warnings.simplefilter("error")  # the fallback's warning would fail the probe
     import torch
-    from trainers.kernels import _library
-    ops = _library.kernels(torch.float32)
-    print("kernel" if ops is not None else "fallback", _library.build_error(torch.float32))
+    from trainers import kernels
+    ops = kernels.cpu_library(torch.float32)
+    print("kernel" if ops is not None else "fallback", kernels.cpu_library_error(torch.float32))
 """
 
 
@@ -532,17 +535,17 @@ def test_without_a_compiler_the_core_warns_once_and_falls_back(tmp_path):
         import shutil, warnings
         shutil.which = lambda name, *a, **k: None  # no g++ / c++ on PATH
         import torch
-        from trainers.kernels import _attention_core, _library
+        from trainers.kernels import _attention_core
         _attention_core.cpu_has_native_bf16 = lambda: True  # bf16 GEMMs: where the kernel would run
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             qkv = torch.randn(3, 2, 4, 9, 8).bfloat16().requires_grad_()
             out = _attention_core.gated_attention(qkv, torch.rand(4), torch.rand(4, 9, 9), 0.3)
             out.sum().backward()
-            _attention_core.attention(qkv, 0.3).sum().backward()
+            _attention_core.explicit_core_attention(qkv, 0.3).sum().backward()
             q32 = torch.randn(3, 2, 4, 9, 8).requires_grad_()  # float32: the other kernel
             _attention_core.gated_attention(q32, torch.rand(4), torch.rand(4, 9, 9), 0.3).sum().backward()
-            _attention_core.attention(q32, 0.3).sum().backward()
+            _attention_core.explicit_core_attention(q32, 0.3).sum().backward()
         messages = [str(w.message) for w in caught if "fused CPU attention kernel" in str(w.message)]
         print(len(messages), " | ".join(messages))
     """

@@ -115,7 +115,7 @@ def _bf16_core(layer, x, core_dtype):
 
 def test_mhsa_trains_in_bf16_with_a_float32_core_and_infers_with_the_bf16_kernel(monkeypatch):
     # CPU training under bf16 autocast on a CPU without bf16 hardware (with it, the explicit core:
-    # tests/kernels/test_gpsa_fast.py): the fused core runs in float32 (torch's bf16 CPU kernel is several
+    # tests/trainers/kernels/test_gpsa_fast.py): the fused core runs in float32 (torch's bf16 CPU kernel is several
     # times slower with a backward); inference keeps the bf16 kernel (faster there).
     from trainers.kernels import _attention_core
 
