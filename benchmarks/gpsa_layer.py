@@ -24,7 +24,7 @@ ours.
 
 Ours on torch ops (same rotation, each precision, CPU, where a kernel is built): the same layer
 with its attention core on torch ops instead of the fused kernels
-(`trainers/models/_library.py`: float32, and bf16 on bf16 hardware):
+(`trainers/kernels/_library.py`: float32, and bf16 on bf16 hardware):
 `ratio_fused_kernel_gain[_bf16]` = torch ops / the kernel (in fp32 against ours apart: the core's
 gain alone).
 

@@ -58,7 +58,7 @@ autocast on a CPU with bf16 GEMMs, and in float32 where the float32 kernel is bu
 `trainers/kernels/_attention_core.py`), and `explicit_core_gain` (with over without; about 1 where
 neither holds). They also add "torch-ops-core ls_convit_*" (and in the micro group
 "torch-ops-core ls_gmm_micro"): the same model with its attention core on torch ops instead of the
-fused CPU kernels (`trainers/models/_library.py`, where they are built: float32, and bf16
+fused CPU kernels (`trainers/kernels/_library.py`, where they are built: float32, and bf16
 on bf16 hardware, GMM attention's masked core included), and `cpu_kernel_gain` (with over
 without).
 Where our inference runs the blocks' norms (and the residual add before norm2) on a kernel and
