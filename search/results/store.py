@@ -49,7 +49,7 @@ __all__ = [
     "read_table",
 ]
 
-# column -> (arrow type, meaning). The README's schema table is this list.
+# column -> (arrow type, meaning). docs/store.md's "Schemas" table is this list.
 TRIAL_COLUMNS: dict[str, tuple[pa.DataType, str]] = {
     "trial_id": (pa.string(), "Ray Tune trial id"),
     "trial_name": (pa.string(), "readable name: the trial id and its searched values"),

@@ -1,7 +1,7 @@
 """Ray metrics of a running study (``ray.util.metrics``), set from a Tune callback on the driver.
 
 Ray exports them, with its ``ray_`` prefix, on each node's Prometheus endpoint; Ray's dashboard
-shows them in its Metrics view once Prometheus and Grafana run (see the README's "Dashboards"),
+shows them in its Metrics view once Prometheus and Grafana run (docs/cluster.md#watching-a-clusters-study),
 and ``dashboards/grafana/locality_search.json`` is a Grafana dashboard for them. Every series
 carries the ``experiment`` tag (the study name), so studies sharing a cluster stay apart.
 

@@ -37,7 +37,7 @@ from trainers.errors import ConfigError
 __all__ = ["retrain", "RetrainResult", "RESULT_COLUMNS", "default_out_dir"]
 
 # column -> (arrow type, meaning); columns shared with the trial store take its definitions.
-# The README's result.parquet table is this list.
+# docs/store.md's "`train`'s `result.parquet`" table is this list.
 RESULT_COLUMNS: dict[str, tuple[pa.DataType, str]] = {
     "model": (pa.string(), "timm model name"),
     "family": (pa.string(), "model family (convit, ...)"),

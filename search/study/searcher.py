@@ -3,7 +3,7 @@
 Ray's ``OptunaSearch`` tells Optuna COMPLETE, with the last reported values, for every trial
 that reported anything -- a trial the scheduler stopped after one epoch included, and even a
 trial that crashed after its first report. The sampler then models a one-epoch accuracy as if
-it were a full run's. The rule here (also the README's "honest fidelity" rule):
+it were a full run's. The rule here (docs/store.md#trial-states states it for users):
 
     finished by the trainer (max_epochs, or patience: more epochs stopped helping) -> COMPLETE
     stopped early by the scheduler or the time limit                                -> PRUNED
