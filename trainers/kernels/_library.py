@@ -108,11 +108,16 @@ def _source_key(source: Path, flags: Sequence[str]) -> str:
 def load_library(source: Path, variant: str, flags: Sequence[str]) -> None:
     """Build `source` with `flags` (-m flags, defines) unless cached, and load it into torch.ops.
     Raises RuntimeError saying why it cannot be built."""
+    import contextlib
+    import io
     import logging
 
-    # its import logs a warning on a machine without CUDA, which these CPU libraries do not need
+    # its import warns on a machine without CUDA, which these CPU libraries do not need: through
+    # logging (newer torch), or printed to stderr (torch 2.4-2.6), which would break a command's
+    # one-line error
     logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
-    from torch.utils import cpp_extension
+    with contextlib.redirect_stderr(io.StringIO()):
+        from torch.utils import cpp_extension
 
     if sys.platform != "linux" or platform.machine() not in ("x86_64", "AMD64"):
         raise RuntimeError(f"built for Linux on x86-64 only, not {sys.platform} on {platform.machine()}")
