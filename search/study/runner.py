@@ -14,6 +14,7 @@ from typing import Any, TextIO
 from search.hosts import check_bind_host, is_loopback_host
 from search.results.location import STUDY_FILES, StudyLocation, default_cache_dir, resuming_at, study_location
 from search.results.query import read_experiment_json
+from search.results.replicates import REPLICATE_COLUMN
 from search.results.store import TRIAL_VALUE_OF, ResultsStore, write_json_atomic
 from search.spec.spec import ParamSpec, SearchSpec, to_plain
 from search.study.driver import driving
@@ -625,6 +626,25 @@ def resume_study(
         return _resume(location, address=address, cache_dir=cache_dir, dashboard_host=dashboard_host, out=out)
 
 
+def _finished(spec: SearchSpec, store: ResultsStore, folder: Path) -> str:
+    """What a finished study ran ('24 of 24 trials', with its replicates), or '' while any planned
+    trial or replicate has not finished."""
+    from search.study.confirm import CONFIRM_FILE
+
+    search = [t for t in store.trials if t.get(REPLICATE_COLUMN) is None]
+    if len(search) < spec.planned_trials:
+        return ""
+    done = f"{len(search)} of {spec.planned_trials} trials"
+    if spec.budget.confirm is None:
+        return done
+    plan_file = folder / CONFIRM_FILE
+    if not plan_file.is_file():
+        return ""
+    planned = len(read_experiment_json(plan_file).get("configs") or [])
+    replicates = len(store.trials) - len(search)
+    return f"{done}, {replicates} of {planned} replicates" if replicates >= planned else ""
+
+
 def _no_study(location: StudyLocation) -> ConfigError:
     return ConfigError(f"{location}: no experiment.json; pass the folder of a study started by `python -m search run`")
 
@@ -650,13 +670,16 @@ def _resume(location: StudyLocation, *, address: str | None, cache_dir: str | os
     plain.pop("source", None)
     spec = from_plain(SearchSpec, plain, SpecLocation(str(meta_path)))
     limit = spec.budget.time_limit_s
-    if limit is not None:
-        store = _store_for(spec, location)
-        store.load_existing()
-        if store.elapsed_s >= limit:  # Tune would restore and stop at once: say so, without Ray
-            print(f"study {spec.name} ran its time limit ({store.elapsed_s:.0f} s of budget.time_limit_s: {limit:g}); "
-                  f"nothing left to resume in {location}", file=out, flush=True)
-            return exp_dir
+    store = _store_for(spec, location)
+    store.load_existing()
+    if limit is not None and store.elapsed_s >= limit:  # Tune would restore and stop at once: say so, without Ray
+        print(f"study {spec.name} ran its time limit ({store.elapsed_s:.0f} s of budget.time_limit_s: {limit:g}); "
+              f"nothing left to resume in {location}", file=out, flush=True)
+        return exp_dir
+    finished = _finished(spec, store, exp_dir)
+    if finished:  # every trial (and replicate) planned has finished: nothing for Ray to do
+        print(f"study {spec.name} is finished ({finished}); nothing left to resume in {location}", file=out, flush=True)
+        return exp_dir
     if not tune.Tuner.can_restore(tune_dir, storage_filesystem=filesystem):
         raise ConfigError(f"{location}: Ray Tune saved no state there (the study stopped before its first trial, or "
                           "its ray/ folder is gone), so it cannot be resumed; run the spec again with --name NEW_NAME "
