@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.weak import WeakIdKeyDictionary
 from torch.utils.flop_counter import flop_registry, register_flop_formula
-from timm.models._features_fx import register_notrace_function
+from timm.models import register_notrace_function
 
 from trainers._cpu import cpu_family, cpuinfo_field
 from trainers.kernels import _library

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from timm.layers import LayerNorm as _TimmLayerNorm
-from timm.models._features_fx import register_notrace_function, register_notrace_module
+from timm.models import register_notrace_function, register_notrace_module
 
 from trainers.kernels import _library
 from trainers.kernels._hooks import has_hooks

@@ -14,7 +14,7 @@ from timm.layers import DropPath
 from timm.layers import Mlp as _TimmMlp
 from timm.layers import trunc_normal_
 from timm.models import build_model_with_cfg
-from timm.models._features_fx import register_notrace_function, register_notrace_module
+from timm.models import register_notrace_function, register_notrace_module
 
 from trainers import kernels
 from trainers.kernels import LayerNorm as PreNorm

@@ -24,7 +24,7 @@ import torch.nn as nn
 
 from timm.layers import LayerNorm, PatchEmbed, calculate_drop_path_rates, trunc_normal_
 from timm.models import generate_default_cfgs, register_model
-from timm.models._features_fx import register_notrace_module
+from timm.models import register_notrace_module
 
 from trainers import kernels
 from trainers.models._common import (

@@ -29,7 +29,7 @@ from torch import nn
 
 from timm.layers import trunc_normal_
 from timm.models import adapt_input_conv, generate_default_cfgs, register_model
-from timm.models._helpers import load_state_dict
+from timm.models import load_state_dict
 from timm.models.resnet import BasicBlock, Bottleneck, ResNet
 
 from trainers.hooks import ConvertsDuringTraining
