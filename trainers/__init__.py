@@ -26,12 +26,16 @@ __all__ = [
     "prepare_dataset",
     "load_catalog",
     "make_loader",
-    # the training loop (trainers.train)
+    # the training loop (trainers.train, trainers.precision)
     "train_trial",
     "build_model",
     "evaluate",
     "pick_device",
     "autocast_for",
+    "eval_loader",  # a trial's evaluation loader: its validation split, or its test split (search train)
+    # the pieces of train_trial that benchmarks time on their own
+    "trial_loaders",  # the trial's training and validation loaders
+    "training_step",  # the trial's training step (lr, forward, loss, backward, AdamW), eager or graphed
     "place_model",
     # files, the checkout, the CPU
     "atomic_write",
@@ -61,7 +65,10 @@ _HOME = {
     "build_model": "trainers.train",
     "evaluate": "trainers.train",
     "pick_device": "trainers.train",
-    "autocast_for": "trainers.train",
+    "autocast_for": "trainers.precision",
+    "eval_loader": "trainers.train",
+    "trial_loaders": "trainers.train",
+    "training_step": "trainers.train",
     "place_model": "trainers._memory_format",
     "atomic_write": "trainers._atomic",
     "check_output_file": "trainers._atomic",
@@ -93,4 +100,5 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ re
     from trainers.config import TRAIN_KEYS, Constraint, SettingError, ThroughputSettings, TrainSettings, TrialConfig
     from trainers.data import DatasetRequest, PreparedDataset, load_catalog, make_loader, prepare_dataset
     from trainers.errors import ConfigError
-    from trainers.train import autocast_for, build_model, evaluate, pick_device, train_trial
+    from trainers.precision import autocast_for
+    from trainers.train import build_model, eval_loader, evaluate, pick_device, train_trial, trial_loaders, training_step
