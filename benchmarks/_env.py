@@ -22,8 +22,7 @@ from typing import Any, Iterator, Sequence, TypeVar
 
 import torch
 
-from trainers._cpu import cpu_family, cpu_has_native_bf16, cpuinfo_field
-from trainers._source import PROJECT_ROOT, git_commit, tracked_files_modified
+from trainers import PROJECT_ROOT, cpu_family, cpu_has_native_bf16, cpuinfo_field, git_commit, tracked_files_modified
 
 __all__ = [
     "environment", "result_slug", "write_result", "bf16_by_default", "RESULTS_DIR", "setup_process",
@@ -99,7 +98,7 @@ def setup_process(*, retain_memory: bool = True) -> bool:
     trainers/_malloc.py), as `train_trial` does. Every contender of a benchmark runs under it."""
     if not retain_memory:
         return False
-    from trainers._malloc import retain_freed_memory
+    from trainers import retain_freed_memory
 
     return retain_freed_memory()
 
@@ -160,10 +159,10 @@ def environment(device: str | torch.device = "cpu") -> dict[str, Any]:
 
 def _malloc_state() -> bool | None:
     try:
-        from trainers import _malloc
+        from trainers import freed_memory_retained
     except ImportError:
         return None
-    return bool(_malloc._state)
+    return freed_memory_retained()
 
 
 def _slug(text: str) -> str:

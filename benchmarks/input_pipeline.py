@@ -40,7 +40,7 @@ import time
 import torch
 
 from benchmarks._env import add_malloc_option, parse_and_set_up, project_pythonpath, write_result
-from trainers._source import PROJECT_ROOT
+from trainers import PROJECT_ROOT
 
 
 def _prepared(train_fraction: float):
@@ -92,8 +92,7 @@ class _WholeBatch(torch.utils.data.Dataset):
 def throughput(*, data, batch: int, workers: int, epochs: int) -> dict:
     from torchvision.transforms import v2
 
-    from trainers.data import make_loader
-    from trainers.data._loaders import _Augment
+    from trainers.data import Augment, make_loader
 
     images, labels = _raw_images(data)
     n = len(labels)
@@ -109,7 +108,7 @@ def throughput(*, data, batch: int, workers: int, epochs: int) -> dict:
     per_image = torch.utils.data.DataLoader(
         _PerImage(images, labels, v2.Compose(steps)), batch_size=batch, shuffle=True, drop_last=True,
         num_workers=workers, persistent_workers=True)
-    augment = _Augment(data.mean, data.std, pad=2, flip=flip, channels_last=False)
+    augment = Augment(data.mean, data.std, pad=2, flip=flip, channels_last=False)
     generator = torch.Generator().manual_seed(0)
     batched_source = torch.utils.data.DataLoader(
         _WholeBatch(images, labels), batch_size=None, num_workers=workers, persistent_workers=True,

@@ -96,9 +96,7 @@ import timm
 import torch
 
 import trainers.models  # noqa: F401  (registers the ls_* families)
-from trainers._cuda_graph import GraphedInference, capture_inference
-from trainers._memory_format import runs_channels_last
-from trainers import kernels
+from trainers import GraphedInference, capture_inference, kernels, runs_channels_last
 from benchmarks._ceiling import PEAK_SIZE, MultiplyAddPeak, PeakMatmul, ceilings, counted_flops, describe
 from benchmarks._env import (add_malloc_option, autocast, bf16_by_default, parse_and_set_up, shuffled_rounds, sync,
                             write_result)

@@ -26,7 +26,7 @@ from torch import nn
 
 import trainers.models  # noqa: F401  (registers the families)
 from benchmarks._env import parse_and_set_up, write_result
-from trainers._memory_format import place_model
+from trainers import place_model
 
 NETWORKS = {  # name -> input shape (C, H, W)
     "ls_tcnn_resnet10_micro_s": (1, 28, 28),

@@ -12,8 +12,8 @@ validation) and per trial, their ratio fp32 / bf16 (> 1: bf16 is faster) and eac
 validation accuracy after every epoch (same seed, same batches: the difference is the precision).
 
 bf16 on a CPU pays off only with bf16 hardware (AMX, or AVX512-BF16 dot products); without it
-oneDNN emulates bf16, slower than fp32, which is why `train.precision: auto` is bf16 only on CPUs
-with it (`trainers._cpu.cpu_has_native_bf16`).
+oneDNN emulates bf16, slower than fp32, which is why `train.precision: auto` (and
+`throughput.precision: auto`) is bf16 only on CPUs with it (`trainers.precision`).
 Writes benchmarks/results/training_precision-<device>.json.
 """
 

@@ -8,9 +8,10 @@
 Trainer: `trainers.train.train_trial` runs a whole trial as a search does (build the model,
 measure its throughput, FFCV loaders, AdamW with the lr schedule, validate and report every
 epoch, the Tune adapter's checkpoint serialised in the report callback). The compute of the same
-trial is then timed on its own: the same model, optimizer and batches (taken from the same loader
-beforehand, kept in memory), only forward + loss + backward + AdamW step per training batch and
-forward per validation batch. overhead = 1 - compute / wall. Two trials run in one process: the
+trial is then timed on its own: the same model, optimizer and batches (taken from the trial's
+loaders beforehand, `trainers.trial_loaders`, kept in memory), only the trial's own training step
+per training batch (`trainers.training_step`: lr, forward, loss, backward, AdamW) and the forward
+per validation batch. overhead = 1 - compute / wall. Two trials run in one process: the
 first pays the one-off costs (FFCV compilation, the throughput measurement), the second is what
 every later trial on a node pays (loaders cached per process, measurement cached per
 architecture), as with Ray's reused actors. Compute and trials alternate (compute, trial 1,
@@ -57,9 +58,11 @@ from benchmarks._env import init_local_ray, parse_and_set_up, write_result
 from trainers.config import COMPILE_MODES, ThroughputSettings, TrainSettings, TrialConfig
 
 
-def _config(data, *, epochs: int, cache_dir: str, model: str = "ls_convit_micro", device: str = "cpu",
-            batch_size: int | None = None, num_workers: int | None = None, compile: bool | str = False,
-            cuda_graph: bool = False):
+def config(data, *, epochs: int, cache_dir: str, model: str = "ls_convit_micro", device: str = "cpu",
+           batch_size: int | None = None, num_workers: int | None = None, compile: bool | str = False,
+           cuda_graph: bool = False) -> TrialConfig:
+    """The benchmark's trial (also trial_profile's and tune_step's): ``model`` on ``data`` with the
+    trainer's defaults but for what is given; throughput measurements cached in ``cache_dir``."""
     chosen = {"batch_size": batch_size, "num_workers": num_workers}
     train = TrainSettings(compile=compile, cuda_graph=cuda_graph, **{k: v for k, v in chosen.items() if v is not None})
     return TrialConfig(model=model, model_args={}, data=data, epochs=epochs, train=train,
@@ -110,7 +113,7 @@ class GpuUtilisation:
 
 
 def _trial(cfg) -> dict:
-    from trainers.train import pick_device, train_trial
+    from trainers import pick_device, train_trial
 
     reports = []
 
@@ -151,84 +154,52 @@ def _trial(cfg) -> dict:
 
 
 def _compute(cfg, batches: dict) -> float:
-    """Seconds of forward/backward/AdamW over the trial's training batches and forward over its
-    validation batches, from memory; the same model, parameter groups and lr schedule."""
-    from torch import nn
-
-    from trainers._memory_format import place_model
-    from trainers.train import (adamw, autocast_for, build_model, capture_step, graphs_steps,
-                                lr_at, pick_device, runner_for_batches, set_lr, training_dtype,
-                                trial_param_groups)
+    """Seconds of the trial's training steps (`trainers.training_step`: lr, forward, loss, backward,
+    AdamW) over its training batches and of the forward over its validation batches, from memory;
+    the same model, parameter groups and lr schedule."""
+    from trainers import build_model, pick_device, place_model, training_step
 
     torch.manual_seed(cfg.seed)
     device = pick_device(cfg.device)
     model = build_model(cfg)
     place_model(model, device)  # as train_trial
-    autocast = autocast_for(cfg.train.precision, device)
-    scaler = torch.amp.GradScaler(device.type, enabled=training_dtype(cfg.train.precision, device) == torch.float16)
-    groups = trial_param_groups(model, weight_decay=cfg.train.weight_decay)  # as train_trial
-    graphed_steps = graphs_steps(cfg.train, device)
-    optimizer = adamw(groups, lr=cfg.train.lr, capturable=graphed_steps)
-    runner = runner_for_batches(model, cfg.train, device)  # as train_trial's
-    criterion = nn.CrossEntropyLoss(label_smoothing=cfg.train.label_smoothing)
     steps = len(batches["train"][0])
-    total = steps * cfg.epochs
-    warmup = round(cfg.train.warmup_epochs * steps)
-    graphed = None
-    if graphed_steps:  # captured before the clock starts, as the compiling below
+    step = training_step(model, cfg, device, steps_per_epoch=steps)  # as train_trial's
+    if step.graphed:  # captured before the clock starts, as the compiling below
         model.train()
-        images, labels = batches["train"][0][0]
-        graphed = capture_step(model=model, runner=runner, criterion=criterion, optimizer=optimizer,
-                               images=images, labels=labels, settings=cfg.train)
+        step.capture(*batches["train"][0][0])
     if cfg.train.compile_mode is not None:  # compiled before the clock starts: a trial's compiling is overhead, not compute
-        if graphed is None:  # (a capture compiled the training step in its warm-up)
+        if not step.graphed:  # (a capture compiled the training step in its warm-up)
             model.train()
-            with autocast():
-                criterion(runner(batches["train"][0][0][0]), batches["train"][0][0][1]).backward()
-            optimizer.zero_grad(set_to_none=True)
+            with step.autocast():
+                step.criterion(step.runner(batches["train"][0][0][0]), batches["train"][0][0][1]).backward()
+            step.optimizer.zero_grad(set_to_none=True)
         model.eval()
-        with torch.inference_mode(), autocast():
-            runner(batches["val"][0][0])
+        with torch.inference_mode(), step.autocast():
+            step.runner(batches["val"][0][0])
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     start = time.perf_counter()
     for epoch in range(cfg.epochs):
         model.train()
-        for step, (images, labels) in enumerate(batches["train"][epoch]):
-            lr = lr_at(epoch * steps + step, total_steps=total, warmup_steps=warmup, peak_lr=cfg.train.lr,
-                       min_lr=cfg.train.min_lr)
-            set_lr(optimizer, lr)
-            if graphed is not None:
-                graphed(images, labels)
-                continue
-            with autocast():
-                loss = criterion(runner(images), labels)
-            optimizer.zero_grad(set_to_none=True)
-            scaler.scale(loss).backward()
-            scaler.step(optimizer)
-            scaler.update()
+        for i, (images, labels) in enumerate(batches["train"][epoch]):
+            step(images, labels, at=epoch * steps + i)
         model.eval()
         with torch.inference_mode():
             for images, labels in batches["val"]:
-                with autocast():
-                    runner(images)
+                with step.autocast():
+                    step.runner(images)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return time.perf_counter() - start
 
 
 def _batches(cfg) -> dict:
-    from trainers._memory_format import runs_channels_last
-    from trainers.data import make_loader
-    from trainers.train import build_model, pick_device
+    from trainers import build_model, pick_device, runs_channels_last, trial_loaders
 
-    data, settings = cfg.data, cfg.train
     device = pick_device(cfg.device)
-    common = dict(mean=data.mean, std=data.std, device=device, num_workers=settings.loader_threads,
-                  channels_last=runs_channels_last(build_model(cfg), device))  # as train_trial's batches
-    train = make_loader(data.train_path, batch_size=settings.batch_size, train=True, seed=cfg.seed, flip=data.flip,
-                        pad_crop=settings.pad_crop, **common)
-    val = make_loader(data.val_path, batch_size=max(256, settings.batch_size), train=False, **common)
+    channels_last = runs_channels_last(build_model(cfg), device)  # as train_trial's batches
+    train, val = trial_loaders(cfg, device=device, channels_last=channels_last)
     return {"train": [[(x, y) for x, y in train] for _ in range(cfg.epochs)], "val": [(x, y) for x, y in val]}
 
 
@@ -241,8 +212,8 @@ def trainer_overhead(*, epochs: int, model: str = "ls_convit_micro", device: str
     data = prepare_dataset(DatasetRequest(name="fashion_mnist", train_fraction=train_fraction),
                            cache_dir=default_cache_dir())
     with tempfile.TemporaryDirectory(prefix="ls-bench-tput-") as cache:
-        cfg = _config(data, epochs=epochs, cache_dir=cache, model=model, device=device, batch_size=batch_size,
-                      num_workers=num_workers, compile=compile, cuda_graph=cuda_graph)
+        cfg = config(data, epochs=epochs, cache_dir=cache, model=model, device=device, batch_size=batch_size,
+                     num_workers=num_workers, compile=compile, cuda_graph=cuda_graph)
         # The trials go first in this process, so the first one really is cold (FFCV compiles).
         compute = []
         first = _trial(cfg)

@@ -33,7 +33,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from benchmarks._env import RESULTS_DIR, parse_and_set_up, write_result
-from benchmarks.trial_overhead import _config
+from benchmarks.trial_overhead import config
 from trainers.config import COMPILE_MODES
 
 
@@ -89,8 +89,8 @@ def trial_profile(*, device: str, model: str, train_fraction: float, epochs: int
             torch.cuda.synchronize()
 
     with tempfile.TemporaryDirectory(prefix="ls-bench-tput-") as cache, _labelled_batches():
-        cfg = _config(data, epochs=epochs, cache_dir=cache, model=model, device=device, batch_size=batch_size,
-                      num_workers=num_workers, compile=compile, cuda_graph=cuda_graph)
+        cfg = config(data, epochs=epochs, cache_dir=cache, model=model, device=device, batch_size=batch_size,
+                     num_workers=num_workers, compile=compile, cuda_graph=cuda_graph)
 
         def run() -> tuple[float, list[dict[str, Any]]]:
             reports: list[dict[str, Any]] = []

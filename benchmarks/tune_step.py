@@ -30,7 +30,7 @@ import sys
 import tempfile
 
 from benchmarks._env import init_local_ray, parse_and_set_up, project_pythonpath, write_result
-from trainers._source import PROJECT_ROOT
+from trainers import PROJECT_ROOT
 
 CONTENDERS = ("main", "tune_trial")
 
@@ -39,15 +39,15 @@ def _train_images_per_s(settings: dict) -> list[float]:
     """Every epoch's training images/s of the benchmark's trial, trained in the calling thread."""
     import dataclasses
 
-    from benchmarks.trial_overhead import _config
+    from benchmarks.trial_overhead import config
     from search.results.location import default_cache_dir
     from trainers.data import DatasetRequest, prepare_dataset
     from trainers.train import train_trial
 
     data = prepare_dataset(DatasetRequest(name="fashion_mnist", train_fraction=settings["train_fraction"]),
                            cache_dir=default_cache_dir())
-    cfg = _config(data, epochs=settings["epochs"], cache_dir=settings["cache_dir"], model=settings["model"],
-                  batch_size=settings["batch_size"])
+    cfg = config(data, epochs=settings["epochs"], cache_dir=settings["cache_dir"], model=settings["model"],
+                 batch_size=settings["batch_size"])
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, pad_crop=0))  # as spaces/convit_locality.yaml
     outcome = train_trial(cfg)
     return [epoch["train_images_per_s"] for epoch in outcome.history]

@@ -17,7 +17,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 
-__all__ = ["retain_freed_memory"]
+__all__ = ["retain_freed_memory", "freed_memory_retained"]
 
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
@@ -44,3 +44,9 @@ def retain_freed_memory() -> bool:
     trim_ok = mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD)
     _state = bool(mmap_ok and trim_ok)
     return _state
+
+
+def freed_memory_retained() -> bool:
+    """Whether `retain_freed_memory` has put its thresholds in effect in this process (False
+    before it is called, and where it could not)."""
+    return bool(_state)

@@ -54,7 +54,7 @@ class TrainSettings:
     flip: bool | None = None  # horizontal flips; None: what the dataset catalog says
     # autocast dtype of training and validation. auto: AMP on CUDA (bf16 where the GPU has it,
     # else fp16 with loss scaling); on a CPU bf16 where it has bf16 hardware, AMX or AVX512-BF16,
-    # else fp32 (emulated bf16 is far slower); see trainers.train.training_precision, and
+    # else fp32 (emulated bf16 is far slower); see trainers.precision, and
     # benchmarks/training_precision.py for the time and accuracy of each
     precision: Precision = "auto"
     # run the training and validation batches through torch.compile (the same parameters;
@@ -127,7 +127,7 @@ class ThroughputSettings:
     batch_size: int = 256
     warmup: int = 3
     repeats: int = 10
-    precision: Precision = "auto"  # auto: fp32 on CPU, fp16 on CUDA
+    precision: Precision = "auto"  # auto: as train.precision's (trainers.precision), bf16 where the hardware has it
     # on a GPU, time the forward as replays of one captured CUDA graph: the GPU's cost of the
     # architecture rather than the host's speed at enqueueing its kernels, which bounds small
     # models there (trainers/_cuda_graph.py); false: eagerly. Ignored on the CPU

@@ -4,15 +4,24 @@ specially. A plain timm model implements neither and trains as it is.
     ConvertsDuringTraining  changes architecture mid-training (T-CNN: its last-stage convs recast
                             as attention); the loop converts it before ``reparam_epoch_for(epochs)``
     HasParamGroups          builds its own AdamW parameter groups (e.g. ConViT: its own learning
-                            rate for the gates); otherwise `default_param_groups`
+                            rate for the gates); otherwise `param_groups`' rule applies, with
+                            no weight decay on what the model's ``no_weight_decay()`` lists
+
+`param_groups` is the one rule every model's groups follow (the families pick out their own
+parameters for it).
 """
 
 from __future__ import annotations
 
 import abc
-from typing import Any, Literal, Protocol, runtime_checkable
+import math
+from numbers import Real
+from typing import TYPE_CHECKING, Any, Callable, Literal, Protocol, runtime_checkable
 
-__all__ = ["ConvertsDuringTraining", "HasParamGroups"]
+if TYPE_CHECKING:
+    from torch import nn
+
+__all__ = ["ConvertsDuringTraining", "HasParamGroups", "param_groups"]
 
 
 class ConvertsDuringTraining(abc.ABC):
@@ -49,3 +58,37 @@ class HasParamGroups(Protocol):
 
     def param_groups(self, weight_decay: float) -> list[dict[str, Any]]:
         """The groups, each with its ``params`` and ``weight_decay`` (and optionally ``lr_scale``)."""
+
+
+def _never(name: str, param: Any) -> bool:
+    return False
+
+
+def param_groups(model: "nn.Module", weight_decay: float, *,
+                 no_decay: Callable[[str, "nn.Parameter"], bool] = _never,
+                 special: Callable[[str, "nn.Parameter"], bool] = _never,
+                 special_weight_decay: float = 0., special_lr_scale: float = 1.) -> list[dict[str, Any]]:
+    """AdamW groups {'params', 'weight_decay', 'lr_scale'} (lr = base lr * lr_scale): `special(name, p)`
+    (a family's gates or masks): `special_weight_decay`, `special_lr_scale`; biases, norms (every
+    parameter of at most one dimension) and `no_decay(name, p)`: no weight decay; everything else:
+    `weight_decay`. lr_scale 1.0 but for the special group. Frozen parameters are left out; empty
+    groups dropped. A ValueError for a `weight_decay` that is not a finite number >= 0."""
+    if not (isinstance(weight_decay, Real) and not isinstance(weight_decay, bool) and math.isfinite(weight_decay)
+            and weight_decay >= 0):
+        raise ValueError(f'weight_decay={weight_decay!r}: expected a finite number >= 0.0')
+    decay, no_decay_params, special_params = [], [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        if special(name, p):
+            special_params.append(p)
+        elif p.ndim <= 1 or no_decay(name, p):
+            no_decay_params.append(p)
+        else:
+            decay.append(p)
+    groups = [
+        dict(params=decay, weight_decay=float(weight_decay), lr_scale=1.0),
+        dict(params=no_decay_params, weight_decay=0.0, lr_scale=1.0),
+        dict(params=special_params, weight_decay=float(special_weight_decay), lr_scale=float(special_lr_scale)),
+    ]
+    return [g for g in groups if g['params']]

@@ -40,7 +40,7 @@ import sys
 import time
 import warnings
 import contextlib
-from contextlib import nullcontext, suppress
+from contextlib import suppress
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -51,6 +51,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from trainers._atomic import atomic_write
 from trainers._cuda_graph import CaptureError, capture_inference
 from trainers._device_share import device_share
+from trainers.precision import autocast_dtype, autocast_for, resolve_precision
 
 __all__ = [
     "ThroughputResult",
@@ -63,7 +64,6 @@ __all__ = [
     "median_interval",
     "with_noise_floor",
     "device_name",
-    "resolve_precision",
 ]
 
 
@@ -104,21 +104,6 @@ def device_name(device: torch.device) -> str:
     except OSError:
         pass
     return f"cpu: {model}"
-
-
-def resolve_precision(precision: str, device: torch.device) -> str:
-    if precision != "auto":
-        return precision
-    return "fp16" if device.type == "cuda" else "fp32"
-
-
-AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}  # fp32: no autocast
-
-
-def _autocast(precision: str, device: torch.device):
-    if precision == "fp32":
-        return nullcontext()
-    return torch.autocast(device_type=device.type, dtype=AUTOCAST_DTYPES[precision])
 
 
 def _sync(device: torch.device) -> None:
@@ -228,7 +213,8 @@ def measure_throughput(
     batch time over the reference's, the median over the counted rounds: what the model costs
     relative to the reference, whatever the machine's speed while they were timed."""
     device = next(model.parameters()).device
-    precision = resolve_precision(precision, device)
+    precision = resolve_precision(precision, device)  # throughput.precision: the rule of trainers.precision
+    autocast = autocast_for(precision, device)
     timed = [(net, net.training) for net in (model, reference) if net is not None]
     for net, _ in timed:
         net.eval()
@@ -240,7 +226,7 @@ def measure_throughput(
     ratios, contended_ratios = [], []  # per round: the model's median batch time over the reference's
     # every batch of the counted rounds (of all rounds, where none counted): its time; its time over the reference's
     counted_times, counted_ratios, all_times, all_ratios = [], [], [], []
-    with torch.inference_mode(), _autocast(precision, device):
+    with torch.inference_mode(), autocast():
         for _ in range(warmup):
             for net, _ in timed:
                 net(x)
@@ -249,14 +235,14 @@ def measure_throughput(
     graphed = False
     if cuda_graph and device.type == "cuda":
         try:
-            graphs = [capture_inference(net, x, autocast_dtype=AUTOCAST_DTYPES.get(precision)) for net in runners]
+            graphs = [capture_inference(net, x, autocast_dtype=autocast_dtype(precision, device)) for net in runners]
         except CaptureError as exc:
             warnings.warn(f"{exc}; its throughput is timed eagerly", stacklevel=2)
         else:  # each replay reads the graph's own input (same values as x): no copy per batch
             runners = [lambda _x, g=g: g(g.static_input) for g in graphs]
             graphed = True
     run_model, run_reference = runners[0], runners[1] if reference is not None else None
-    with torch.inference_mode(), _autocast(precision, device):
+    with torch.inference_mode(), autocast():
         uncontended = 0
         for attempt in range(1, CPU_ATTEMPTS + 1):
             times, reference_times, cpu_share = _timed_round(run_model, x, repeats, device, run_reference)

@@ -6,10 +6,11 @@ passes ``on_epoch`` (which calls ``tune.report`` with a checkpoint) and, on rest
     model   = timm.create_model(name, num_classes, in_chans, img_size, **args)
     measure = params, FLOPs/image, inference images/s   (before training where the constraints
               need it, else after the first epoch); a config that breaks a constraint is rejected
-    loaders = FFCV train (random pad-crop, flip) / val (plain)
+    loaders = FFCV train (random pad-crop, flip) / val (plain)              (`trial_loaders`)
     optim   = AdamW (fused) over the model's parameter groups, lr_at(step): linear warm-up, cosine decay
-    step    = forward, loss, backward, [clip], AdamW, chosen once: eager, or on a GPU with
+    step    = lr, forward, loss, backward, [clip], AdamW, chosen once: eager, or on a GPU with
               train.cuda_graph one CUDA graph captured at the first batch and replayed after
+              (`training_step`: what benchmarks/trial_overhead.py times on its own)
     epochs  = train -> validate -> on_epoch(metrics, state) -> stop on max_epochs or patience
 
 A model that changes architecture mid-training (`trainers.hooks.ConvertsDuringTraining`, the
@@ -33,19 +34,19 @@ import torch
 from torch import nn
 
 import trainers.models  # noqa: F401  (registers this project's model families with timm)
-from trainers._cpu import cpu_has_native_bf16
 from trainers._cuda_graph import CaptureError, GraphedTrainStep, capture_train_step
 from trainers._device_share import device_share
 from trainers._malloc import retain_freed_memory
 from trainers._memory_format import place_model
-from trainers.config import SettingError, TrainSettings, TrialConfig
+from trainers.config import TrainSettings, TrialConfig
 from trainers.data import make_loader
-from trainers.hooks import ConvertsDuringTraining, HasParamGroups
+from trainers.hooks import ConvertsDuringTraining, HasParamGroups, param_groups
+from trainers.precision import autocast_dtype, autocast_for, resolve_precision
 from trainers.throughput import measure_model, with_noise_floor
 
-__all__ = ["train_trial", "TrialOutcome", "NonFiniteLossError", "lr_at", "build_model", "evaluate", "pick_device",
-           "training_precision", "training_dtype", "autocast_for", "runner_for_batches", "set_lr",
-           "graphs_steps", "capture_step", "default_param_groups", "trial_param_groups", "adamw"]
+# what trainers' API (trainers/__init__.py) takes from here, and the types of its results and errors
+__all__ = ["train_trial", "TrialOutcome", "NonFiniteLossError", "build_model", "evaluate", "pick_device",
+           "trial_loaders", "eval_loader", "training_step", "TrainingStep"]
 
 EpochCallback = Callable[[dict[str, Any], Callable[[], dict[str, Any]]], None]
 
@@ -114,27 +115,14 @@ def _reference_model(cfg: TrialConfig, device: torch.device) -> nn.Module | None
     return reference
 
 
-def trial_param_groups(model: nn.Module, *, weight_decay: float) -> list[dict[str, Any]]:
+def _param_groups_of(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
     """The trial's AdamW groups: the model's own (`trainers.hooks.HasParamGroups`, e.g. ConViT's
-    gates with their own learning rate), else `default_param_groups`."""
+    gates with their own learning rate), else `trainers.hooks.param_groups`' rule with no weight
+    decay on what the model lists in ``no_weight_decay()``."""
     if isinstance(model, HasParamGroups):
         return model.param_groups(weight_decay=weight_decay)
-    return default_param_groups(model, weight_decay)
-
-
-def default_param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """No weight decay on biases, norms and what the model lists in ``no_weight_decay()``."""
     skip = set(getattr(model, "no_weight_decay", lambda: set())())
-    decay, no_decay = [], []
-    for name, param in model.named_parameters():
-        if not param.requires_grad:
-            continue
-        (no_decay if param.ndim <= 1 or name in skip else decay).append(param)
-    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return [g for g in groups if g["params"]]
-
-
-_AUTOCAST_DTYPES: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+    return param_groups(model, weight_decay, no_decay=lambda name, param: name in skip)
 
 
 def adamw(groups: list[dict[str, Any]], *, lr: float, capturable: bool = False) -> torch.optim.AdamW:
@@ -168,7 +156,7 @@ def graphs_steps(settings: TrainSettings, device: torch.device) -> bool:
     unless it trains in fp16, whose loss scaling reads the gradients' finiteness on the host."""
     if not settings.cuda_graph or device.type != "cuda":
         return False
-    if training_dtype(settings.precision, device) == torch.float16:
+    if autocast_dtype(settings.precision, device) == torch.float16:
         warnings.warn("train.cuda_graph: fp16's loss scaling syncs with the host every step, so this trial trains "
                       "eagerly; use precision bf16 or fp32 to graph its steps", stacklevel=2)
         return False
@@ -182,7 +170,7 @@ def capture_step(*, model: nn.Module, runner: nn.Module, criterion: nn.Module, o
     try:
         return capture_train_step(model=model, runner=runner, criterion=criterion, optimizer=optimizer,
                                   images=images, labels=labels, grad_clip=settings.grad_clip,
-                                  autocast_dtype=training_dtype(settings.precision, images.device))
+                                  autocast_dtype=autocast_dtype(settings.precision, images.device))
     except CaptureError as exc:
         warnings.warn(f"train.cuda_graph: {exc}; this trial trains eagerly", stacklevel=2)
         return None
@@ -205,41 +193,6 @@ def _align_moments_to_params(optimizer: torch.optim.Optimizer) -> None:
         for key, value in state.items():
             if torch.is_tensor(value) and value.shape == param.shape and _layout_differs(value, param):
                 state[key] = torch.empty_like(param, dtype=value.dtype).copy_(value)
-
-
-def training_precision(precision: str, device: torch.device) -> str:
-    """What ``train.precision`` trains in on ``device``: fp32, bf16 or fp16.
-
-    auto: AMP where the hardware multiplies in reduced precision: on CUDA bf16 where the GPU
-    supports it, else fp16; on a CPU with bf16 hardware (AMX or AVX512-BF16, `cpu_has_native_bf16`)
-    bf16; fp32 on any other CPU, which would emulate bf16. benchmarks/training_precision.py
-    measures a trial's time and accuracy in each."""
-    if precision == "auto":
-        if device.type == "cuda":
-            return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
-        return "bf16" if device.type == "cpu" and cpu_has_native_bf16() else "fp32"
-    if precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
-        raise SettingError("precision", f"bf16: {torch.cuda.get_device_name(device)} does not support it; use fp16 or auto")
-    return precision
-
-
-def training_dtype(precision: str, device: torch.device) -> torch.dtype | None:
-    """The autocast dtype of ``train.precision`` on ``device`` (see `training_precision`); None:
-    float32, no autocast."""
-    return _AUTOCAST_DTYPES[training_precision(precision, device)]
-
-
-def autocast_for(precision: str, device: torch.device) -> Callable[[], ContextManager]:
-    """A factory of the autocast context ``train.precision`` asks for on ``device`` (float32:
-    autocast off, so an outer autocast does not leak in)."""
-    dtype = training_dtype(precision, device)
-
-    def autocast() -> ContextManager:
-        if dtype is None:
-            return torch.autocast(device.type, enabled=False)
-        return torch.autocast(device.type, dtype=dtype)
-
-    return autocast
 
 
 def runner_for_batches(model: nn.Module, settings: TrainSettings, device: torch.device) -> nn.Module:
@@ -308,8 +261,7 @@ def train_trial(
     device = pick_device(cfg.device)
     retain_freed_memory()  # no page faults for each step's activations (see trainers/_malloc.py)
     torch.manual_seed(cfg.seed)
-    train_precision = training_precision(settings.precision, device)  # what auto became here
-    autocast = autocast_for(train_precision, device)  # resolved once: auto is not looked up again
+    train_precision = resolve_precision(settings.precision, device)  # what auto became here
 
     # -- model, measured before training where something needs the number then ------------
     model = build_model(cfg)
@@ -331,26 +283,18 @@ def train_trial(
         measurement = _convert(model, epoch=0, before=measurement, device=device, measure=measure)  # the hybrid
 
     # -- data -------------------------------------------------------------------------------
-    train_loader, val_loader = _loaders(cfg, device=device, channels_last=channels_last)
+    train_loader, val_loader = trial_loaders(cfg, device=device, channels_last=channels_last)
     steps_per_epoch = len(train_loader)
-    total_steps = steps_per_epoch * cfg.epochs
-    warmup_steps = round(settings.warmup_epochs * steps_per_epoch)
 
     # -- optimisation: the step chosen once, eager or graphed --------------------------------
-    graphed = graphs_steps(settings, device)
-    optimizer = adamw(trial_param_groups(model, weight_decay=settings.weight_decay), lr=settings.lr,
-                      capturable=graphed)
-    runner = runner_for_batches(model, settings, device)  # batches only: state dicts and measuring use `model`
-    scaler = torch.amp.GradScaler(device.type, enabled=_AUTOCAST_DTYPES[train_precision] == torch.float16)
-    criterion = nn.CrossEntropyLoss(label_smoothing=settings.label_smoothing)
-    step_for = functools.partial(_TrainStep, model=model, criterion=criterion, scaler=scaler, autocast=autocast,
-                                 settings=settings)
-    train_step = step_for(runner=runner, optimizer=optimizer, graphed=graphed)
+    # the schedule counts from the conversion in a trial resumed after it (with 'fresh')
+    first_step = _schedule_start(model, convert_at=convert_at, steps_per_epoch=steps_per_epoch)
+    train_step = training_step(model, cfg, device, steps_per_epoch=steps_per_epoch, first_step=first_step)
 
     start_epoch, best_val_acc, best_val_loss, bad_epochs, history = 0, -1.0, math.inf, 0, []
     if resume is not None:
         start_epoch, best_val_acc, best_val_loss, bad_epochs, history = _restore(
-            resume, model=model, optimizer=optimizer, scaler=scaler)
+            resume, model=model, optimizer=train_step.optimizer, scaler=train_step.scaler)
         if history and "stop_reason" in history[-1]:
             # Restored from the checkpoint of its last epoch (the driver died before the search
             # recorded the end): say the final result again, train nothing.
@@ -367,19 +311,17 @@ def train_trial(
         epoch_start = time.perf_counter()
         if epoch == convert_at and not model.is_reparametrised:
             measurement = _convert(model, epoch=epoch, before=measurement, device=device, measure=measure)
-            runner = runner_for_batches(model, settings, device)
-            optimizer = _optimizer_after_conversion(model, optimizer, settings=settings, capturable=train_step.graphed)
             # another model and optimizer: captured again, unless capturing failed before
-            train_step = step_for(runner=runner, optimizer=optimizer, graphed=train_step.graphed)
-        first_step = _schedule_start(model, convert_at=convert_at, steps_per_epoch=steps_per_epoch)
+            train_step = _step_after_conversion(train_step, cfg, device, convert_at=convert_at,
+                                                steps_per_epoch=steps_per_epoch)
         # Shared with other trials on this device; a throughput measurement waits for us to step
         # aside (share.step()). Not held across the report: Tune may never resume this thread.
         with share.training():
-            loss_sum, lr, loader_wait = _train_epoch(
-                train_step, train_loader, epoch=epoch, steps_per_epoch=steps_per_epoch, first_step=first_step,
-                total_steps=total_steps, warmup_steps=warmup_steps, settings=settings, share=share, device=device)
+            loss_sum, loader_wait = _train_epoch(train_step, train_loader, epoch=epoch,
+                                                 steps_per_epoch=steps_per_epoch, share=share, device=device)
             train_time = time.perf_counter() - epoch_start
-            val_loss, val_acc = evaluate(runner, val_loader, autocast=autocast)  # mean cross-entropy, accuracy
+            # mean cross-entropy, accuracy
+            val_loss, val_acc = evaluate(train_step.runner, val_loader, autocast=train_step.autocast)
         epoch_time = time.perf_counter() - epoch_start
         if measurement is None:  # after the first epoch (see _measured_before_training), not holding the device
             measurement = measure(model)
@@ -399,7 +341,7 @@ def train_trial(
             "val_acc": val_acc,
             "best_val_acc": best_val_acc,
             "best_val_loss": best_val_loss,
-            "lr": lr,
+            "lr": train_step.lr,  # the last step's
             "epoch_time_s": epoch_time,
             "train_time_s": train_time,
             "train_images_per_s": steps_per_epoch * settings.batch_size / train_time,
@@ -415,7 +357,7 @@ def train_trial(
         history.append(metrics)
         if on_epoch is not None:
             on_epoch(metrics, functools.partial(
-                _checkpoint, model=model, optimizer=optimizer, scaler=scaler, epoch=epoch + 1,
+                _checkpoint, model=model, optimizer=train_step.optimizer, scaler=train_step.scaler, epoch=epoch + 1,
                 best_val_acc=best_val_acc, best_val_loss=best_val_loss, bad_epochs=bad_epochs, history=history,
                 measurement=measurement))
         if done:
@@ -491,16 +433,20 @@ def _convert(model: ConvertsDuringTraining, *, epoch: int, before: dict[str, Any
     return {**measure(model), "converted_at_epoch": epoch, "throughput_before_conversion": throughput_before}
 
 
-def _optimizer_after_conversion(model: ConvertsDuringTraining, previous: torch.optim.Optimizer, *,
-                                settings: TrainSettings, capturable: bool) -> torch.optim.Optimizer:
-    """A new AdamW over the converted model's groups; with ``reparam_optimizer='keep'`` the
-    parameters that survived the conversion (the same Parameters: the filters) keep their moments."""
-    optimizer = adamw(trial_param_groups(model, weight_decay=settings.weight_decay), lr=settings.lr,
-                      capturable=capturable)
+def _step_after_conversion(previous: TrainingStep, cfg: TrialConfig, device: torch.device, *, convert_at: int,
+                           steps_per_epoch: int) -> TrainingStep:
+    """The step for the converted model: a new AdamW over its groups (with
+    ``reparam_optimizer='keep'`` the parameters that survived the conversion, the same Parameters:
+    the filters, keep their moments), a new runner, the schedule from the conversion on ('fresh');
+    graphed again unless capturing failed before."""
+    model = previous.model
+    optimizer = adamw(_param_groups_of(model, cfg.train.weight_decay), lr=cfg.train.lr, capturable=previous.graphed)
     if model.reparam_optimizer == "keep":
-        for param in previous.state:
-            optimizer.state[param] = previous.state[param]
-    return optimizer
+        for param in previous.optimizer.state:
+            optimizer.state[param] = previous.optimizer.state[param]
+    first_step = _schedule_start(model, convert_at=convert_at, steps_per_epoch=steps_per_epoch)
+    return dataclasses.replace(previous, runner=runner_for_batches(model, cfg.train, device), optimizer=optimizer,
+                               schedule=_lr_schedule(cfg, steps_per_epoch=steps_per_epoch, first_step=first_step))
 
 
 def _schedule_start(model: nn.Module, *, convert_at: int | None, steps_per_epoch: int) -> int:
@@ -509,38 +455,97 @@ def _schedule_start(model: nn.Module, *, convert_at: int | None, steps_per_epoch
     return convert_at * steps_per_epoch if fresh else 0
 
 
-def _loaders(cfg: TrialConfig, *, device: torch.device, channels_last: bool) -> tuple[Any, Any]:
-    """The FFCV training (augmented, shuffled per epoch) and validation (plain) loaders."""
+def trial_loaders(cfg: TrialConfig, *, device: torch.device, channels_last: bool) -> tuple[Any, Any]:
+    """The trial's FFCV training loader (random pad-crop and flip, shuffled per epoch, seeded with
+    the trial's seed) and its validation loader (`eval_loader`)."""
     data, settings = cfg.data, cfg.train
     flip = data.flip if settings.flip is None else settings.flip
-    common = dict(mean=data.mean, std=data.std, device=device, num_workers=settings.loader_threads,
-                  channels_last=channels_last)
     train_loader = make_loader(data.train_path, batch_size=settings.batch_size, train=True, seed=cfg.seed,
-                               flip=flip, pad_crop=settings.pad_crop, **common)
-    val_loader = make_loader(data.val_path, batch_size=max(256, settings.batch_size), train=False, **common)
-    return train_loader, val_loader
+                               flip=flip, pad_crop=settings.pad_crop, mean=data.mean, std=data.std, device=device,
+                               num_workers=settings.loader_threads, channels_last=channels_last)
+    return train_loader, eval_loader(cfg, data.val_path, device=device, channels_last=channels_last)
 
 
-class _TrainStep:
-    """One batch's forward, loss, backward, [clip] and AdamW update: images (B, C, H, W) and labels
-    (B,) in, the loss (a 0-d tensor) out. Eager, or with ``graphed`` (train.cuda_graph on a GPU,
-    `graphs_steps`) captured as one CUDA graph at the first batch (its shapes are the trial's) and
-    replayed for every batch after; a step that cannot be captured trains eagerly from then on
-    (`capture_step` says why) and ``graphed`` turns False."""
+def eval_loader(cfg: TrialConfig, path: str, *, device: torch.device, channels_last: bool) -> Any:
+    """The loader a trial is evaluated with, on its validation split (``cfg.data.val_path``) or its
+    test split (``search train``): every image once in file order, no augmentation, the dataset's
+    normalisation, batches of max(256, train.batch_size); images channels_last where the model is
+    (`place_model` says)."""
+    data, settings = cfg.data, cfg.train
+    return make_loader(path, batch_size=max(256, settings.batch_size), train=False, mean=data.mean, std=data.std,
+                       device=device, num_workers=settings.loader_threads, channels_last=channels_last)
 
-    def __init__(self, *, model: nn.Module, runner: nn.Module, criterion: nn.Module,
-                 optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
-                 autocast: Callable[[], ContextManager], settings: TrainSettings, graphed: bool):
-        self.model, self.runner, self.criterion = model, runner, criterion
-        self.optimizer, self.scaler, self.autocast, self.settings = optimizer, scaler, autocast, settings
-        self.graphed = graphed
-        self._replay: GraphedTrainStep | None = None
 
-    def __call__(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+def _lr_schedule(cfg: TrialConfig, *, steps_per_epoch: int, first_step: int) -> Callable[[int], float]:
+    """The lr at the trial's step i (0-based over all its epochs): `lr_at` over the trial's steps,
+    counted from ``first_step``."""
+    settings, total_steps = cfg.train, steps_per_epoch * cfg.epochs
+    warmup_steps = round(settings.warmup_epochs * steps_per_epoch)
+
+    def lr(step: int) -> float:
+        return lr_at(step - first_step, total_steps=total_steps - first_step, warmup_steps=warmup_steps,
+                     peak_lr=settings.lr, min_lr=settings.min_lr)
+
+    return lr
+
+
+def training_step(model: nn.Module, cfg: TrialConfig, device: torch.device, *, steps_per_epoch: int,
+                  first_step: int = 0) -> "TrainingStep":
+    """The step `train_trial` trains ``model`` (built by `build_model`, placed by `place_model` on
+    ``device``) with: fused AdamW (`adamw`) over the model's parameter groups, the autocast and
+    loss scaling of train.precision, the cross-entropy with train.label_smoothing, the batches
+    through torch.compile where train.compile says, graphed where `graphs_steps` says, and the
+    learning rate of `lr_at` over ``steps_per_epoch`` x ``cfg.epochs`` steps counted from
+    ``first_step`` (a fresh optimizer after a conversion starts over)."""
+    settings = cfg.train
+    graphed = graphs_steps(settings, device)
+    optimizer = adamw(_param_groups_of(model, settings.weight_decay), lr=settings.lr, capturable=graphed)
+    fp16 = autocast_dtype(settings.precision, device) == torch.float16
+    return TrainingStep(
+        model=model, runner=runner_for_batches(model, settings, device),  # batches only: state dicts use `model`
+        criterion=nn.CrossEntropyLoss(label_smoothing=settings.label_smoothing), optimizer=optimizer,
+        scaler=torch.amp.GradScaler(device.type, enabled=fp16), autocast=autocast_for(settings.precision, device),
+        settings=settings, graphed=graphed,
+        schedule=_lr_schedule(cfg, steps_per_epoch=steps_per_epoch, first_step=first_step))
+
+
+@dataclasses.dataclass(eq=False)
+class TrainingStep:
+    """One batch's learning rate (``schedule(at)``), forward, loss, backward, [clip] and AdamW
+    update: ``step(images, labels, at=i)`` with images (B, C, H, W), labels (B,) and i the batch's
+    index in the trial (0-based over all its epochs) returns the loss (a 0-d tensor); ``lr`` is
+    the rate it stepped with. Eager, or with ``graphed`` (train.cuda_graph on a GPU,
+    `graphs_steps`) captured as one CUDA graph at the first batch (or at `capture`; its shapes are
+    the trial's) and replayed for every batch after; a step that cannot be captured trains eagerly
+    from then on (`capture_step` says why) and ``graphed`` turns False. Made by `training_step`."""
+
+    model: nn.Module
+    runner: nn.Module  # the model, or its torch.compile wrapper: what the batches go through
+    criterion: nn.Module
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler
+    autocast: Callable[[], ContextManager]
+    settings: TrainSettings
+    graphed: bool
+    schedule: Callable[[int], float]
+    lr: float = dataclasses.field(init=False)
+    _replay: GraphedTrainStep | None = dataclasses.field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.lr = self.settings.lr
+
+    def capture(self, images: torch.Tensor, labels: torch.Tensor) -> None:
+        """Where graphed and not captured yet, capture the step for batches like these now (a
+        benchmark keeps the capture off its clock); else nothing."""
         if self.graphed and self._replay is None:
             self._replay = capture_step(model=self.model, runner=self.runner, criterion=self.criterion,
                                         optimizer=self.optimizer, images=images, labels=labels, settings=self.settings)
             self.graphed = self._replay is not None
+
+    def __call__(self, images: torch.Tensor, labels: torch.Tensor, *, at: int) -> torch.Tensor:
+        self.lr = self.schedule(at)
+        set_lr(self.optimizer, self.lr)
+        self.capture(images, labels)
         if self._replay is not None:
             return self._replay(images, labels)  # forward, backward, [clip], AdamW: one replay
         with self.autocast():
@@ -555,30 +560,25 @@ class _TrainStep:
         return loss
 
 
-def _train_epoch(train_step: _TrainStep, loader: Iterable[Any], *, epoch: int, steps_per_epoch: int, first_step: int,
-                 total_steps: int, warmup_steps: int, settings: TrainSettings, share: Any, device: torch.device
-                 ) -> tuple[torch.Tensor, float, float]:
-    """One epoch's batches through ``train_step``, the lr following `lr_at` from ``first_step``
-    (a fresh optimizer after a conversion starts over). (The summed loss, on the device; the last
-    lr; host seconds spent waiting for batches: is the trial input-bound?)"""
+def _train_epoch(train_step: TrainingStep, loader: Iterable[Any], *, epoch: int, steps_per_epoch: int, share: Any,
+                 device: torch.device) -> tuple[torch.Tensor, float]:
+    """One epoch's batches through ``train_step``. (The summed loss, on the device; host seconds
+    spent waiting for batches: is the trial input-bound?)"""
     train_step.model.train()
     loss_sum = torch.zeros((), device=device)  # summed on the device: no host sync per step
     nonfinite = torch.zeros((), dtype=torch.bool, device=device)
-    lr = settings.lr
     waited = [0.0]
     for step, (images, labels) in enumerate(_waited_for(loader, waited)):  # (B, C, H, W) float, (B,) int64
-        lr = lr_at(epoch * steps_per_epoch + step - first_step, total_steps=total_steps - first_step,
-                   warmup_steps=warmup_steps, peak_lr=settings.lr, min_lr=settings.min_lr)
-        set_lr(train_step.optimizer, lr)
-        loss = train_step(images, labels)  # (): forward, loss, backward, [clip], AdamW
+        loss = train_step(images, labels, at=epoch * steps_per_epoch + step)  # (): lr, forward, loss, backward, AdamW
         nonfinite |= ~torch.isfinite(loss.detach())
         # Checking every step would sync the GPU each step; every 50 is soon enough.
         if (step % 50 == 49 or step == steps_per_epoch - 1) and bool(nonfinite):
             raise NonFiniteLossError(f"training loss became {loss.item()} at epoch {epoch + 1}, step {step + 1}; "
-                                     f"lower the learning rate (lr={settings.lr:g}) or set train.grad_clip")
+                                     f"lower the learning rate (lr={train_step.settings.lr:g}) or set "
+                                     "train.grad_clip")
         loss_sum += loss.detach().float()
         share.step()
-    return loss_sum, lr, waited[0]
+    return loss_sum, waited[0]
 
 
 def _restore(resume: dict[str, Any], *, model: nn.Module, optimizer: torch.optim.Optimizer,

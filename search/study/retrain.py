@@ -142,7 +142,7 @@ def retrain(
     # torch, timm and FFCV only once the config is known to be good (and not for `import search`)
     import torch
 
-    from trainers import autocast_for, build_model, evaluate, make_loader, pick_device, place_model, train_trial
+    from trainers import autocast_for, build_model, eval_loader, evaluate, pick_device, place_model, train_trial
 
     started = dt.datetime.now(dt.timezone.utc)
     clock = time.perf_counter()
@@ -189,10 +189,7 @@ def retrain(
         model.reparametrise()
     model.load_state_dict(final["model"])
     channels_last = place_model(model, device)  # as train_trial ran it
-    test_loader = make_loader(
-        data.test_path, batch_size=max(256, cfg.train.batch_size), train=False, mean=data.mean, std=data.std,
-        device=device, num_workers=cfg.train.loader_threads, channels_last=channels_last,
-    )
+    test_loader = eval_loader(cfg, data.test_path, device=device, channels_last=channels_last)  # as validation's
     test_loss, test_acc = evaluate(model, test_loader, autocast=autocast)
     ended = dt.datetime.now(dt.timezone.utc)
 

@@ -9,7 +9,7 @@ from timm.models.convit import GPSA as TimmGPSA
 from benchmarks import gpsa_layer
 from benchmarks._ceiling import MultiplyAddPeak, PeakMatmul, arithmetic_ceiling, counted_flops
 from benchmarks.models import PEAKS, run_group
-from trainers._cpu import cpu_has_native_bf16
+from trainers import cpu_has_native_bf16
 from benchmarks.peak import peak_build_error, peak_ops
 from trainers import kernels
 

@@ -35,7 +35,7 @@ def test_bf16_columns_are_off_where_bf16_is_emulated(monkeypatch):
     on, why = bf16_by_default("cpu")
     assert not on and "emulated" in why
     monkeypatch.delenv("ONEDNN_MAX_CPU_ISA")
-    from trainers._cpu import cpu_has_native_bf16
+    from trainers import cpu_has_native_bf16
     assert bf16_by_default("cpu") == (cpu_has_native_bf16(), "" if cpu_has_native_bf16() else why)
 
 

@@ -10,8 +10,7 @@ import torch
 import yaml
 
 import trainers.models  # noqa: F401  (registers the ls_* families)
-from trainers import throughput
-from trainers._cuda_graph import CaptureError, capture_inference
+from trainers import CaptureError, capture_inference, throughput
 from trainers.hooks import ConvertsDuringTraining
 from trainers.throughput import measure_model, measure_throughput
 

@@ -14,7 +14,7 @@ import torch
 
 from trainers.config import SettingError, ThroughputSettings, TrainSettings, TrialConfig
 from trainers.data import DatasetRequest, prepare_dataset
-from trainers.train import NonFiniteLossError, adamw, evaluate, lr_at, train_trial, training_dtype
+from trainers.train import NonFiniteLossError, adamw, evaluate, lr_at, train_trial
 
 FAST_THROUGHPUT = ThroughputSettings(batch_size=16, warmup=1, repeats=2)
 
@@ -78,6 +78,24 @@ def test_reports_once_per_epoch(synthetic):
         assert m["family"] == "convit"
     assert outcome.best_val_acc == max(m["val_acc"] for m in reports)
     assert reports[0]["lr"] > reports[1]["lr"]  # cosine decay
+
+
+def test_training_step_is_the_step_train_trial_takes(synthetic):
+    """trainers.training_step (what benchmarks/trial_overhead.py times on its own) over the trial's
+    own batches (trainers.trial_loaders) trains as train_trial's first epoch does: its losses and
+    its learning rate."""
+    from trainers import build_model, pick_device, place_model, training_step, trial_loaders
+
+    cfg = _config(synthetic, epochs=2)
+    torch.manual_seed(cfg.seed)  # as train_trial, before it builds the model
+    device = pick_device(cfg.device)
+    model = build_model(cfg)
+    train, _ = trial_loaders(cfg, device=device, channels_last=place_model(model, device))
+    step = training_step(model, cfg, device, steps_per_epoch=len(train))
+    losses = [float(step(images, labels, at=i).detach()) for i, (images, labels) in enumerate(train)]
+    first = train_trial(cfg).history[0]
+    assert sum(losses) / len(losses) == pytest.approx(first["train_loss"], rel=1e-5)
+    assert step.lr == pytest.approx(first["lr"]) and not step.graphed  # on the CPU: eager
 
 
 @pytest.mark.parametrize("constraints", [(), ("params <= 1e9",)], ids=["after_first_epoch", "before_training"])
@@ -398,25 +416,10 @@ def test_epoch_reports_the_time_spent_waiting_for_batches(synthetic, monkeypatch
     assert slow["train_loss"] == pytest.approx(fast["train_loss"])  # the same batches, only later
 
 
-def test_training_dtype_per_precision(monkeypatch):
-    import trainers.train as train_module
-
-    cpu = torch.device("cpu")
-    assert training_dtype("fp32", cpu) is None
-    monkeypatch.setattr(train_module, "cpu_has_native_bf16", lambda: True)
-    assert training_dtype("auto", cpu) is torch.bfloat16  # bf16 hardware: bf16 autocast
-    monkeypatch.setattr(train_module, "cpu_has_native_bf16", lambda: False)
-    assert training_dtype("auto", cpu) is None  # any other CPU: fp32
-    assert training_dtype("bf16", cpu) is torch.bfloat16 and training_dtype("fp16", cpu) is torch.float16
-    with pytest.raises(SettingError, match="must be one of auto, fp32, bf16, fp16, got 'fp8'") as info:
-        TrainSettings(precision="fp8")
-    assert info.value.key == "precision"
-
-
 def test_native_bf16_follows_the_cpu_and_onednn_cap(monkeypatch):
     from pathlib import Path
 
-    from trainers._cpu import cpu_has_native_bf16
+    from trainers import cpu_has_native_bf16
 
     monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
     cpuinfo = Path("/proc/cpuinfo")
@@ -438,9 +441,10 @@ def test_native_bf16_follows_the_cpu_and_onednn_cap(monkeypatch):
 ])
 def test_cpu_trial_trains_and_validates_in_the_requested_precision(synthetic, monkeypatch, precision, native_bf16,
                                                                    dtype):
+    import trainers.precision
     import trainers.train as train_module
 
-    monkeypatch.setattr(train_module, "cpu_has_native_bf16", lambda: native_bf16)
+    monkeypatch.setattr(trainers.precision, "cpu_has_native_bf16", lambda: native_bf16)  # the CPU's bf16 hardware
 
     seen = {"train": set(), "validate": set()}
     validating = []
@@ -469,5 +473,7 @@ def test_cpu_trial_trains_and_validates_in_the_requested_precision(synthetic, mo
     outcome = train_trial(_config(synthetic, precision=precision))
     assert seen == {"train": {dtype}, "validate": {dtype}}
     assert {m["train_precision"] for m in outcome.history} == {"bf16" if dtype == torch.bfloat16 else "fp32"}
+    # throughput.precision auto follows the same rule (trainers.precision), whatever the training's
+    assert {m["throughput_precision"] for m in outcome.history} == {"bf16" if native_bf16 else "fp32"}
     assert all(math.isfinite(m["train_loss"]) and math.isfinite(m["val_loss"]) for m in outcome.history)
     assert outcome.history[-1]["train_loss"] < outcome.history[0]["train_loss"]

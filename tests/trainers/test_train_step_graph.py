@@ -20,7 +20,8 @@ from tests.trainers.test_cuda_graph import _SyncsWithTheHost
 from trainers._cuda_graph import capture_train_step
 from trainers.config import SettingError, ThroughputSettings, TrainSettings, TrialConfig
 from trainers.data import DatasetRequest, prepare_dataset
-from trainers.train import adamw, capture_step, default_param_groups, graphs_steps, set_lr, train_trial
+from trainers.hooks import param_groups
+from trainers.train import adamw, capture_step, graphs_steps, set_lr, train_trial
 
 FAST_THROUGHPUT = ThroughputSettings(batch_size=8, warmup=1, repeats=2)
 
@@ -64,12 +65,12 @@ def test_capture_needs_cuda_batches_and_a_capturable_optimizer():
     kwargs = dict(model=model, runner=model, criterion=nn.CrossEntropyLoss(), images=torch.zeros(2, 1, 28, 28),
                   labels=torch.zeros(2, dtype=torch.long))
     with pytest.raises(ValueError, match="CUDA batches"):
-        capture_train_step(optimizer=adamw(default_param_groups(model, 0.05), lr=1e-3, capturable=True), **kwargs)
+        capture_train_step(optimizer=adamw(param_groups(model, 0.05), lr=1e-3, capturable=True), **kwargs)
     if torch.cuda.is_available():
         model.cuda()
         cuda_kwargs = {**kwargs, "images": kwargs["images"].cuda(), "labels": kwargs["labels"].cuda()}
         with pytest.raises(ValueError, match="capturable=True"):
-            capture_train_step(optimizer=adamw(default_param_groups(model, 0.05), lr=1e-3), **cuda_kwargs)
+            capture_train_step(optimizer=adamw(param_groups(model, 0.05), lr=1e-3), **cuda_kwargs)
 
 
 def test_set_lr_scales_per_group_and_fills_tensor_lrs_in_place():
@@ -115,8 +116,8 @@ def test_replays_update_the_weights_as_eager_steps_do(name, grad_clip, monkeypat
     torch.manual_seed(0)
     model = timm.create_model(name).cuda().train()
     reference = copy.deepcopy(model)
-    optimizer = adamw(default_param_groups(model, 0.05), lr=1e-3, capturable=True)
-    reference_optimizer = adamw(default_param_groups(reference, 0.05), lr=1e-3)
+    optimizer = adamw(param_groups(model, 0.05), lr=1e-3, capturable=True)
+    reference_optimizer = adamw(param_groups(reference, 0.05), lr=1e-3)
     criterion = nn.CrossEntropyLoss(label_smoothing=0.1)
     batches = _batches(4, (model.in_chans if hasattr(model, "in_chans") else 1, 28, 28))
     before = {k: v.clone() for k, v in model.state_dict().items()}
@@ -149,7 +150,7 @@ def test_replays_update_the_weights_as_eager_steps_do(name, grad_clip, monkeypat
 def test_a_step_that_cannot_be_captured_trains_eagerly_and_says_so():
     model = _SyncsWithTheHost().cuda()
     before = [p.clone() for p in model.parameters()]
-    optimizer = adamw(default_param_groups(model, 0.05), lr=1e-3, capturable=True)
+    optimizer = adamw(param_groups(model, 0.05), lr=1e-3, capturable=True)
     (images, labels), = _batches(1, (1, 28, 28))
     stream = torch.cuda.current_stream()
     with pytest.warns(UserWarning, match="cannot be captured.*trains eagerly"):

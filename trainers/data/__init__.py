@@ -7,7 +7,8 @@
     for images, labels in train: ...        # float32 (B, C, H, W) normalised, int64 (B,)
 
 ``make_loader`` (and FFCV, numba) is imported on first use, so importing this package for
-``DatasetRequest``/``PreparedDataset`` stays cheap.
+``DatasetRequest``/``PreparedDataset`` stays cheap. ``Augment`` is what a loader does to each batch
+as it hands it out (pad-crop, flip, normalisation), for use on batches from elsewhere.
 """
 
 from __future__ import annotations
@@ -16,12 +17,13 @@ from typing import Any
 
 from ._prepare import DatasetRequest, PreparedDataset, list_datasets, load_catalog, prepare_dataset
 
-__all__ = ["DatasetRequest", "PreparedDataset", "list_datasets", "load_catalog", "prepare_dataset", "make_loader"]
+__all__ = ["DatasetRequest", "PreparedDataset", "list_datasets", "load_catalog", "prepare_dataset", "make_loader",
+           "Augment"]
 
 
 def __getattr__(name: str) -> Any:
-    if name == "make_loader":
-        from ._loaders import make_loader
+    if name in ("make_loader", "Augment"):
+        from . import _loaders
 
-        return make_loader
+        return getattr(_loaders, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

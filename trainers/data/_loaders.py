@@ -57,7 +57,7 @@ from trainers.errors import ConfigError
 from ._ffcv import ffcv
 from ._prepare import IMAGE_FIELD, LABEL_FIELD
 
-__all__ = ["make_loader", "clear_loader_cache", "augment_seed"]
+__all__ = ["make_loader", "clear_loader_cache", "augment_seed", "Augment"]
 
 ffcv()  # imported and patched before the names below are taken from it
 from ffcv.fields.basics import IntDecoder  # noqa: E402
@@ -77,8 +77,9 @@ def augment_seed(seed: int, epoch: int) -> int:
     return (int(state[0]) << 31) ^ int(state[1])
 
 
-class _Augment:
-    """uint8 (B, H, W, C) -> float32 (B, C, H, W): optional pad-crop and flip, then normalise.
+class Augment:
+    """uint8 (B, H, W, C) -> float32 (B, C, H, W): optional pad-crop and flip, then normalise: what a
+    loader does to each batch as it hands it out (``augment(images, generator)``).
 
     Random draws per batch, in this order: ``dy``, ``dx`` (ints in [0, 2 * pad]) and, when
     flipping, ``rand(B) < 0.5``.
@@ -196,7 +197,7 @@ class _SeededEpochIterator(EpochIterator):
 class _Loader(Loader):
     """``ffcv.loader.Loader`` with seeded augmentation and one live epoch at a time."""
 
-    augment: _Augment
+    augment: Augment
     _last: EpochIterator | None = None
 
     def _stop_last(self) -> None:
@@ -239,7 +240,7 @@ def clear_loader_cache() -> None:
         _CACHE.clear()
 
 
-def _build(path: str, *, batch_size: int, train: bool, augment: _Augment, device: torch.device,
+def _build(path: str, *, batch_size: int, train: bool, augment: Augment, device: torch.device,
            num_workers: int, seed: int, drop_last: bool) -> _Loader:
     to_device = [] if device.type == "cpu" else [ToDevice(device, non_blocking=True)]
     loader = _Loader(
@@ -310,7 +311,7 @@ def make_loader(
     with _CACHE_LOCK:
         loader = _CACHE.get(key)
         if loader is None:
-            augment = _Augment(mean, std, pad=pad_crop, flip=flip, channels_last=bool(channels_last))
+            augment = Augment(mean, std, pad=pad_crop, flip=flip, channels_last=bool(channels_last))
             loader = _build(str(path), batch_size=batch_size, train=train, augment=augment, device=device,
                             num_workers=num_workers, seed=seed, drop_last=drop_last)
             channels = loader.reader.handlers[IMAGE_FIELD].shape[-1]

@@ -1,6 +1,6 @@
 """Dataset catalog and conversion to FFCV ``.beton`` files, cached by content hash.
 
-    datasets/<name>.yaml --load_catalog--> catalog dict (validated)
+    datasets/<name>.yaml --load_catalog--> catalog dict (validated by a pydantic model per format)
     raw files (or generated arrays) + request --sha256--> content hash
     <cache_dir>/<name>-<hash16>/{train,val,test}.beton + meta.json    (converted once)
 
@@ -32,10 +32,12 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Optional, Union
 
 import numpy as np
 import yaml
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError
+from pydantic import model_validator
 
 from trainers._atomic import folder_problem
 from trainers.errors import ConfigError
@@ -99,67 +101,108 @@ class PreparedDataset:
 
 # -- catalog -------------------------------------------------------------------------------------
 
-_FORMATS = ("idx", "cifar10_pickle", "imagefolder", "synthetic")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
-# key -> (kind, required); kinds: str, str?, int, int?, float, bool, strs (list of str), strs?, floats?
-_COMMON_KEYS: dict[str, tuple[str, bool]] = {
-    "name": ("str", True),
-    "description": ("str?", False),
-    "format": ("str", True),
-    "default_path": ("str?", True),
-    "num_classes": ("int?", False),
-    "class_names": ("strs?", False),
-    "channels": ("int", True),
-    "image_size": ("int", True),
-    "mean": ("floats?", False),
-    "std": ("floats?", False),
-    "flip": ("bool", True),
-    "install_hint": ("str", True),
-}
-_FORMAT_KEYS: dict[str, dict[str, tuple[str, bool]]] = {
-    "idx": {"files": ("files", True)},
-    "cifar10_pickle": {"files": ("files", True)},
-    "imagefolder": {"test_fraction": ("float", True), "split_seed": ("int", True)},
-    "synthetic": {"n_train": ("int", True), "n_test": ("int", True), "seed": ("int", True)},
-}
-_FILES_KEYS: dict[str, dict[str, str]] = {
-    "idx": {"train_images": "str", "train_labels": "str", "test_images": "str", "test_labels": "str"},
-    "cifar10_pickle": {"train": "strs", "test": "str", "meta": "str"},
-}
-_KIND_TEXT = {
-    "str": "a string",
-    "str?": "a string or null",
-    "int": "an integer",
-    "int?": "an integer or null",
-    "float": "a number",
-    "bool": "true or false",
-    "strs": "a list of strings",
-    "strs?": "a list of strings or null",
-    "floats?": "a list of numbers or null",
-    "files": "a mapping of file names",
-}
+Number = Union[StrictInt, StrictFloat]  # kept as written (1 stays 1): the content hash reads the entry
 
 
-def _kind_ok(kind: str, value: Any) -> bool:
-    if value is None:
-        return kind.endswith("?")
-    base = kind.rstrip("?")
-    if base == "str":
-        return isinstance(value, str)
-    if base == "int":
-        return isinstance(value, int) and not isinstance(value, bool)
-    if base == "float":
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if base == "bool":
-        return isinstance(value, bool)
-    if base == "strs":
-        return isinstance(value, list) and all(isinstance(v, str) for v in value)
-    if base == "floats":
-        return isinstance(value, list) and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)
-    if base == "files":
-        return isinstance(value, dict)
-    raise AssertionError(kind)
+def _key(kind: str, default: Any = ..., **constraints: Any) -> Any:
+    """A catalog key (required unless given a default); ``kind`` is what an error says it must be
+    ("channels must be an integer, got 'two'")."""
+    return Field(default, description=kind, **constraints)
+
+
+class _Entry(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class _Catalog(_Entry):
+    """The keys every catalog file has (``datasets/<name>.yaml``); a format adds its own."""
+
+    name: StrictStr = _key("a string")
+    description: Optional[StrictStr] = _key("a string or null", None)
+    format: StrictStr = _key("a string")
+    default_path: Optional[StrictStr] = _key("a string or null")  # required; null: the data has no default place
+    num_classes: Optional[StrictInt] = _key("an integer or null", None)
+    class_names: Optional[list[StrictStr]] = _key("a list of strings or null", None)
+    channels: StrictInt = _key("an integer")
+    image_size: StrictInt = _key("an integer")
+    mean: Optional[list[Number]] = _key("a list of numbers or null", None)
+    std: Optional[list[Number]] = _key("a list of numbers or null", None)
+    flip: StrictBool = _key("true or false")
+    install_hint: StrictStr = _key("a string")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "_Catalog":
+        if self.channels not in (1, 3):
+            raise ValueError(f"channels must be 1 or 3, got {self.channels}")
+        if self.image_size < 1:
+            raise ValueError(f"image_size must be positive, got {self.image_size}")
+        for key in ("mean", "std"):
+            value = getattr(self, key)
+            if value is not None and len(value) != self.channels:
+                raise ValueError(f"{key} needs one value per channel ({self.channels}), got {value}")
+        if (self.mean is None) != (self.std is None):
+            raise ValueError("give both mean and std, or neither (then they are computed from the training split)")
+        if self.std is not None and min(self.std) <= 0:
+            raise ValueError(f"std must be positive, got {self.std}")
+        if self.num_classes is not None and self.num_classes < 2:
+            raise ValueError(f"num_classes must be at least 2, got {self.num_classes}")
+        if self.class_names is not None and self.num_classes is not None and len(self.class_names) != self.num_classes:
+            raise ValueError(f"class_names has {len(self.class_names)} names but num_classes is {self.num_classes}; "
+                             "make them agree")
+        return self
+
+
+class _IdxFiles(_Entry):
+    train_images: StrictStr = _key("a string")
+    train_labels: StrictStr = _key("a string")
+    test_images: StrictStr = _key("a string")
+    test_labels: StrictStr = _key("a string")
+
+
+class _IdxCatalog(_Catalog):
+    files: _IdxFiles = _key("a mapping of file names")
+
+
+class _Cifar10Files(_Entry):
+    train: list[StrictStr] = _key("a non-empty list of strings", min_length=1)
+    test: StrictStr = _key("a string")
+    meta: StrictStr = _key("a string")
+
+
+class _Cifar10Catalog(_Catalog):
+    files: _Cifar10Files = _key("a mapping of file names")
+
+
+class _ImagefolderCatalog(_Catalog):
+    test_fraction: Number = _key("a number")
+    split_seed: StrictInt = _key("an integer")
+
+    @model_validator(mode="after")
+    def _fraction(self) -> "_ImagefolderCatalog":
+        if not 0.0 < self.test_fraction < 1.0:
+            raise ValueError(f"test_fraction must be in (0, 1), got {self.test_fraction}")
+        return self
+
+
+class _SyntheticCatalog(_Catalog):
+    n_train: StrictInt = _key("an integer")
+    n_test: StrictInt = _key("an integer")
+    seed: StrictInt = _key("an integer")
+
+    @model_validator(mode="after")
+    def _sizes(self) -> "_SyntheticCatalog":
+        if self.num_classes is None:
+            raise ValueError("synthetic data needs num_classes")
+        for key in ("n_train", "n_test"):
+            if getattr(self, key) < self.num_classes:
+                raise ValueError(f"{key} must be at least num_classes ({self.num_classes}), got {getattr(self, key)}")
+        return self
+
+
+_FORMATS: dict[str, type[_Catalog]] = {"idx": _IdxCatalog, "cifar10_pickle": _Cifar10Catalog,
+                                       "imagefolder": _ImagefolderCatalog, "synthetic": _SyntheticCatalog}
 
 
 def _catalog_path(name: str) -> Path:
@@ -174,7 +217,8 @@ def list_datasets() -> list[str]:
 
 
 def load_catalog(name: str) -> dict:
-    """``datasets/<name>.yaml`` parsed and validated; optional keys are filled with None."""
+    """``datasets/<name>.yaml`` parsed and validated; optional keys are filled with None. A
+    ConfigError, one line naming the file and the key, where it is not a valid entry."""
     if not isinstance(name, str) or not _NAME_RE.match(name) or not _catalog_path(name).is_file():
         known = ", ".join(list_datasets()) or "none"
         raise ConfigError(f"unknown dataset {name!r}; known: {known} (or add {CATALOG_DIR}/{name}.yaml)")
@@ -190,60 +234,39 @@ def load_catalog(name: str) -> dict:
     fmt = entry.get("format")
     if fmt not in _FORMATS:
         raise ConfigError(f"{path}: format must be one of {', '.join(_FORMATS)}, got {fmt!r}")
-    schema = {**_COMMON_KEYS, **_FORMAT_KEYS[fmt]}
-    unknown = sorted(set(entry) - set(schema))
+    model = _FORMATS[fmt]
+    try:
+        catalog = model.model_validate(entry).model_dump()
+    except ValidationError as exc:
+        raise ConfigError(f"{path}: {_catalog_problem(model, entry, exc.errors())}") from None
+    if catalog["name"] != name:
+        raise ConfigError(f"{path}: name is {catalog['name']!r} but the file is {name}.yaml; make them the same")
+    return catalog
+
+
+def _catalog_problem(model: type[BaseModel], entry: dict, errors: list[Any]) -> str:
+    """pydantic's first error (every unknown key of a mapping, before anything else) in the
+    catalog's words: the key (``files.train`` inside ``files``), what it must be, what it was."""
+    unknown = [e for e in errors if e["type"] == "extra_forbidden"]
+    first = unknown[0] if unknown else errors[0]
+    if first["type"] == "value_error" and not first["loc"]:  # a rule across keys: its message names them
+        return str(first["ctx"]["error"])
+    keys: list[str] = []  # the loc's leading keys that name fields, down through nested mappings
+    fields, field, value = model.model_fields, None, entry
+    for key in first["loc"][:-1] if unknown else first["loc"]:
+        if key not in fields:
+            break  # a list index, a union member's tag
+        keys.append(key)
+        field, value = fields[key], value.get(key) if isinstance(value, dict) else None
+        fields = getattr(field.annotation, "model_fields", {})
+    path = ".".join(keys)
     if unknown:
-        raise ConfigError(f"{path}: unknown key(s) {', '.join(map(str, unknown))} for format {fmt}; allowed: {', '.join(schema)}")
-    out: dict[str, Any] = {}
-    for key, (kind, required) in schema.items():
-        if key not in entry:
-            if required:
-                raise ConfigError(f"{path}: missing key {key!r} ({_KIND_TEXT[kind]})")
-            out[key] = None
-            continue
-        value = entry[key]
-        if not _kind_ok(kind, value):
-            raise ConfigError(f"{path}: {key} must be {_KIND_TEXT[kind]}, got {value!r}")
-        out[key] = value
-    if out["name"] != name:
-        raise ConfigError(f"{path}: name is {out['name']!r} but the file is {name}.yaml; make them the same")
-    if "files" in out:
-        fschema = _FILES_KEYS[fmt]
-        files = out["files"]
-        bad = sorted(set(files) - set(fschema))
-        if bad:
-            raise ConfigError(f"{path}: unknown key(s) files.{', files.'.join(bad)}; allowed: {', '.join(fschema)}")
-        for key, kind in fschema.items():
-            if key not in files:
-                raise ConfigError(f"{path}: missing key files.{key} ({_KIND_TEXT[kind]})")
-            if not _kind_ok(kind, files[key]) or (kind == "strs" and not files[key]):
-                raise ConfigError(f"{path}: files.{key} must be {_KIND_TEXT[kind]}, got {files[key]!r}")
-    if out["channels"] not in (1, 3):
-        raise ConfigError(f"{path}: channels must be 1 or 3, got {out['channels']}")
-    if out["image_size"] < 1:
-        raise ConfigError(f"{path}: image_size must be positive, got {out['image_size']}")
-    for key in ("mean", "std"):
-        if out[key] is not None and len(out[key]) != out["channels"]:
-            raise ConfigError(f"{path}: {key} needs one value per channel ({out['channels']}), got {out[key]}")
-    if (out["mean"] is None) != (out["std"] is None):
-        raise ConfigError(f"{path}: give both mean and std, or neither (then they are computed from the training split)")
-    if out["std"] is not None and min(out["std"]) <= 0:
-        raise ConfigError(f"{path}: std must be positive, got {out['std']}")
-    if out["num_classes"] is not None and out["num_classes"] < 2:
-        raise ConfigError(f"{path}: num_classes must be at least 2, got {out['num_classes']}")
-    if out["class_names"] is not None and out["num_classes"] is not None and len(out["class_names"]) != out["num_classes"]:
-        raise ConfigError(
-            f"{path}: class_names has {len(out['class_names'])} names but num_classes is {out['num_classes']}; make them agree"
-        )
-    if fmt == "imagefolder" and not 0.0 < out["test_fraction"] < 1.0:
-        raise ConfigError(f"{path}: test_fraction must be in (0, 1), got {out['test_fraction']}")
-    if fmt == "synthetic":
-        if out["num_classes"] is None:
-            raise ConfigError(f"{path}: synthetic data needs num_classes")
-        for key in ("n_train", "n_test"):
-            if out[key] < out["num_classes"]:
-                raise ConfigError(f"{path}: {key} must be at least num_classes ({out['num_classes']}), got {out[key]}")
-    return out
+        names = sorted(".".join([*keys, str(e["loc"][-1])]) for e in unknown if list(e["loc"][:-1]) == keys)
+        scope = f" for format {entry['format']}" if not keys else ""
+        return f"unknown key(s) {', '.join(names)}{scope}; allowed: {', '.join(fields)}"
+    if first["type"] == "missing":
+        return f"missing key {path if len(keys) > 1 else repr(path)} ({field.description})"
+    return f"{path} must be {field.description}, got {value!r}"
 
 
 # -- sources and content hash --------------------------------------------------------------------

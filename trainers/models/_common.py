@@ -16,7 +16,7 @@ from timm.layers import trunc_normal_
 from timm.models import build_model_with_cfg
 from timm.models import register_notrace_function, register_notrace_module
 
-from trainers import kernels
+from trainers import hooks, kernels
 from trainers.kernels import LayerNorm as PreNorm
 from trainers.kernels import Linear, add_and_norm, add_residual, has_hooks, linear, records_autograd
 
@@ -24,7 +24,7 @@ __all__ = [
     'IMAGENET_DEFAULT_MEAN', 'IMAGENET_DEFAULT_STD', 'FASHION_MNIST_MEAN', 'FASHION_MNIST_STD', 'GridSize',
     '_pair', '_check_int', '_check_real', '_check_bool', '_check_vit_args', '_init_vit_weights', '_cfg',
     '_fashion_mnist_cfg', '_build_without_weights',
-    '_gated_param_groups', '_param_groups', '_patch_tokens', 'MHSA', 'Mlp', 'PreNorm', 'PreNormBlock',
+    '_gated_param_groups', '_grid_offsets', '_patch_tokens', '_token_grid', 'MHSA', 'Mlp', 'PreNorm', 'PreNormBlock',
 ]
 
 IMAGENET_DEFAULT_MEAN = (0.485, 0.456, 0.406)
@@ -43,6 +43,29 @@ def _patch_tokens(patch_embed: nn.Module, x: torch.Tensor) -> torch.Tensor:
     copy its input first. One copy here.
     """
     return patch_embed(x).contiguous()
+
+
+def _grid_offsets(grid_size: GridSize) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(dx, dy), each (N, N) float32 indexed [query i, key j]: key patch j's column and row minus
+    query patch i's. Patches are numbered row-major (n = row * W + col), x is the column and y the
+    row. Exact integers, so float32 is exact up to huge grids."""
+    h, w = grid_size
+    rows = torch.arange(h, dtype=torch.float32).repeat_interleave(w)  # (N,) row of patch n
+    cols = torch.arange(w, dtype=torch.float32).repeat(h)  # (N,) column of patch n
+    return cols[None, :] - cols[:, None], rows[None, :] - rows[:, None]
+
+
+def _token_grid(grid_size: Optional[GridSize], num_patches: int, layer: str) -> GridSize:
+    """The patch grid of `num_patches` tokens: `grid_size` where it holds that many, else a square
+    one; a ValueError naming the `layer` class where the tokens make none."""
+    if grid_size is not None and grid_size[0] * grid_size[1] == num_patches:
+        return grid_size
+    side = math.isqrt(num_patches)
+    if side * side != num_patches:
+        raise ValueError(
+            f'{layer} got {num_patches} tokens, which is not a square patch grid; pass grid_size=(rows, cols) '
+            f'to {layer}, or feed it patch tokens only (no class token)')
+    return side, side
 
 
 def _pair(name: str, value: Any) -> Tuple[int, int]:
@@ -152,39 +175,11 @@ def _build_without_weights(model_cls: type, variant: str, pretrained: bool, weig
     return build_model_with_cfg(model_cls, variant, pretrained, **kwargs)
 
 
-def _param_groups(model: nn.Module, weight_decay: float, *, no_decay: Callable[[str, nn.Parameter], bool],
-                  special: Callable[[str, nn.Parameter], bool] = lambda name, p: False,
-                  special_weight_decay: float = 0., special_lr_scale: float = 1.) -> List[Dict[str, Any]]:
-    """AdamW groups {'params', 'weight_decay', 'lr_scale'} (lr = base lr * lr_scale), the rule
-    every family's `param_groups` applies with its own parameters picked out:
-    `special(name, p)` (a family's gates or masks): `special_weight_decay`, `special_lr_scale`;
-    biases, norms and `no_decay(name, p)`: no weight decay; everything else: `weight_decay`.
-    lr_scale 1.0 but for the special group. Frozen parameters are left out; empty groups dropped.
-    """
-    _check_real('weight_decay', weight_decay, 0.)
-    decay, no_decay_params, special_params = [], [], []
-    for name, p in model.named_parameters():
-        if not p.requires_grad:
-            continue
-        if special(name, p):
-            special_params.append(p)
-        elif p.ndim <= 1 or no_decay(name, p):
-            no_decay_params.append(p)
-        else:
-            decay.append(p)
-    groups = [
-        dict(params=decay, weight_decay=float(weight_decay), lr_scale=1.0),
-        dict(params=no_decay_params, weight_decay=0.0, lr_scale=1.0),
-        dict(params=special_params, weight_decay=float(special_weight_decay), lr_scale=float(special_lr_scale)),
-    ]
-    return [g for g in groups if g['params']]
-
-
 def _gated_param_groups(model: nn.Module, weight_decay: float, *, gate_lr_mult: float,
                         no_decay_names: Set[str]) -> List[Dict[str, Any]]:
-    """`_param_groups` for models with GPSA gates (names ending in 'gating_param'): lr_scale =
-    gate_lr_mult, no weight decay; `no_decay_names` without weight decay either."""
-    return _param_groups(model, weight_decay, no_decay=lambda name, p: name in no_decay_names,
+    """`trainers.hooks.param_groups` for models with GPSA gates (names ending in 'gating_param'):
+    lr_scale = gate_lr_mult, no weight decay; `no_decay_names` without weight decay either."""
+    return hooks.param_groups(model, weight_decay, no_decay=lambda name, p: name in no_decay_names,
                          special=lambda name, p: name.endswith('gating_param'), special_lr_scale=gate_lr_mult)
 
 

@@ -31,23 +31,17 @@ from trainers import kernels
 from trainers.kernels import Linear
 from trainers.models._common import (
     MHSA, GridSize, PreNormBlock, _build_without_weights, _cfg, _check_int, _check_real, _check_vit_args,
-    _fashion_mnist_cfg, _gated_param_groups, _init_vit_weights, _patch_tokens,
+    _fashion_mnist_cfg, _gated_param_groups, _grid_offsets, _init_vit_weights, _patch_tokens, _token_grid,
 )
 
 __all__ = ['GPSA', 'MHSA', 'Block', 'LocalityConViT']
 
 
 def rel_indices(grid_size: GridSize) -> torch.Tensor:
-    """Relative positions r_ij = (dx, dy, dx^2 + dy^2) of key j minus query i, shape (N, N, 3).
-
-    Patches are numbered row-major (n = row * W + col), x is the column and y the row: for a
-    square grid this is exactly timm's `GPSA.get_rel_indices` (without its leading batch dim).
-    """
-    h, w = grid_size
-    rows = torch.arange(h, dtype=torch.float32).repeat_interleave(w)  # (N,) row of patch n
-    cols = torch.arange(w, dtype=torch.float32).repeat(h)  # (N,) column of patch n
-    dx = cols[None, :] - cols[:, None]  # (N, N): [query, key]
-    dy = rows[None, :] - rows[:, None]
+    """Relative positions r_ij = (dx, dy, dx^2 + dy^2) of key j minus query i, shape (N, N, 3)
+    (`_grid_offsets`: patches row-major, x the column, y the row); for a square grid exactly timm's
+    `GPSA.get_rel_indices` (without its leading batch dim)."""
+    dx, dy = _grid_offsets(grid_size)  # (N, N) each: [query, key]
     return torch.stack((dx, dy, dx ** 2 + dy ** 2), dim=-1)
 
 
@@ -66,15 +60,6 @@ def _softmax_without_denormals(scores: torch.Tensor) -> torch.Tensor:
     """
     P = scores.softmax(dim=-1)
     return P.masked_fill(P < _NEGLIGIBLE, 0.)
-
-
-def _square_grid(num_patches: int) -> GridSize:
-    side = math.isqrt(num_patches)
-    if side * side != num_patches:
-        raise ValueError(
-            f'GPSA got {num_patches} tokens, which is not a square patch grid; pass grid_size=(rows, cols) '
-            'to GPSA, or feed it patch tokens only (no class token)')
-    return side, side
 
 
 @register_notrace_module  # reason: the rel_indices cache is Python control flow
@@ -136,11 +121,6 @@ class GPSA(nn.Module):
             self.rel_indices = rel_indices(grid).to(device=w.device, dtype=w.dtype)
         self._rel_grid = grid
 
-    def _grid_for(self, num_patches: int) -> GridSize:
-        if self.grid_size is not None and self.grid_size[0] * self.grid_size[1] == num_patches:
-            return self.grid_size
-        return _square_grid(num_patches)
-
     def init_non_persistent_buffers(self) -> None:
         """Recompute the cached relative positions (e.g. after materialising from the meta device)."""
         if self._rel_grid is not None:
@@ -186,13 +166,13 @@ class GPSA(nn.Module):
         q, k = self.qk(x).reshape(B, N, 2, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
         content = ((q @ k.transpose(-2, -1)) * self.scale).softmax(dim=-1)  # (B, H, N, N)
         gate = torch.sigmoid(self.gating_param).view(-1, 1, 1)  # (H, 1, 1)
-        return (1. - gate) * content + gate * self.positional_attention(self._grid_for(N))
+        return (1. - gate) * content + gate * self.positional_attention(_token_grid(self.grid_size, N, 'GPSA'))
 
     # --- forward -----------------------------------------------------------------------------
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, N, C = x.shape
         H, d = self.num_heads, self.head_dim
-        grid = self._grid_for(N)
+        grid = _token_grid(self.grid_size, N, 'GPSA')
         if kernels.enabled() and not (self.training and self.attn_drop_p > 0.):
             return kernels.gated_attention(
                 x, qk=self.qk, v=self.v, proj=self.proj, proj_drop=self.proj_drop, gating_param=self.gating_param,

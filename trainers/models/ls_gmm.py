@@ -26,10 +26,10 @@ from timm.layers import LayerNorm, PatchEmbed, calculate_drop_path_rates, trunc_
 from timm.models import generate_default_cfgs, register_model
 from timm.models import register_notrace_module
 
-from trainers import kernels
+from trainers import hooks, kernels
 from trainers.models._common import (
     GridSize, PreNormBlock, _build_without_weights, _cfg, _check_bool, _check_int, _check_real, _check_vit_args,
-    _fashion_mnist_cfg, _init_vit_weights, _param_groups, _patch_tokens,
+    _fashion_mnist_cfg, _grid_offsets, _init_vit_weights, _patch_tokens, _token_grid,
 )
 from trainers.kernels import Linear
 
@@ -40,16 +40,10 @@ GMM_EPS = 1e-6
 
 
 def grid_sq_distances(grid_size: GridSize) -> torch.Tensor:
-    """Squared 2D distances d2[i, j] = dx^2 + dy^2 between patches i and j, shape (N, N), float32.
-
-    Patches are numbered row-major (n = row * W + col), as Algorithm 1 of the paper
-    (dx from n % W, dy from n // W). Exact integers, so float32 is exact up to huge grids.
-    """
-    h, w = grid_size
-    rows = torch.arange(h, dtype=torch.float32).repeat_interleave(w)  # (N,)
-    cols = torch.arange(w, dtype=torch.float32).repeat(h)  # (N,)
-    dx = cols[None, :] - cols[:, None]
-    dy = rows[None, :] - rows[:, None]
+    """Squared 2D distances d2[i, j] = dx^2 + dy^2 between patches i and j, shape (N, N), float32
+    (`_grid_offsets`: patches row-major, as Algorithm 1 of the paper: dx from n % W, dy from n // W).
+    Exact integers, so float32 is exact up to huge grids."""
+    dx, dy = _grid_offsets(grid_size)
     return dx * dx + dy * dy
 
 
@@ -86,15 +80,6 @@ def gmm_mask(d2: torch.Tensor, alpha: torch.Tensor, sigma: torch.Tensor, eps: fl
     denom = 2. * sigma * sigma + eps  # (H, K)
     expo = -d2.to(sigma.dtype)[None, None] / denom[:, :, None, None]  # (H, K, N, N)
     return torch.einsum('hk,hknm->hnm', alpha, torch.exp(expo))
-
-
-def _square_grid(num_patches: int) -> GridSize:
-    side = math.isqrt(num_patches)
-    if side * side != num_patches:
-        raise ValueError(
-            f'GMMAttention got {num_patches} tokens, which is not a square patch grid; pass grid_size=(rows, cols) '
-            'to GMMAttention, or feed it patch tokens only (no class token)')
-    return side, side
 
 
 @register_notrace_module  # reason: the d2 cache is Python control flow
@@ -164,11 +149,6 @@ class GMMAttention(nn.Module):
         self.d2 = grid_sq_distances(grid).to(device=self.alpha.device)  # kept float32 (exact integers)
         self._d2_grid = grid
 
-    def _grid_for(self, num_patches: int) -> GridSize:
-        if self.grid_size is not None and self.grid_size[0] * self.grid_size[1] == num_patches:
-            return self.grid_size
-        return _square_grid(num_patches)
-
     def init_non_persistent_buffers(self) -> None:
         """Recompute the cached distances (e.g. after materialising from the meta device)."""
         if self._d2_grid is not None:
@@ -186,7 +166,7 @@ class GMMAttention(nn.Module):
         return self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # (3, B, H, N, d)
 
     def _scaled_mask(self, num_patches: int) -> torch.Tensor:
-        return self.mask(self._grid_for(num_patches)) * self.scale  # (H, N, N), 1/sqrt(d) folded into the mask
+        return self.mask(_token_grid(self.grid_size, num_patches, 'GMMAttention')) * self.scale  # (H, N, N), 1/sqrt(d) folded into the mask
 
     def _scores(self, qkv: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """Masked scores B = (Q K^T / sqrt(d)) * M (B, H, N, N) and V (B, H, N, d), on torch ops."""
@@ -337,7 +317,7 @@ class LocalityGMMViT(nn.Module):
         parameters are left out; empty groups are dropped.
         """
         mask_ids = {id(p) for p in self.mask_parameters()}
-        return _param_groups(self, weight_decay, no_decay=lambda name, p: name == 'pos_embed',
+        return hooks.param_groups(self, weight_decay, no_decay=lambda name, p: name == 'pos_embed',
                              special=lambda name, p: id(p) in mask_ids,
                              special_weight_decay=weight_decay if self.mask_weight_decay else 0.)
 

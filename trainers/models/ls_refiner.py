@@ -24,10 +24,10 @@ import torch.nn.functional as F
 from timm.layers import LayerNorm, PatchEmbed, calculate_drop_path_rates, trunc_normal_
 from timm.models import generate_default_cfgs, register_model
 
-from trainers import kernels
+from trainers import hooks, kernels
 from trainers.models._common import (
     MHSA, GridSize, PreNormBlock, _build_without_weights, _cfg, _check_int, _check_vit_args, _fashion_mnist_cfg,
-    _init_vit_weights, _param_groups,
+    _init_vit_weights,
 )
 from trainers.kernels import Linear, linear
 
@@ -428,7 +428,7 @@ class LocalityRefinerViT(nn.Module):
         Frozen parameters are left out; empty groups are dropped.
         """
         skip = self.no_weight_decay()
-        return _param_groups(self, weight_decay, no_decay=lambda name, p: name in skip or '.refiner.' in name)
+        return hooks.param_groups(self, weight_decay, no_decay=lambda name, p: name in skip or '.refiner.' in name)
 
     @torch.jit.ignore
     def group_matcher(self, coarse: bool = False) -> Dict[str, Any]:
