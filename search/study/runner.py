@@ -241,6 +241,24 @@ def _dashboard_notes(dashboard_host: str, url: str, out: TextIO) -> None:
 # Not shipped to a cluster's nodes with the code (on top of what .gitignore leaves out).
 # gitignore patterns: the leading "/" anchors a folder at the project root ("results/" alone would
 # also leave out the package search/results/)
+def _in_checkout() -> bool:
+    """Whether this code runs from a checkout (its pyproject.toml beside the packages), not an install."""
+    return (PROJECT_ROOT / "pyproject.toml").is_file()
+
+
+def _shipped_code() -> dict[str, Any]:
+    """Ray's runtime_env for a cluster's nodes: the checkout as the working_dir (a zip of it,
+    .gitignore'd files and results left out); installed (site-packages is no project to ship
+    whole), the two packages through py_modules."""
+    if _in_checkout():
+        return {"working_dir": str(PROJECT_ROOT), "excludes": SHIP_EXCLUDES}
+    import search
+    import trainers
+
+    return {"py_modules": [str(Path(search.__file__).parent), str(Path(trainers.__file__).parent)],
+            "excludes": ["__pycache__/", "*.pyc"]}
+
+
 SHIP_EXCLUDES = ["/.git/", "/results/", "/tests/", "/benchmarks/", "/dashboards/", "*.beton", "*.parquet", "*.journal"]
 
 
@@ -256,13 +274,14 @@ def _init_ray(address: str | None, dashboard_host: str, out: TextIO) -> None:
     }
     if address:
         check_ray_address(address)
-        # Ray ships this project to every node (a zip of it, .gitignore'd files and results left
-        # out), so the nodes need only the Python packages, not a checkout at the same path.
-        init_args.update(address=address, runtime_env={"working_dir": str(PROJECT_ROOT), "excludes": SHIP_EXCLUDES})
+        # Ray ships this project to every node, so the nodes need only the Python packages, not
+        # a checkout at the same path (docs/cluster.md)
+        init_args.update(address=address, runtime_env=_shipped_code())
     else:
         # "local": a cluster of our own, even when `ray start` left one running on this machine
         # (ray.init() would join that one, ignoring the dashboard settings); --address auto joins it.
-        pythonpath = os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")]))
+        checkout = str(PROJECT_ROOT) if _in_checkout() else None  # installed: importable as it is
+        pythonpath = os.pathsep.join(filter(None, [checkout, os.environ.get("PYTHONPATH")]))
         init_args.update(address="local", include_dashboard=True, dashboard_host=dashboard_host,
                          runtime_env={"env_vars": {"PYTHONPATH": pythonpath}})
     try:

@@ -53,6 +53,8 @@ __all__ = [
     "prepare_dataset",
     "split_indices",
     "CATALOG_DIR",
+    "CATALOG_ENV",
+    "catalog_dirs",
     "FORMAT_VERSION",
     "IMAGE_FIELD",
     "LABEL_FIELD",
@@ -60,7 +62,17 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-CATALOG_DIR = Path(__file__).resolve().parents[2] / "datasets"
+# The shipped catalog: the checkout's datasets/ (trainers/data/catalog links to it), package data
+# once installed. A user's own entries go in the folders of $LOCALITY_SEARCH_CATALOG, searched first.
+CATALOG_DIR = Path(__file__).resolve().parent / "catalog"
+CATALOG_ENV = "LOCALITY_SEARCH_CATALOG"
+
+
+def catalog_dirs() -> list[Path]:
+    """Where catalog entries are looked for, first match wins: the folders of
+    ``$LOCALITY_SEARCH_CATALOG`` (``os.pathsep``-separated), then the shipped catalog."""
+    extra = [Path(p).expanduser() for p in os.environ.get(CATALOG_ENV, "").split(os.pathsep) if p.strip()]
+    return [*extra, CATALOG_DIR]
 FORMAT_VERSION = 1  # bump when the conversion changes what ends up in a .beton
 IMAGE_FIELD = "image"  # NDArrayField uint8 (H, W, C)
 LABEL_FIELD = "label"  # IntField (int64)
@@ -206,14 +218,17 @@ _FORMATS: dict[str, type[_Catalog]] = {"idx": _IdxCatalog, "cifar10_pickle": _Ci
 
 
 def _catalog_path(name: str) -> Path:
+    """The first ``<name>.yaml`` of :func:`catalog_dirs` (the shipped one's path where none is there)."""
+    for folder in catalog_dirs():
+        if (folder / f"{name}.yaml").is_file():
+            return folder / f"{name}.yaml"
     return CATALOG_DIR / f"{name}.yaml"
 
 
 def list_datasets() -> list[str]:
-    """The catalog's dataset names (``datasets/*.yaml``), sorted."""
-    if not CATALOG_DIR.is_dir():
-        return []
-    return sorted(p.stem for p in CATALOG_DIR.glob("*.yaml") if _NAME_RE.match(p.stem))
+    """The catalog's dataset names (``<catalog>/*.yaml`` of every :func:`catalog_dirs` folder), sorted."""
+    names = {p.stem for folder in catalog_dirs() if folder.is_dir() for p in folder.glob("*.yaml")}
+    return sorted(n for n in names if _NAME_RE.match(n))
 
 
 def load_catalog(name: str) -> dict:
@@ -221,7 +236,8 @@ def load_catalog(name: str) -> dict:
     ConfigError, one line naming the file and the key, where it is not a valid entry."""
     if not isinstance(name, str) or not _NAME_RE.match(name) or not _catalog_path(name).is_file():
         known = ", ".join(list_datasets()) or "none"
-        raise ConfigError(f"unknown dataset {name!r}; known: {known} (or add {CATALOG_DIR}/{name}.yaml)")
+        mine = os.environ.get(CATALOG_ENV) or f"a folder named in ${CATALOG_ENV}"
+        raise ConfigError(f"unknown dataset {name!r}; known: {known} (or add {name}.yaml to {mine})")
     path = _catalog_path(name)
     try:
         entry = yaml.safe_load(path.read_text())
