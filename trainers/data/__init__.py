@@ -15,10 +15,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._prepare import DatasetRequest, PreparedDataset, list_datasets, load_catalog, prepare_dataset
+from ._prepare import (CATALOG_DIR, CATALOG_ENV, DatasetRequest, PreparedDataset, catalog_dirs, list_datasets,
+                       load_catalog, prepare_dataset)
 
 __all__ = ["DatasetRequest", "PreparedDataset", "list_datasets", "load_catalog", "prepare_dataset", "make_loader",
-           "Augment"]
+           "Augment", "CATALOG_DIR", "CATALOG_ENV", "catalog_dirs"]
 
 
 def __getattr__(name: str) -> Any:

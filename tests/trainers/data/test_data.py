@@ -615,3 +615,20 @@ def test_ffcv_rgb_images_round_trip_with_its_image_modes_as_a_plain_dict(tmp_pat
                                         "label": [IntDecoder(), ToTensor()]})
     (x, y), = list(loader)
     assert np.array_equal(x.numpy(), images) and y.flatten().tolist() == list(range(6))
+
+
+def test_a_users_catalog_folder_is_searched_first(tmp_path, monkeypatch):
+    import yaml
+
+    from trainers.data import CATALOG_ENV, list_datasets, load_catalog
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    entry = yaml.safe_load((Path(__file__).resolve().parents[3] / "datasets" / "synthetic.yaml").read_text())
+    (mine / "tiny_synthetic.yaml").write_text(yaml.safe_dump({**entry, "name": "tiny_synthetic", "n_train": 40}))
+    (mine / "synthetic.yaml").write_text(yaml.safe_dump({**entry, "n_train": 44}))  # shadows the shipped one
+    monkeypatch.setenv(CATALOG_ENV, str(mine))
+    assert {"tiny_synthetic", "synthetic", "fashion_mnist"} <= set(list_datasets())
+    assert load_catalog("tiny_synthetic")["n_train"] == 40 and load_catalog("synthetic")["n_train"] == 44
+    monkeypatch.delenv(CATALOG_ENV)
+    assert "tiny_synthetic" not in list_datasets() and load_catalog("synthetic")["n_train"] != 44
