@@ -6,7 +6,9 @@ exact for what they count:
 
 - front computations: calls of the functions that take a Pareto front (``pareto_mask``,
   ``pareto_front``, ``config_front``, ``compute_front`` and the old ``_complete_front``) outside
-  the module that defines the rule (``search/results/pareto.py``) and tests;
+  the module that defines the rule (``search/results/pareto.py``) and tests; and the functions
+  of ``search/`` that call the dominance rule itself (``pareto_mask``/``pareto_front``): each is
+  a pipeline of its own from rows to a front;
 - formatters: functions named ``format_*`` or ``render_*`` that turn results into text;
 - private cross-module imports: ``from a.b import _name`` or ``import a._b`` where the private
   name is not defined in the importing module's own package;
@@ -66,6 +68,7 @@ def _private_imports(path: Path, tree: ast.AST) -> list[str]:
 
 def measure() -> dict:
     front_calls: list[str] = []
+    front_pipelines: list[str] = []
     formatters: list[str] = []
     private: dict[str, list[str]] = {}
     third_party: dict[str, list[str]] = {}
@@ -82,6 +85,12 @@ def measure() -> dict:
                 name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
                 if name in FRONT_CALLS and rel != "search/results/pareto.py":
                     front_calls.append(f"{rel}:{node.lineno} {name}")
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and rel.startswith("search/") \
+                    and rel != "search/results/pareto.py":
+                calls = {c.func.id if isinstance(c.func, ast.Name) else getattr(c.func, "attr", None)
+                         for c in ast.walk(node) if isinstance(c, ast.Call)}
+                if calls & {"pareto_mask", "pareto_front"}:
+                    front_pipelines.append(f"{rel}:{node.lineno} {node.name}")
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 if node.name.startswith(("format_", "render_")) and rel.startswith("search/"):
                     formatters.append(f"{rel}:{node.lineno} {node.name}")
@@ -99,6 +108,7 @@ def measure() -> dict:
             tests_private += 1
     return {
         "front_computations": {"count": len(front_calls), "where": front_calls},
+        "functions_calling_the_dominance_rule": {"count": len(front_pipelines), "where": front_pipelines},
         "formatters": {"count": len(formatters), "where": formatters},
         "private_cross_module_imports": {"count": sum(map(len, private.values())), "where": private},
         "private_third_party_imports": {"count": sum(map(len, third_party.values())), "where": third_party},
