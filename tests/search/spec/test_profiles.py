@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from search.spec.spec import deep_merge, load_spec, pick_profile
+from search.spec import deep_merge, load_spec, pick_profile
 from search.views.cli import main
 from trainers.errors import ConfigError
 

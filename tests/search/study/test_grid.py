@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from search.spec.spec import load_spec
+from search.spec import load_spec
 from search.study.runner import _grid_searcher
 from search.study.trainable import SEED_KEY
 from search.views.cli import main

@@ -251,7 +251,7 @@ def test_resume_of_a_study_that_ran_its_time_limit_says_so_without_starting_ray(
     import ray
 
     from search.results.location import StudyLocation
-    from search.spec.spec import load_spec, to_plain
+    from search.spec import load_spec, to_plain
     from search.study.runner import _store_for
     from search.views.cli import main
 

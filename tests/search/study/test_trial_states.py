@@ -17,7 +17,7 @@ from optuna.storages.journal import JournalFileBackend
 
 from search.results.location import JOURNAL_FILE
 from search.results.store import ResultsStore
-from search.spec.spec import ParamSpec
+from search.spec import ParamSpec
 from search.study.callbacks import StoreCallback
 from search.study.runner import OptunaSpace, _no_results_preview_warning
 from search.study.searcher import HonestOptunaSearch
