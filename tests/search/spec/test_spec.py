@@ -244,7 +244,7 @@ def test_every_space_samples_configs_that_build(path):
     import optuna
     import torch
 
-    from search.study.runner import OptunaSpace
+    from search.study.searcher import OptunaSpace
     from search.study.trainable import TrialTemplate, trial_config
     from trainers.data import PreparedDataset, load_catalog
     from trainers.train import build_model
