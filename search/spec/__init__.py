@@ -15,6 +15,7 @@ from search.spec.meta import check_model, check_model_args
 from search.spec.profiles import SpecProfiles, deep_merge
 from search.spec.records import (
     OBJECTIVE_METRICS,
+    RANKINGS,
     AlgorithmSpec,
     Budget,
     ConfirmSpec,
@@ -52,4 +53,5 @@ __all__ = [
     "to_plain",
     "grid_values",
     "OBJECTIVE_METRICS",
+    "RANKINGS",
 ]

@@ -23,6 +23,7 @@ __all__ = [
     "SchedulerSpec",
     "Resources",
     "OBJECTIVE_METRICS",
+    "RANKINGS",
     "GRID_MAX_SEEDS",
     "TrainSettingsField",
     "ThroughputSettingsField",
@@ -35,6 +36,11 @@ OBJECTIVE_METRICS = ("val_acc", "val_loss", "throughput", "params", "flops")
 TrainSettingsField = settings(TrainSettings)
 ThroughputSettingsField = settings(ThroughputSettings)
 
+
+# How MO-ASHA orders one front of a rung at its quota's edge (search.study.mo_asha, rule 5):
+# NSGA-II's crowding distance, or each point's exclusive hypervolume contribution (SMS-EMOA's;
+# Schmucker et al. 2021 compare such orderings for MO-ASHA). Both give a front's extreme points infinity.
+RANKINGS = ("crowding", "hv_contribution")
 
 class DatasetSpec(Record):
     name: str
@@ -203,10 +209,15 @@ class AlgorithmSpec(Record):
 
 
 class SchedulerSpec(Record):
-    """asha: Ray's ASHA on val_acc alone; mo_asha: promotes by Pareto rank over all objectives."""
+    """asha: Ray's ASHA on val_acc alone; mo_asha: promotes by Pareto rank over all objectives;
+    left out, the one docs/spec.md advises (`resolved`)."""
 
-    name: one_of("asha", "mo_asha", "none") = "asha"  # type: ignore[valid-type]
+    name: one_of("asha", "mo_asha", "none") | None = None  # type: ignore[valid-type]
     reduction_factor: Number = 2.0
+    # mo_asha's options (search.study.mo_asha.MOASHAScheduler); None: its defaults (crowding, true),
+    # and left out of the spec hash, so studies from before these keys keep theirs
+    ranking: one_of(*RANKINGS) | None = None  # type: ignore[valid-type]
+    keep_front: Flag | None = None
 
     @model_validator(mode="after")
     def _check(self) -> "SchedulerSpec":
@@ -215,6 +226,18 @@ class SchedulerSpec(Record):
         if self.reduction_factor < 1.01:  # rungs at grace * rf**k: thousands of them below that, millions near 1
             raise FieldError("reduction_factor", f"must be at least 1.01, got {self.reduction_factor}; 2 or 3 is usual")
         return self
+
+    def resolved(self, objectives: int) -> "SchedulerSpec":
+        """This scheduler with its name set: as given, else mo_asha for a study of two objectives or
+        more (ASHA judges val_acc alone) and asha for one. Called by SearchSpec's check: an error
+        names its key from the spec's top (``scheduler.ranking``)."""
+        name = self.name or ("mo_asha" if objectives > 1 else "asha")
+        for key in ("ranking", "keep_front"):
+            if name != "mo_asha" and getattr(self, key) is not None:
+                default = "" if self.name else " (the default with one objective)"
+                raise FieldError(f"scheduler.{key}", f"only mo_asha takes {key}; remove it for {name}{default}, "
+                                 "or set scheduler.name: mo_asha")
+        return self if name == self.name else self.model_copy(update={"name": name})
 
 
 class Resources(Record):

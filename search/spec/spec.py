@@ -59,6 +59,8 @@ def _distinct(values: Sequence[Any]) -> list[Any]:
 ADDED_KEYS = (
     ("budget", "confirm"),  # confirmation seeds
     ("algorithm", "seeds"),  # grids
+    ("scheduler", "ranking"),  # MO-ASHA's options
+    ("scheduler", "keep_front"),
 )
 
 
@@ -111,6 +113,8 @@ class SearchSpec(Record):
                 Constraint.parse(text)
             except SettingError as exc:
                 raise FieldError(f"constraints[{i}]", str(exc)) from None
+        # left out: the scheduler docs/spec.md advises for this many objectives (frozen record, so set in place once)
+        object.__setattr__(self, "scheduler", self.scheduler.resolved(len(self.objectives)))
         if self.algorithm.name == "grid":
             self._check_grid()
             if self.budget.trials is None:  # what a grid runs; frozen record, so set in place once

@@ -14,8 +14,8 @@ __all__ = ["scheduler_for"]
 
 def scheduler_for(spec: SearchSpec, *, confirmation: bool = False):
     """Tune's scheduler for ``spec``'s search: Ray's ASHA on val_acc, MO-ASHA on every objective
-    (search.study.mo_asha), or none (FIFO: every trial to the end). The confirmation trains every
-    replicate to the end: FIFO."""
+    (search.study.mo_asha, with the spec's ``ranking`` and ``keep_front`` where given), or none
+    (FIFO: every trial to the end). The confirmation trains every replicate to the end: FIFO."""
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
     from search.study.mo_asha import MOASHAScheduler
@@ -27,4 +27,6 @@ def scheduler_for(spec: SearchSpec, *, confirmation: bool = False):
                  reduction_factor=scheduler.reduction_factor)
     if scheduler.name == "asha":
         return ASHAScheduler(metric=TRIAL_VALUE_OF["val_acc"], mode="max", **rungs)
-    return MOASHAScheduler(objectives=[(TRIAL_VALUE_OF[o.metric], o.mode) for o in spec.objectives], **rungs)
+    options = {key: value for key, value in (("ranking", scheduler.ranking), ("keep_front", scheduler.keep_front))
+               if value is not None}  # unset: MOASHAScheduler's defaults
+    return MOASHAScheduler(objectives=[(TRIAL_VALUE_OF[o.metric], o.mode) for o in spec.objectives], **rungs, **options)

@@ -24,13 +24,28 @@ def _spec(tmp_path: Path, **changes):
 
 @pytest.mark.parametrize("scheduler,kind", [({"name": "asha"}, "AsyncHyperBandScheduler"),  # Ray's ASHAScheduler
                                             ({"name": "none"}, "FIFOScheduler"),
-                                            ({"name": "mo_asha"}, "MOASHAScheduler")])
+                                            ({"name": "mo_asha"}, "MOASHAScheduler"), ({}, "MOASHAScheduler")])
 def test_the_search_gets_the_specs_scheduler_and_the_confirmation_none(tmp_path, scheduler, kind):
     from search.study.schedulers import scheduler_for
 
-    spec = _spec(tmp_path, scheduler=scheduler)
+    spec = _spec(tmp_path, scheduler=scheduler)  # two objectives: left out, mo_asha
     assert type(scheduler_for(spec)).__name__ == kind
     assert type(scheduler_for(spec, confirmation=True)).__name__ == "FIFOScheduler"
+
+
+def test_mo_ashas_options_reach_the_scheduler(tmp_path):
+    from search.study.mo_asha import MOASHAScheduler
+    from search.study.schedulers import scheduler_for
+
+    spec = _spec(tmp_path, scheduler={"name": "mo_asha", "reduction_factor": 3, "ranking": "hv_contribution",
+                                      "keep_front": False})
+    scheduler = scheduler_for(spec)
+    assert scheduler.objectives == [("best_val_acc", "max"), ("throughput", "max")]
+    assert scheduler.milestones == MOASHAScheduler(objectives=scheduler.objectives, max_t=spec.budget.max_epochs,
+                                                   grace_period=spec.budget.grace_epochs, reduction_factor=3).milestones
+    assert (scheduler._ranking, scheduler._keep_front) == ("hv_contribution", False)
+    unset = scheduler_for(_spec(tmp_path, scheduler={"name": "mo_asha"}))
+    assert (unset._ranking, unset._keep_front) == ("crowding", True)  # MOASHAScheduler's defaults
 
 
 def test_names_pickled_by_earlier_studies_still_resolve():
