@@ -48,7 +48,7 @@ from pydantic import Field, model_validator
 from search.results.effects import grid_knobs, paired_differences
 from search.results.query import Experiment, load
 from search.results.replicates import REPLICATE_COLUMN
-from search.spec.spec import read_yaml
+from search.spec import read_yaml
 from search.spec.validation import FieldError, Number, Record, SpecLocation, Whole, from_plain
 from trainers.errors import ConfigError
 

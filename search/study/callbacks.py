@@ -105,7 +105,7 @@ class StoreCallback(PrintingCallback):
 
     # A full disk met inside a hook that Tune wraps (on_trial_complete: Tune logs the exception with
     # its traceback and carries on) is raised at the next step instead, where nothing catches it:
-    # the driver stops with the one line of search.study.runner._disk_full_in_one_line.
+    # the driver stops with the one line of StudyRun.fit (search.study.tuning).
     @contextlib.contextmanager
     def _disk_full_deferred(self):
         try:

@@ -18,25 +18,26 @@ seeds with its interval (``search.results.replicates``).
 
 from __future__ import annotations
 
-import pickle
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from ray.tune.search import Searcher
 
 from search.results.intervals import bounds, tied_pairs
 from search.results.pareto import DEVICE_COLUMN
 from search.results.query import read_experiment_json
 from search.results.replicates import REPLICATE_COLUMN
 from search.results.store import write_json_atomic
-from search.spec.spec import SearchSpec
+from search.spec import SearchSpec
+from search.study.compat import moved_names
 from search.study.export import sampled_config
-from search.study.trainable import REPLICATE_KEY, SEED_KEY
+from search.study.schedulers import scheduler_for
+from search.study.tuning import StudyRun, can_restore
+from search.text import count
 
-__all__ = ["CONFIRM_FILE", "CONFIRM_TUNE_DIR", "configs_to_confirm", "replicate_configs", "confirmation_plan",
-           "ReplicateSearcher"]
+__all__ = ["CONFIRM_FILE", "CONFIRM_TUNE_DIR", "confirm", "configs_to_confirm", "replicate_configs",
+           "confirmation_plan"]
 
 CONFIRM_FILE = "confirm.json"  # the configs picked and the replicates' Tune configs, written once
 CONFIRM_TUNE_DIR = "ray-confirm"  # Tune's experiment of the replicates, beside the search's ("ray")
@@ -66,6 +67,8 @@ def configs_to_confirm(front: Sequence[Mapping[str, Any]], complete: Sequence[Ma
 
 def replicate_configs(spec: SearchSpec, rows: Sequence[Mapping[str, Any]], *, seeds: int) -> list[dict[str, Any]]:
     """The Tune configs of the replicates: each row's sampled config, once per further seed."""
+    from search.study.trainable import REPLICATE_KEY, SEED_KEY  # torch: only when a study runs
+
     out = []
     for row in rows:
         config = sampled_config(spec, row, where=f"trial {row['trial_id']}")
@@ -98,33 +101,51 @@ def confirmation_plan(spec: SearchSpec, store, folder: Path) -> dict[str, Any]:
     return plan
 
 
-class ReplicateSearcher(Searcher):
-    """Tune's searcher of the confirmation stage: the plan's configs, each once, in order (also a
-    grid study's searcher: its points x seeds, see search.study.runner).
+def confirm(run: StudyRun) -> None:
+    """The confirmation stage (``budget.confirm``): started once the search's trials are done, or
+    taken up where a killed driver left it."""
+    if run.spec.budget.confirm is None:
+        return
+    if can_restore(run.location, CONFIRM_TUNE_DIR):
+        run.say(f"resuming the confirmation of study {run.spec.name}")
+        tuner = run.restored_tuner(CONFIRM_TUNE_DIR)
+    else:
+        tuner = _new_confirmation(run)
+        if tuner is None:
+            return
+    run.fit(tuner)
 
-    (Tune's ``BasicVariantGenerator(points_to_evaluate=...)`` wants every key in a param space;
-    these configs are whole.) Its state, the next config, is saved with Tune's snapshot, so a
-    resumed stage starts none twice."""
 
-    def __init__(self, configs: Sequence[Mapping[str, Any]]) -> None:
-        super().__init__()
-        self.configs = [dict(c) for c in configs]
-        self.next = 0
+def _new_confirmation(run: StudyRun):
+    """Tune's run of the replicates the plan picks, or None (said why) where there are none to run."""
+    from search.study.searcher import ReplicateSearcher, StudySearchGenerator
 
-    def suggest(self, trial_id: str) -> dict[str, Any] | None:
-        if self.next >= len(self.configs):
-            return Searcher.FINISHED
-        self.next += 1
-        return dict(self.configs[self.next - 1])
+    spec, location = run.spec, run.location
+    store = run.store()
+    store.load_existing()
+    limit = spec.budget.time_limit_s
+    left = None if limit is None else limit - store.elapsed_s
+    if left is not None and left <= 0:
+        run.say(f"confirmation: none (the search used the time limit, budget.time_limit_s: {limit:g})")
+        return None
+    plan = confirmation_plan(spec, store, location.local)
+    location.push([CONFIRM_FILE])
+    configs = plan["configs"]
+    if not configs:
+        run.say("confirmation: none (no trial completed)")
+        return None
+    # Replicate rows a driver killed before Tune's first snapshot recorded: trained again.
+    if store.forget_trials(set(), replicates=True):
+        store.flush()
+    run.say(f"confirmation: {count(len(plan['trials']), 'config')} (the front, then those tied with it; "
+            f"budget.confirm.top: {plan['top']}) x {count(plan['seeds'], 'further seed')} = "
+            f"{count(len(configs), 'trial')} at the full budget")
+    callback = run.store_callback(store, replicates=True, total_trials=len(configs))
+    return run.new_tuner(callback, name=CONFIRM_TUNE_DIR, search_alg=StudySearchGenerator(ReplicateSearcher(configs)),
+                         scheduler=scheduler_for(spec, confirmation=True), num_samples=len(configs),
+                         time_budget_s=left)
 
-    def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
-        pass  # nothing to learn: the configs are fixed
 
-    def save(self, checkpoint_path: str) -> None:
-        with open(checkpoint_path, "wb") as handle:
-            pickle.dump({"configs": self.configs, "next": self.next}, handle)
-
-    def restore(self, checkpoint_path: str) -> None:
-        with open(checkpoint_path, "rb") as handle:
-            state = pickle.load(handle)  # Tune's own snapshot (Tune unpickles the rest of it too)
-        self.configs, self.next = state["configs"], state["next"]
+# Tune's snapshot of a confirmation begun before the searchers moved to search.study.searcher names
+# ReplicateSearcher here.
+__getattr__ = moved_names(__name__, {"ReplicateSearcher": "search.study.searcher"})

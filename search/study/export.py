@@ -24,7 +24,7 @@ from pydantic import Field, model_validator
 
 from search.results.location import is_uri
 from search.results.query import load_experiment, study_dir
-from search.spec.spec import DatasetSpec, ParamSpec, SearchSpec, ThroughputSettingsField, TrainSettingsField, to_plain
+from search.spec import DatasetSpec, ParamSpec, SearchSpec, ThroughputSettingsField, TrainSettingsField, to_plain
 from search.spec.validation import FieldError, Record, SpecLocation, Whole, from_plain
 from trainers import atomic_write, check_output_file
 from trainers.data import DatasetRequest

@@ -56,16 +56,12 @@ from ray.tune.schedulers.trial_scheduler import FIFOScheduler, TrialScheduler
 
 from search.results.hypervolume import hypervolume
 from search.results.pareto import pareto_mask
+from search.spec import RANKINGS
 
 if TYPE_CHECKING:
     from ray.tune.execution.tune_controller import TuneController
 
 __all__ = ["MOASHAScheduler", "RANKINGS"]
-
-# How one front of a rung is ordered (rule 5): NSGA-II's crowding distance, or each point's
-# exclusive hypervolume contribution (SMS-EMOA's; Schmucker et al. 2021 compare such orderings
-# for MO-ASHA). Both give a front's extreme points infinity.
-RANKINGS = ("crowding", "hv_contribution")
 
 CONTINUE = TrialScheduler.CONTINUE
 STOP = TrialScheduler.STOP
@@ -220,10 +216,11 @@ class MOASHAScheduler(FIFOScheduler):
         grace_period: The first rung; no trial is stopped before it.
         reduction_factor: About ``1 / reduction_factor`` of a rung's trials go on (more when its
             Pareto front is larger).
-        ranking: How a front is ordered at the quota's edge (``RANKINGS``): "crowding" (NSGA-II)
-            or "hv_contribution".
-        keep_front: Rule 4: a trial on its rung's front always goes on. False: the quota alone
-            decides (the published MO-ASHA's rule, Schmucker et al. 2021).
+        ranking: How a front is ordered at the quota's edge (``RANKINGS``, the spec's
+            ``scheduler.ranking``): "crowding" (NSGA-II) or "hv_contribution".
+        keep_front: Rule 4: a trial on its rung's front always goes on (the spec's
+            ``scheduler.keep_front``). False: the quota alone decides (the published MO-ASHA's
+            rule, Schmucker et al. 2021).
 
     A FIFOScheduler subclass, like Ray's AsyncHyperBandScheduler: trials start in submission
     order and only ``on_trial_result`` makes decisions.

@@ -26,7 +26,7 @@ import pyarrow as pa
 
 from search.results.location import default_cache_dir
 from search.results.store import TRIAL_COLUMNS, write_atomic
-from search.spec.spec import ModelSpec, _check_one_model
+from search.spec import ModelSpec, check_model
 from search.spec.validation import SpecLocation
 from search.study.export import ExportedTrial, load_export
 from trainers import atomic_write, folder_problem, git_commit
@@ -137,7 +137,7 @@ def retrain(
         raise ConfigError(f"--epochs {epochs}: must be at least 1")
     out = Path(out) if out is not None else default_out_dir(config_path)
     _check_out_dir(out, force=force)
-    _check_one_model(ModelSpec(name=config.model.name, args=dict(config.model.args)), {}, SpecLocation(str(config_path)), "model")
+    check_model(ModelSpec(name=config.model.name, args=dict(config.model.args)), {}, SpecLocation(str(config_path)), "model")
 
     # torch, timm and FFCV only once the config is known to be good (and not for `import search`)
     import torch

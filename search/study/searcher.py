@@ -15,6 +15,10 @@ The store uses the same rule (:func:`trial_state`), with REJECTED and FAILED as 
 PRUNED and FAIL trials give Optuna no objective values. A rejected trial carries its
 constraint violation (``user_attrs["constraint_violation"]``), which :func:`constraint_violation`
 hands to samplers that take a ``constraints_func`` (TPE, NSGA-II), so they learn to avoid it.
+
+Also here: the Optuna side of a study (its define-by-run space, :class:`OptunaSpace`, and its
+sampler, :func:`make_sampler`), the searcher of fixed configs (a grid's points, the confirmation's
+replicates: :class:`ReplicateSearcher`), and :func:`study_searcher`, the searcher a study's search runs.
 """
 
 from __future__ import annotations
@@ -22,15 +26,20 @@ from __future__ import annotations
 import copy
 import logging
 import math
+import pickle
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ray.tune.search import SearchGenerator
+from ray.tune.search import SearchGenerator, Searcher
 from ray.tune.search.optuna import OptunaSearch
 
-from search.results.location import JOURNAL_FILE, resumed_location
+from search.results.location import JOURNAL_FILE, StudyLocation, resumed_location
+from search.results.store import TRIAL_VALUE_OF
+from search.spec import ParamSpec, SearchSpec
 
-__all__ = ["HonestOptunaSearch", "StudySearchGenerator", "constraint_violation", "optuna_state_for", "trial_state",
+__all__ = ["HonestOptunaSearch", "StudySearchGenerator", "ReplicateSearcher", "OptunaSpace", "make_sampler",
+           "study_searcher", "grid_searcher", "constraint_violation", "optuna_state_for", "trial_state",
            "nonfinite_objectives", "prune_running_trials"]
 
 logger = logging.getLogger(__name__)
@@ -211,3 +220,103 @@ class StudySearchGenerator(SearchGenerator):
         storage = copy.copy(self._experiment.spec["storage"])
         storage.storage_filesystem, storage.storage_fs_path = get_fs_and_path(*location.tune_storage())
         self._experiment.spec["storage"] = self._experiment.storage = storage
+
+
+def study_searcher(spec: SearchSpec, location: StudyLocation) -> StudySearchGenerator:
+    """The searcher of the study's search, as Tune takes it: a grid's points (`grid_searcher`), or
+    Optuna's sampler on the spec's space. The Optuna study lives in a journal next to the results:
+    it survives a killed driver, and optuna-dashboard opens it (optuna-dashboard <dir>/optuna.journal)."""
+    if spec.is_grid:
+        return StudySearchGenerator(grid_searcher(spec))
+    return StudySearchGenerator(HonestOptunaSearch(
+        space=OptunaSpace(spec.space, {m.name: m.space for m in spec.candidates}),
+        metric=[TRIAL_VALUE_OF[o.metric] for o in spec.objectives],
+        mode=[o.mode for o in spec.objectives],
+        sampler=make_sampler(spec),
+        study_name=spec.name,
+        journal=location,
+    ))
+
+
+def grid_searcher(spec: SearchSpec):
+    """Tune's searcher of a grid study: every point of the grid once per seed, seed by seed (all
+    points at the first seed, then at the second: a study the time limit cuts short has whole
+    replicates of the grid). No Optuna study: nothing is sampled. The searcher's position is saved
+    with Tune's snapshot (see ReplicateSearcher), so a resumed grid repeats and skips no point."""
+    from search.study.trainable import SEED_KEY
+
+    points = spec.grid_points()
+    return ReplicateSearcher([{**point, SEED_KEY: seed} for seed in spec.algorithm.grid_seeds for point in points])
+
+
+class OptunaSpace:
+    """Define-by-run space for Optuna: one ``suggest_*`` per knob, bounds inclusive.
+
+    With several candidate models, ``model`` is suggested first and only the chosen model's own
+    knobs are suggested after it (the others stay unset: null in the store). A class rather than
+    a closure: Tune pickles the searcher with the experiment state."""
+
+    def __init__(self, shared: dict[str, ParamSpec], per_model: dict[str, dict[str, ParamSpec]]) -> None:
+        self.shared = dict(shared)
+        self.per_model = {name: dict(space) for name, space in per_model.items()}
+
+    def __call__(self, trial) -> None:
+        names = list(self.per_model)
+        model = trial.suggest_categorical("model", names) if len(names) > 1 else names[0]
+        for key, p in {**self.per_model[model], **self.shared}.items():
+            if p.type == "choice":
+                trial.suggest_categorical(key, list(p.values))
+            elif p.type == "int":
+                trial.suggest_int(key, int(p.low), int(p.high), step=int(p.step or 1), log=p.log)
+            else:
+                trial.suggest_float(key, p.low, p.high, log=p.type == "loguniform", step=p.step)
+        return None
+
+
+def make_sampler(spec: SearchSpec):
+    """The spec's Optuna sampler (``algorithm``): TPE, NSGA-II or random, seeded."""
+    import optuna
+
+    algorithm = spec.algorithm
+    # With constraints, rejected trials count as infeasible, so the model learns to avoid them.
+    constraints = {"constraints_func": constraint_violation} if spec.constraints else {}
+    if algorithm.name == "tpe":
+        kwargs: dict[str, Any] = {"seed": algorithm.seed, "multivariate": True, **constraints}
+        if algorithm.n_startup_trials is not None:
+            kwargs["n_startup_trials"] = algorithm.n_startup_trials
+        return optuna.samplers.TPESampler(**kwargs)
+    if algorithm.name == "nsga2":
+        return optuna.samplers.NSGAIISampler(seed=algorithm.seed, **constraints)
+    return optuna.samplers.RandomSampler(seed=algorithm.seed)
+
+
+class ReplicateSearcher(Searcher):
+    """Tune's searcher of the confirmation stage: the plan's configs, each once, in order (also a
+    grid study's searcher: its points x seeds, see `grid_searcher`).
+
+    (Tune's ``BasicVariantGenerator(points_to_evaluate=...)`` wants every key in a param space;
+    these configs are whole.) Its state, the next config, is saved with Tune's snapshot, so a
+    resumed stage starts none twice."""
+
+    def __init__(self, configs: Sequence[Mapping[str, Any]]) -> None:
+        super().__init__()
+        self.configs = [dict(c) for c in configs]
+        self.next = 0
+
+    def suggest(self, trial_id: str) -> dict[str, Any] | None:
+        if self.next >= len(self.configs):
+            return Searcher.FINISHED
+        self.next += 1
+        return dict(self.configs[self.next - 1])
+
+    def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
+        pass  # nothing to learn: the configs are fixed
+
+    def save(self, checkpoint_path: str) -> None:
+        with open(checkpoint_path, "wb") as handle:
+            pickle.dump({"configs": self.configs, "next": self.next}, handle)
+
+    def restore(self, checkpoint_path: str) -> None:
+        with open(checkpoint_path, "rb") as handle:
+            state = pickle.load(handle)  # Tune's own snapshot (Tune unpickles the rest of it too)
+        self.configs, self.next = state["configs"], state["next"]

@@ -19,7 +19,7 @@ from typing import TextIO
 from search.results.location import study_location
 from search.results.query import load_trials
 from search.results.replicates import REPLICATE_COLUMN
-from search.spec.spec import SearchSpec, load_spec
+from search.spec import SearchSpec, load_spec
 
 __all__ = ["SuiteStudy", "SuiteFailed", "study_state", "suite_studies", "run_suite"]
 

@@ -241,7 +241,7 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from search.spec.spec import load_spec, pick_profile
+    from search.spec import load_spec, pick_profile
     from search.study.runner import check_dashboard_host, run_study
 
     # before the spec and the dataset: a refused address costs nothing
@@ -385,7 +385,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 
 def _check_one(path: str, profile: str | None) -> None:
-    from search.spec.spec import load_spec, pick_profile
+    from search.spec import load_spec, pick_profile
     from trainers.data import load_catalog
 
     spec = load_spec(path, profile=profile)  # every profile of the file validated
@@ -438,7 +438,7 @@ def _cmd_claims(args: argparse.Namespace) -> int:
 
     from search.results.claims import evaluate_claims, load_claims
     from search.results.query import load
-    from search.spec.spec import pick_profile
+    from search.spec import pick_profile
     from search.study.suite import SuiteFailed, run_suite, study_state, suite_studies
     from search.views.claims_page import claims_page, difference_text, write_claims_page
 

@@ -2,7 +2,7 @@
 
 The Optuna study goes into ``optuna.journal`` through ``JournalStorage(JournalFileBackend(...))``
 (as :class:`search.study.searcher.HonestOptunaSearch` opens it), its knobs are suggested by the
-runner's own :class:`search.study.runner.OptunaSpace` (so a conditional space has its ``model``
+runner's own :class:`search.study.searcher.OptunaSpace` (so a conditional space has its ``model``
 choice), and experiment.json and the Parquet files come from the real store.
 """
 
@@ -21,7 +21,7 @@ from optuna.trial import TrialState
 from search.results.location import JOURNAL_FILE
 from search.results.store import ResultsStore
 from search.spec.spec import ParamSpec
-from search.study.runner import OptunaSpace
+from search.study.searcher import OptunaSpace
 
 OBJECTIVES = [("val_acc", "max"), ("throughput", "max")]
 UNIT = {"type": "uniform", "low": 0.0, "high": 1.0}

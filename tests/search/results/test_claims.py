@@ -15,7 +15,7 @@ from search.results.claims import (Estimate, evaluate_claim, evaluate_claims, fa
                                    verdict, welch)
 from search.results.query import load
 from search.results.store import ResultsStore
-from search.spec.spec import load_spec, to_plain
+from search.spec import load_spec, to_plain
 from search.study.suite import SuiteFailed, run_suite, study_state, suite_studies
 from search.views.cli import main
 from trainers.errors import ConfigError

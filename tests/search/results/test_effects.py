@@ -14,7 +14,7 @@ import yaml
 from search.results.effects import EFFECT_COLUMNS, TEST, knob_effects, parse_baselines
 from search.views.output import effects_view as format_effects
 from search.results.store import ResultsStore
-from search.spec.spec import load_spec, to_plain
+from search.spec import load_spec, to_plain
 from search.views.cli import main
 from trainers.errors import ConfigError
 

@@ -153,8 +153,7 @@ def test_each_trial_sampled_reaches_the_uri_journal_before_tune_can_snapshot_it(
 
     from search.results.location import JOURNAL_FILE
     from search.spec.spec import ParamSpec
-    from search.study.runner import OptunaSpace
-    from search.study.searcher import HonestOptunaSearch
+    from search.study.searcher import HonestOptunaSearch, OptunaSpace
 
     monkeypatch.setenv("LOCALITY_SEARCH_CACHE", str(tmp_path / "cache" / "datasets"))
     location = StudyLocation(f"file://{tmp_path}/remote/study")

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from search.spec.spec import deep_merge, load_spec, pick_profile
+from search.spec import deep_merge, load_spec, pick_profile
 from search.views.cli import main
 from trainers.errors import ConfigError
 
@@ -142,7 +142,8 @@ def test_check_prints_the_profile_and_what_a_run_asks_for(tmp_path, capsys):
     out = capsys.readouterr().out.splitlines()
     assert out[0] == f"{path}: ok (t: 2 knobs, 300 trials, profiles small, big)"
     assert out[1] == "  profile big (--profile big; --profile small for a quick look)"
-    assert out[2] == ("  would run 300 trials x up to 40 epochs (scheduler asha, grace 4) of ls_convit_nano on 100% of "
+    # no scheduler given, two objectives: mo_asha (search.spec.records.SchedulerSpec.resolved)
+    assert out[2] == ("  would run 300 trials x up to 40 epochs (scheduler mo_asha, grace 4) of ls_convit_nano on 100% of "
                       "synthetic's training images, batch 256; each trial asks for 4 CPUs, 0.25 GPU (4 trials share a GPU)")
     assert main(["check", str(path)]) == 0
     out = capsys.readouterr().out.splitlines()

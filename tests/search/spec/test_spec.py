@@ -85,6 +85,12 @@ MALFORMED = [
     ({"model.args": {"depth": "deep"}}, "model.args"),
     ({"dataset.train_fraction": 1.5}, "dataset.train_fraction: must be in (0, 1]"),
     ({"scheduler": {"name": "hyperband"}}, "scheduler.name: 'hyperband' is not allowed"),
+    ({"scheduler": {"ranking": "crowd"}}, "scheduler.ranking: 'crowd' is not allowed (did you mean 'crowding'?)"),
+    ({"scheduler": {"keep_front": "no"}}, "scheduler.keep_front: expected true or false, got 'no'"),
+    ({"scheduler": {"name": "asha", "ranking": "crowding"}}, "scheduler.ranking: only mo_asha takes ranking; remove it for asha"),
+    ({"scheduler": {"name": "none", "keep_front": False}}, "scheduler.keep_front: only mo_asha takes keep_front"),
+    ({"objectives": [{"metric": "val_acc", "mode": "max"}], "scheduler": {"keep_front": False}},
+     "scheduler.keep_front: only mo_asha takes keep_front; remove it for asha (the default with one objective)"),
     ({"algorithm": {"name": "cmaes"}}, "algorithm.name: 'cmaes' is not allowed"),
     ({"resources": {"cpus": 0}}, "resources.cpus: must be positive"),
     ({"resources": {"gpus": 1.5}}, "resources.gpus: above 1 must be a whole number"),
@@ -244,7 +250,7 @@ def test_every_space_samples_configs_that_build(path):
     import optuna
     import torch
 
-    from search.study.runner import OptunaSpace
+    from search.study.searcher import OptunaSpace
     from search.study.trainable import TrialTemplate, trial_config
     from trainers.data import PreparedDataset, load_catalog
     from trainers.train import build_model

@@ -147,7 +147,7 @@ def test_the_code_shipped_to_nodes_holds_every_package_module_and_no_results(tmp
     "results/" also matches search/results/, and trials on the nodes then failed to import."""
     from ray._private.runtime_env.packaging import _get_excludes
 
-    from search.study.runner import SHIP_EXCLUDES
+    from search.study.cluster import SHIP_EXCLUDES
 
     excluded = _get_excludes(ROOT, SHIP_EXCLUDES)
     modules = [p for package in ("search", "trainers") for p in (ROOT / package).rglob("*.py")]

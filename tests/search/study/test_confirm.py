@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from search.results.intervals import wilson_interval
-from search.spec.spec import load_spec
+from search.spec import load_spec
 from search.study.confirm import configs_to_confirm
 from tests.search.study.test_resume import _env, _read_all, _run_and_sigkill
 

@@ -45,7 +45,8 @@ def test_a_study_on_a_disk_that_fills_stops_in_one_line_and_resumes(tmp_path):
         # trial (the store keeps its error), but no traceback comes from the driver's own code
         errors = [line for line in err.splitlines() if line.startswith("error:")]
         assert len(errors) == 1 and "the disk is full" in errors[0] and "python -m search resume" in errors[0], err[-3000:]
-        for ours in ("search/views/cli.py", "search/study/runner.py", "search/results/store.py", "trainers/_atomic.py"):
+        for ours in ("search/views/cli.py", "search/study/runner.py", "search/study/search_stage.py",
+                     "search/study/tuning.py", "search/results/store.py", "trainers/_atomic.py"):
             assert ours not in err, err[-3000:]
 
         # every file whole, none half-written beside them; as they were when the disk filled

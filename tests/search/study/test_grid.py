@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from search.spec.spec import load_spec
-from search.study.runner import _grid_searcher
+from search.spec import load_spec
+from search.study.searcher import grid_searcher
 from search.study.trainable import SEED_KEY
 from search.views.cli import main
 from tests.search.study.test_resume import _env, _read_all, _run_and_sigkill
@@ -94,7 +94,7 @@ def test_the_grid_searcher_yields_every_point_once_per_seed_seed_by_seed(tmp_pat
                       algorithm={"name": "grid", "seed": 7, "seeds": 2})
     loaded = load_spec(_write(tmp_path, spec))
     assert loaded.spec_hash != load_spec(_write(tmp_path, {**spec, "algorithm": {"name": "grid", "seed": 7}})).spec_hash
-    searcher = _grid_searcher(loaded)
+    searcher = grid_searcher(loaded)
     configs = []
     while (config := searcher.suggest(f"t{len(configs)}")) is not searcher.FINISHED:
         configs.append(config)

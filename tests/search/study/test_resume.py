@@ -251,8 +251,8 @@ def test_resume_of_a_study_that_ran_its_time_limit_says_so_without_starting_ray(
     import ray
 
     from search.results.location import StudyLocation
-    from search.spec.spec import load_spec, to_plain
-    from search.study.runner import _store_for
+    from search.spec import load_spec, to_plain
+    from search.study.tuning import store_for
     from search.views.cli import main
 
     raw = yaml.safe_load((ROOT / "spaces" / "synthetic_smoke.yaml").read_text())
@@ -264,7 +264,7 @@ def test_resume_of_a_study_that_ran_its_time_limit_says_so_without_starting_ray(
     (study / "experiment.json").write_text(json.dumps({  # as `search run` writes it
         "name": spec.name, "spec": to_plain(spec), "spec_hash": spec.spec_hash,
         "objectives": [[o.metric, o.mode] for o in spec.objectives], "reference_point": spec.reference_point}))
-    store = _store_for(spec, StudyLocation(str(study)))
+    store = store_for(spec, StudyLocation(str(study)))
     store.add_trial({"trial_id": "t1", "state": "PRUNED", "stop_reason": "time_limit", "epochs_run": 1}, {})
     store.add_progress(trial_id="t1", state="PRUNED", elapsed_s=61.5, at=None)
     store.flush()

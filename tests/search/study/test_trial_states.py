@@ -17,10 +17,10 @@ from optuna.storages.journal import JournalFileBackend
 
 from search.results.location import JOURNAL_FILE
 from search.results.store import ResultsStore
-from search.spec.spec import ParamSpec
+from search.spec import ParamSpec
 from search.study.callbacks import StoreCallback
-from search.study.runner import OptunaSpace, _no_results_preview_warning
-from search.study.searcher import HonestOptunaSearch
+from search.study.searcher import HonestOptunaSearch, OptunaSpace
+from search.study.tuning import no_results_preview_warning
 
 pytestmark = pytest.mark.ray
 
@@ -168,7 +168,7 @@ def test_trials_running_when_the_time_limit_ends_the_study_are_recorded(tmp_path
     # one CPU, two trials at once: the second is sampled but waits for the CPU until the limit
     ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
     try:
-        with _no_results_preview_warning():
+        with no_results_preview_warning():
             tune.Tuner(
                 slow,
                 tune_config=tune.TuneConfig(search_alg=searcher, num_samples=2, max_concurrent_trials=2),

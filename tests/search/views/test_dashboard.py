@@ -321,17 +321,17 @@ def test_report_opens_offline_in_the_browser(tmp_path, browser, request):
 def test_ray_dashboard_warning_unless_token_auth(monkeypatch):
     import io
 
-    import search.study.runner as runner
+    import search.study.cluster as cluster
 
     def notes(host: str, token: bool) -> str:
-        monkeypatch.setattr(runner, "ray_token_auth_enabled", lambda: token)
+        monkeypatch.setattr(cluster, "ray_token_auth_enabled", lambda: token)
         out = io.StringIO()
-        runner._dashboard_notes(host, f"{host}:8265", out)
+        cluster.dashboard_notes(host, f"{host}:8265", out)
         return out.getvalue()
 
     assert "WITHOUT authentication" in notes("0.0.0.0", token=False)
     assert notes("127.0.0.1", token=False) == ""
     assert "ray get-auth-token" in notes("0.0.0.0", token=True) and "WITHOUT" not in notes("0.0.0.0", token=True)
     with pytest.raises(ConfigError, match="--address"):
-        runner.check_dashboard_host("0.0.0.0", allow_remote=True, address="10.0.0.5:6379")
-    runner.check_dashboard_host("0.0.0.0", allow_remote=True, address=None)  # allowed with the flag
+        cluster.check_dashboard_host("0.0.0.0", allow_remote=True, address="10.0.0.5:6379")
+    cluster.check_dashboard_host("0.0.0.0", allow_remote=True, address=None)  # allowed with the flag

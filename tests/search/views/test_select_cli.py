@@ -16,7 +16,7 @@ import yaml
 
 from search import ResultsStore, filter_trials, load_trials
 from search.results.filter import parse_where
-from search.spec.spec import load_spec, to_plain
+from search.spec import load_spec, to_plain
 from search.views.cli import main
 from trainers.errors import ConfigError
 

@@ -1,0 +1,103 @@
+"""The spec hash (``SearchSpec.spec_hash``: a study's identity in its rows, its experiment.json and
+the claims) of every shipped spec as it was before the scheduler's options and default: a key added
+since and left unset must not change it. And the scheduler left out: mo_asha for two objectives or
+more, asha for one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from search.spec import SearchSpec, load_spec, pick_profile, to_plain
+from search.spec.validation import SpecLocation, from_plain
+from tests.search.spec.test_spec import GOOD
+
+ROOT = Path(__file__).resolve().parents[3]
+
+# (file, profile) -> spec_hash, computed at e9a9ac2 (before search.spec was split and the scheduler
+# got ranking, keep_front and its default): load_spec(file, profile=profile).spec_hash
+SHIPPED = {
+    ("spaces/convit_locality.yaml", "cpu"): "672c428f56eeb9e4",
+    ("spaces/convit_locality.yaml", "gpu"): "43a30e5c15302628",
+    ("spaces/gmm_kernels.yaml", None): "0a11a2a0db035ed0",
+    ("spaces/locality_zoo.yaml", None): "57e0a7646925fed7",
+    ("spaces/refiner_expansion.yaml", None): "adc7f45a5bfcfd8e",
+    ("spaces/synthetic_smoke.yaml", None): "c935641ca1ccfa82",
+    ("spaces/tcnn_reparam.yaml", None): "455b5db37ebef88f",
+    ("studies/convit_locality_ablation.yaml", "cpu"): "ab25292e175bec89",
+    ("studies/convit_locality_ablation.yaml", "gpu"): "1e730182f28b186a",
+    ("studies/convit_more_data.yaml", "cpu"): "243ba78bbe85c097",
+    ("studies/convit_more_data.yaml", "gpu"): "5ea9b18c57eea3dd",
+    ("studies/convit_small_data.yaml", "cpu"): "145966d223413692",
+    ("studies/convit_small_data.yaml", "gpu"): "9179ceb0f0191eba",
+    ("studies/gmm_kernels.yaml", "cpu"): "255badc3d744e7ac",
+    ("studies/gmm_kernels.yaml", "gpu"): "89863d3d0e543c6e",
+    ("studies/refiner_expansion.yaml", "cpu"): "4ff1dea6fcaacf62",
+    ("studies/refiner_expansion.yaml", "gpu"): "b28666d3e57bc971",
+    ("studies/tcnn_reparam.yaml", "cpu"): "eb6cc55ebeae8f18",
+    ("studies/tcnn_reparam.yaml", "gpu"): "4490c1c20c147641",
+    ("studies/vit_control.yaml", "cpu"): "0b2ea1e4980e26a5",
+    ("studies/vit_control.yaml", "gpu"): "755b2da17a6bb922",
+}
+
+TWO = GOOD  # two objectives, no scheduler
+ONE = {**TWO, "objectives": [{"metric": "val_acc", "mode": "max"}]}
+# TWO's and ONE's hashes at e9a9ac2, where a scheduler left out was asha
+TWO_AS_ASHA, ONE_AS_ASHA = "21aab9fc6fb3f4db", "be72e7ab9e898eeb"
+
+
+def _load(tmp_path: Path, data: dict) -> SearchSpec:
+    path = tmp_path / "t.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return load_spec(path, check_model=False)
+
+
+@pytest.mark.parametrize("file,profile", sorted(SHIPPED, key=str), ids=[f"{f}:{p}" for f, p in sorted(SHIPPED, key=str)])
+def test_every_shipped_spec_keeps_its_hash(file, profile):
+    assert load_spec(ROOT / file, profile=profile, check_model=False).spec_hash == SHIPPED[(file, profile)]
+
+
+def test_every_shipped_spec_and_profile_is_listed():
+    shipped = set()
+    for path in sorted((ROOT / "spaces").glob("*.yaml")) + sorted((ROOT / "studies").glob("*.yaml")):
+        if path.name == "claims.yaml":  # the claims, not a study
+            continue
+        profiles = pick_profile(path)[2]
+        shipped |= {(f"{path.parent.name}/{path.name}", p) for p in profiles or (None,)}
+    assert shipped == set(SHIPPED)
+
+
+def test_the_scheduler_left_out_is_mo_asha_for_several_objectives_and_asha_for_one(tmp_path):
+    assert _load(tmp_path, TWO).scheduler.name == "mo_asha"
+    assert _load(tmp_path, ONE).scheduler.name == "asha"
+    assert _load(tmp_path, {**TWO, "scheduler": {"reduction_factor": 3}}).scheduler.name == "mo_asha"
+    for name in ("asha", "mo_asha", "none"):  # given: as given
+        assert _load(tmp_path, {**TWO, "scheduler": {"name": name}}).scheduler.name == name
+        assert _load(tmp_path, {**ONE, "scheduler": {"name": name}}).scheduler.name == name
+
+
+def test_a_default_left_unset_keeps_the_hash_it_had(tmp_path):
+    # one objective: the scheduler left out is asha, as it was
+    assert _load(tmp_path, ONE).spec_hash == ONE_AS_ASHA
+    assert _load(tmp_path, {**TWO, "scheduler": {"name": "asha"}}).spec_hash == TWO_AS_ASHA
+    # two objectives: the file now runs mo_asha, another search, so another hash ...
+    two = _load(tmp_path, TWO)
+    assert two.spec_hash != TWO_AS_ASHA
+    # ... while a study it started before records asha (experiment.json, without the new keys): a
+    # resume reads that spec back, and its rows keep the study's hash
+    recorded = to_plain(two)
+    recorded.update(scheduler={"name": "asha", "reduction_factor": 2.0}, source="")
+    assert from_plain(SearchSpec, recorded, SpecLocation("experiment.json")).spec_hash == TWO_AS_ASHA
+
+
+def test_mo_ashas_options_enter_the_hash_only_when_set(tmp_path):
+    plain = _load(tmp_path, TWO)
+    hashes = {plain.spec_hash}
+    for options in ({"ranking": "hv_contribution"}, {"ranking": "crowding"}, {"keep_front": False},
+                    {"keep_front": True}):
+        spec = _load(tmp_path, {**TWO, "scheduler": options})
+        assert spec.scheduler.name == "mo_asha" and all(getattr(spec.scheduler, k) == v for k, v in options.items())
+        hashes.add(spec.spec_hash)
+    assert len(hashes) == 5  # set, even to its default (crowding, true): the hash records what the file set
