@@ -8,7 +8,6 @@ and `import search` imports the runner.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any, TextIO
 
 from search.hosts import check_bind_host, is_loopback_host
@@ -96,10 +95,8 @@ def shipped_code() -> dict[str, Any]:
     whole), the two packages through py_modules."""
     if in_checkout():
         return {"working_dir": str(PROJECT_ROOT), "excludes": SHIP_EXCLUDES}
-    import search
-    import trainers
-
-    return {"py_modules": [str(Path(search.__file__).parent), str(Path(trainers.__file__).parent)],
+    # both packages sit in PROJECT_ROOT (site-packages here); found by path, not imported (no cycle)
+    return {"py_modules": [str(PROJECT_ROOT / "search"), str(PROJECT_ROOT / "trainers")],
             "excludes": ["__pycache__/", "*.pyc"]}
 
 

@@ -277,6 +277,9 @@ def test_the_suite_skips_a_finished_study_and_runs_or_resumes_the_others_as_comm
     raw = yaml.safe_load(specs[0].read_text())
     raw.update(name="partial", algorithm={"name": "grid", "seeds": 4})
     (path.parent / "partial.yaml").write_text(yaml.safe_dump(raw))
+    meta = json.loads((partial / "experiment.json").read_text())  # its own record plans the 8 trials too,
+    meta["spec"].update(name="partial", algorithm=raw["algorithm"])  # so resume has something to do
+    (partial / "experiment.json").write_text(json.dumps(meta))
     unfinished = suite_studies([path.parent / "partial.yaml"], profile=None, storage=str(tmp_path / "results"))
     assert study_state(unfinished[0]) == ("unfinished", 6) and small.planned_trials == 6
     with pytest.raises(SuiteFailed, match=r"study partial: `python -m search resume .*partial` exited"):

@@ -161,8 +161,9 @@ def test_an_empty_front_says_why(study, tmp_path, capsys):
     assert code == 0 and "none of its finished trials completed (1 PRUNED, 1 FAILED)" in out
 
 
-def test_resume_of_a_study_tune_saved_nothing_for_does_not_say_delete(study, capsys):
-    err = _user_error(capsys, "resume", study)
+def test_resume_of_a_study_tune_saved_nothing_for_does_not_say_delete(tmp_path, capsys):
+    unfinished = _write_study(tmp_path / "tiny", SPEC, TRIALS[:-1])  # a trial short: something to resume
+    err = _user_error(capsys, "resume", unfinished)
     assert "cannot be resumed" in err and "delete" not in err
 
 
