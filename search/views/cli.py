@@ -371,7 +371,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    """Every file given is checked and reported, an error as its one line; exit 2 when any failed."""
+    """Every file given is checked and reported, each error as its one line; exit 2 when any failed."""
     failed = 0
     for path in args.specs:
         try:
@@ -379,8 +379,6 @@ def _cmd_check(args: argparse.Namespace) -> int:
         except ConfigError as exc:
             failed += 1
             print(_one_line(f"error: {exc}"), file=sys.stderr)
-    if failed and len(args.specs) > 1:
-        print(f"{failed} of {len(args.specs)} specs failed the check", file=sys.stderr)
     return EXIT_USER_ERROR if failed else 0
 
 
