@@ -150,6 +150,9 @@ class ConfirmSpec(Record):
     top: Annotated[Whole, Field(ge=1, le=1000)] = 8  # at most this many configs: the front first, then those tied with it
 
 
+MAX_TRIALS = 100_000  # the driver keeps every trial's row, Tune every trial's state: split a larger search
+
+
 class Budget(Record):
     trials: Whole | None = None  # required, except by a grid: its points x seeds
     max_epochs: Whole
@@ -163,6 +166,9 @@ class Budget(Record):
     def _check(self) -> "Budget":
         if self.trials is not None and self.trials < 1:
             raise FieldError("trials", f"must be at least 1, got {self.trials}")
+        if self.trials is not None and self.trials > MAX_TRIALS:
+            raise FieldError("trials", f"must be at most {MAX_TRIALS:,}, got {self.trials:,} (the driver keeps every "
+                                       "trial in memory); split the search into several studies")
         if self.max_epochs < 1:
             raise FieldError("max_epochs", f"must be at least 1, got {self.max_epochs}")
         if not 1 <= self.grace_epochs <= self.max_epochs:

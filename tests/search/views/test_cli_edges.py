@@ -76,3 +76,11 @@ def test_version_and_the_exit_codes_in_help(capsys):
         main(["--help"])
     help_text = capsys.readouterr().out
     assert "exit codes:" in help_text and "141" in help_text and "  2 " in help_text
+
+
+def test_an_absurd_trial_count_is_refused_before_anything_runs(tmp_path, capsys):
+    storage = tmp_path / "results"
+    code = main(["run", str(ROOT / "spaces/synthetic_smoke.yaml"), "--trials", "1000000000000", "--storage", str(storage)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "at most 100,000" in err
+    assert not storage.exists()
