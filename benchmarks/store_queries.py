@@ -137,6 +137,8 @@ def _study(n: int, seed: int = 0) -> tuple[ResultsStore, pa.Table]:
         "val_acc_high": np.clip(val_acc + 0.01, 0, 1),
         "tied_with": [None] * n,
         "dominated_by": [None] * n,
+        "val_acc_sd_df": [None] * n,
+        "selection_val_acc": [None] * n,
         "throughput_device": ["cpu: bench"] * n,
         "throughput_batch": np.full(n, 256),
         "throughput_precision": ["fp32"] * n,

@@ -218,10 +218,10 @@ def test_search_at_a_uri_then_read_and_resume_elsewhere(tmp_path, monkeypatch, r
     # Another machine: its own staging folder (another cache), so every local path Tune's
     # snapshot holds from the first driver is wrong there.
     elsewhere = {**env, "LOCALITY_SEARCH_CACHE": str(tmp_path / "other-machine" / "datasets")}
-    again = _run("resume", uri, env=elsewhere)  # nothing left to run: it restores from the URI and stops
+    again = _run("resume", uri, env=elsewhere)  # pulled from the URI there: finished, so nothing to restore
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
-    assert f"resuming study at_uri in {uri}" in again.stdout
-    assert "finished after Tune's last snapshot" not in again.stdout  # Tune's snapshot had both trials
+    assert f"study at_uri is finished (2 of 2 trials); nothing left to resume in {uri}" in again.stdout
+    assert "other-machine" in again.stdout  # its front read from that machine's own staging folder
     import optuna
 
     other = StudyLocation(uri)  # this process's staging: pulled fresh from the URI
