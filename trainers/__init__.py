@@ -33,6 +33,10 @@ __all__ = [
     "pick_device",
     "autocast_for",
     "eval_loader",  # a trial's evaluation loader: its validation split, or its test split (search train)
+    # the held-out test (trainers.heldout)
+    "score_held_out",  # a model's weights scored once on the test split
+    "selection_in",  # the selected (best validation epoch's) weights in a trial's checkpoint
+    "HeldOutScore",
     # the pieces of train_trial that benchmarks time on their own
     "trial_loaders",  # the trial's training and validation loaders
     "training_step",  # the trial's training step (lr, forward, loss, backward, AdamW), eager or graphed
@@ -79,6 +83,9 @@ _HOME = {
     "eval_loader": "trainers.train",
     "trial_loaders": "trainers.train",
     "training_step": "trainers.train",
+    "score_held_out": "trainers.heldout",
+    "selection_in": "trainers.heldout",
+    "HeldOutScore": "trainers.heldout",
     "place_model": "trainers._memory_format",
     "runs_channels_last": "trainers._memory_format",
     "capture_inference": "trainers._cuda_graph",
@@ -121,6 +128,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ re
     from trainers.config import TRAIN_KEYS, Constraint, SettingError, ThroughputSettings, TrainSettings, TrialConfig
     from trainers.data import DatasetRequest, PreparedDataset, load_catalog, make_loader, prepare_dataset
     from trainers.errors import ConfigError
+    from trainers.heldout import HeldOutScore, selection_in, score_held_out
     from trainers.kernels import prebuild_cpu_kernels
     from trainers.precision import autocast_for
     from trainers.train import build_model, eval_loader, evaluate, pick_device, train_trial, trial_loaders, training_step

@@ -11,7 +11,9 @@ passes ``on_epoch`` (which calls ``tune.report`` with a checkpoint) and, on rest
     step    = lr, forward, loss, backward, [clip], AdamW, chosen once: eager, or on a GPU with
               train.cuda_graph one CUDA graph captured at the first batch and replayed after
               (`training_step`: what benchmarks/trial_overhead.py times on its own)
-    epochs  = train -> validate -> on_epoch(metrics, state) -> stop on max_epochs or patience
+    epochs  = train -> validate -> on_epoch(metrics, state) -> stop on max_epochs or patience;
+              the best validation epoch's weights go with every state (``selected``): the model
+              a held-out test scores (`trainers.heldout`)
 
 A model that changes architecture mid-training (`trainers.hooks.ConvertsDuringTraining`, the
 T-CNN) is converted before the epoch it names, re-measured, and given a fresh AdamW with its own
@@ -292,9 +294,11 @@ def train_trial(
     train_step = training_step(model, cfg, device, steps_per_epoch=steps_per_epoch, first_step=first_step)
 
     start_epoch, best_val_acc, best_val_loss, bad_epochs, history = 0, -1.0, math.inf, 0, []
+    selected = None  # the weights of the best validation epoch: what a held-out test scores (trainers.heldout)
     if resume is not None:
         start_epoch, best_val_acc, best_val_loss, bad_epochs, history = _restore(
             resume, model=model, optimizer=train_step.optimizer, scaler=train_step.scaler)
+        selected = resume.get("selected")
         if history and "stop_reason" in history[-1]:
             # Restored from the checkpoint of its last epoch (the driver died before the search
             # recorded the end): say the final result again, train nothing.
@@ -329,6 +333,7 @@ def train_trial(
         best_val_loss = min(best_val_loss, val_loss)
         if val_acc > best_val_acc:
             best_val_acc, bad_epochs = val_acc, 0
+            selected = selected_weights(model, epoch=epoch + 1)
         else:
             bad_epochs += 1
         done = epoch + 1 == cfg.epochs
@@ -341,6 +346,7 @@ def train_trial(
             "val_acc": val_acc,
             "best_val_acc": best_val_acc,
             "best_val_loss": best_val_loss,
+            "best_epoch": None if selected is None else selected["epoch"],  # None: a checkpoint from before it was kept
             "lr": train_step.lr,  # the last step's
             "epoch_time_s": epoch_time,
             "train_time_s": train_time,
@@ -359,7 +365,7 @@ def train_trial(
             on_epoch(metrics, functools.partial(
                 _checkpoint, model=model, optimizer=train_step.optimizer, scaler=train_step.scaler, epoch=epoch + 1,
                 best_val_acc=best_val_acc, best_val_loss=best_val_loss, bad_epochs=bad_epochs, history=history,
-                measurement=measurement))
+                measurement=measurement, selected=selected))
         if done:
             break
 
@@ -593,9 +599,16 @@ def _restore(resume: dict[str, Any], *, model: nn.Module, optimizer: torch.optim
             int(resume["bad_epochs"]), list(resume["history"]))
 
 
+def selected_weights(model: nn.Module, *, epoch: int) -> dict[str, Any]:
+    """The model's weights after ``epoch``, copied to the CPU: the selection a held-out test scores
+    (``trainers.heldout``). A T-CNN selected before its conversion is a CNN (``reparametrised`` false)."""
+    return {"model": {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()},
+            "epoch": epoch, "reparametrised": bool(getattr(model, "is_reparametrised", False))}
+
+
 def _checkpoint(*, model: nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler, epoch: int,
                 best_val_acc: float, best_val_loss: float, bad_epochs: int, history: list[dict[str, Any]],
-                measurement: dict[str, Any]) -> dict[str, Any]:
+                measurement: dict[str, Any], selected: dict[str, Any] | None) -> dict[str, Any]:
     """What ``resume`` takes to continue after ``epoch`` (the live tensors: serialise at once)."""
     return {
         "model": model.state_dict(),
@@ -609,4 +622,5 @@ def _checkpoint(*, model: nn.Module, optimizer: torch.optim.Optimizer, scaler: t
         "history": list(history),
         "measurement": measurement,
         "reparametrised": bool(getattr(model, "is_reparametrised", False)),
+        "selected": selected,  # the best validation epoch's weights: a copy, so a checkpoint holds two sets
     }

@@ -37,7 +37,7 @@ __all__ = ["default_cache_dir", "is_uri", "StudyLocation", "study_location", "re
 JOURNAL_FILE = "optuna.journal"  # the Optuna study (search.study.searcher.HonestOptunaSearch)
 # The study's own files, beside Tune's folder ("ray"): what is uploaded and downloaded.
 STUDY_FILES = ("experiment.json", "trials.parquet", "epochs.parquet", "pareto.parquet", "progress.parquet", JOURNAL_FILE,
-               "confirm.json")  # confirm.json: search.study.confirm's plan
+               "confirm.json", "heldout.json")  # search.study.confirm's plan, search.study.heldout's record
 _READ_ATTEMPTS = 5  # StudyLocation.read: tries before an object that keeps changing is an error
 _OBJECT_STORES = {"s3", "gcs", "abfs"}  # an upload is all or nothing; no rename needed (nor cheap)
 _URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")

@@ -102,13 +102,16 @@ def combined_interval(p: float, *, n: int, sd: float, df: int, val_images: int |
 def fold_replicates(rows: Sequence[Mapping[str, Any]], objectives: Sequence[tuple[str, str]]) -> list[dict[str, Any]]:
     """The search trials' rows (``replicate_of`` empty), each with ``seeds`` set and, where it is
     COMPLETE and has COMPLETE replicates, its objectives estimated from those (see the module doc).
+    The held-out ``test_acc`` (search.study.heldout) folds the same way, over the seeds scored.
     Rows come back in their order; the replicates' own rows are left out."""
     replicas: dict[Any, list[Mapping[str, Any]]] = {}
     for r in rows:
         if not _missing(r.get(REPLICATE_COLUMN)) and r.get("state") == "COMPLETE":
             replicas.setdefault(r[REPLICATE_COLUMN], []).append(r)
-    fresh_acc = [[float(r["val_acc"]) for r in group if not _missing(r.get("val_acc"))] for group in replicas.values()]
-    sd, df = pooled_sd(fresh_acc)
+    pooled = {column: pooled_sd([[float(r[column]) for r in group if not _missing(r.get(column))]
+                                 for group in replicas.values()])
+              for column in ("val_acc", "test_acc")}
+    sd, df = pooled["val_acc"]
     out = []
     for row in rows:
         if not _missing(row.get(REPLICATE_COLUMN)):
@@ -125,16 +128,36 @@ def fold_replicates(rows: Sequence[Mapping[str, Any]], objectives: Sequence[tupl
             values = [float(r[column]) for r in fresh if not _missing(r.get(column))]
             # an objective a seed lacks: the config is not known
             folded[column] = statistics.fmean(values) if len(values) == len(fresh) else math.nan
-        acc = folded.get("val_acc")
-        if row.get("state") == "COMPLETE" and not _missing(acc) and 0.0 <= acc <= 1.0:
-            images = _int(row.get("val_images"))
-            if df:
-                folded["val_acc_low"], folded["val_acc_high"] = combined_interval(
-                    acc, n=folded["seeds"], sd=sd, df=df, val_images=images)
-            elif fresh:
-                folded["val_acc_low"], folded["val_acc_high"] = wilson_interval(acc, images)
+        if row.get("state") == "COMPLETE":
+            _accuracy_interval(folded, "val_acc", "val_images", seeds=folded["seeds"], pooled=pooled["val_acc"],
+                               confirmed=bool(fresh))
+            if fresh:  # the held-out score of a confirmed config: its fresh seeds' (the ones its val_acc rests on)
+                scores = [r for r in fresh if not _missing(r.get("test_acc"))]
+                folded["test_acc"] = statistics.fmean(float(r["test_acc"]) for r in scores) if scores else None
+                folded["test_loss"] = statistics.fmean(float(r["test_loss"]) for r in scores) if scores else None
+                folded["test_epoch"] = None  # one per seed
+                folded["test_images"] = scores[0]["test_images"] if scores else None
+            _accuracy_interval(folded, "test_acc", "test_images", seeds=len(scores) if fresh else 1,
+                               pooled=pooled["test_acc"], confirmed=bool(fresh))
         out.append(folded)
     return out
+
+
+def _accuracy_interval(row: dict[str, Any], column: str, images_column: str, *, seeds: int,
+                       pooled: tuple[float, int], confirmed: bool) -> None:
+    """``row[column]``'s interval: seed and binomial noise combined where a pooled seed SD is
+    known; else Wilson over the images (set again for a confirmed mean, kept for a single trial)."""
+    acc = row.get(column)
+    if _missing(acc) or not 0.0 <= acc <= 1.0 or seeds < 1:
+        if confirmed:
+            row[f"{column}_low"] = row[f"{column}_high"] = None
+        return
+    images = _int(row.get(images_column))
+    sd, df = pooled
+    if df:
+        row[f"{column}_low"], row[f"{column}_high"] = combined_interval(acc, n=seeds, sd=sd, df=df, val_images=images)
+    elif confirmed:
+        row[f"{column}_low"], row[f"{column}_high"] = wilson_interval(acc, images)
 
 
 def _int(value: Any) -> int | None:

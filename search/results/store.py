@@ -30,6 +30,7 @@ import pyarrow.parquet as pq
 
 from search.results.front import compute_front
 from search.results.hypervolume import hypervolume
+from search.results.intervals import wilson_interval
 from search.results.pareto import DEVICE_COLUMN
 from search.results.replicates import REPLICATE_COLUMN
 from trainers import atomic_write
@@ -80,6 +81,12 @@ TRIAL_COLUMNS: dict[str, tuple[pa.DataType, str]] = {
     "val_acc_sd": (pa.float64(), "in pareto.parquet: the seed SD of val_acc pooled across the study's confirmed configs, part of val_acc's interval (null: unknown, no config has two fresh seeds)"),
     "val_acc_sd_df": (pa.int64(), "in pareto.parquet: the degrees of freedom of the pooled val_acc_sd (sum over confirmed configs of their fresh seeds - 1)"),
     "selection_val_acc": (pa.float64(), "in pareto.parquet, a confirmed config: the val_acc of the search trial that selected it, reported apart from the fresh seeds' estimate (winner's curse)"),
+    "test_acc": (pa.float64(), "held-out accuracy: the weights of the trial's best validation epoch (the one selection used) scored once on the dataset's test split, at the study's end, for the trials the front rests on (search.study.heldout); in pareto.parquet, a confirmed config: the mean over its fresh seeds; null: not scored"),
+    "test_acc_low": (pa.float64(), "test_acc's 95% interval, lower bound: Wilson over test_images (in pareto.parquet, a confirmed config: its seeds' and the test set's noise, as val_acc's)"),
+    "test_acc_high": (pa.float64(), "test_acc's 95% interval, upper bound"),
+    "test_loss": (pa.float64(), "mean test-split cross-entropy of the weights test_acc scored"),
+    "test_images": (pa.int64(), "test images test_acc was measured on"),
+    "test_epoch": (pa.int64(), "the epoch whose weights test_acc scored (the trial's best validation epoch)"),
     "tied_with": (pa.string(), "on the Pareto front: the other front members whose intervals overlap this one's on every objective (comma-separated trial ids; null: separated from all, or not on the front)"),
     "dominated_by": (pa.string(), "a Pareto-optimal config that left the front because others dominate it within noise: at least level within noise on every objective and better beyond noise on one (comma-separated trial ids; null: on the front, or dominated outright); see search.results.intervals"),
     "throughput_timed": (pa.float64(), "inference images/s as the architecture's own fastest round read (CPU: throughput is the reference's number over the cost ratio timed beside it)"),
@@ -113,6 +120,7 @@ EPOCH_COLUMNS: dict[str, tuple[pa.DataType, str]] = {
     "val_loss": (pa.float64(), "validation loss after the epoch"),
     "val_acc": (pa.float64(), "validation accuracy after the epoch"),
     "best_val_acc": (pa.float64(), "best validation accuracy so far"),
+    "best_epoch": (pa.int64(), "the epoch of best_val_acc (the first to reach it): the weights a held-out test scores"),
     "lr": (pa.float64(), "learning rate at the epoch's last step"),
     "epoch_time_s": (pa.float64(), "wall time of the epoch (train + validate)"),
     "train_images_per_s": (pa.float64(), "training images/s of the epoch"),
@@ -255,6 +263,14 @@ class ResultsStore:
             value = config.get(key)
             out[key] = None if value is None else (str(value) if typ == pa.string() else value)
         _upsert(self._trials, out["trial_id"], out)
+        self._front_rows = None
+
+    def add_test(self, trial_id: str, score: Mapping[str, Any]) -> None:
+        """The held-out score of ``trial_id`` (search.study.heldout): ``test_acc``, ``test_loss``,
+        ``test_images``, ``test_epoch``, with test_acc's Wilson interval."""
+        row = self._trials[trial_id]
+        row.update({k: score.get(k) for k in ("test_acc", "test_loss", "test_images", "test_epoch")})
+        row["test_acc_low"], row["test_acc_high"] = wilson_interval(row["test_acc"], row["test_images"])
         self._front_rows = None
 
     def load_existing(self) -> None:

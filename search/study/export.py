@@ -172,8 +172,9 @@ def export_trial(
         seed=int(_native(row.get("seed")) if _native(row.get("seed")) is not None else spec.algorithm.seed),
     )
     cfg = trial_config(template, sampled)
-    measured = ("family", "epochs_run", "stop_reason", "val_acc", "val_loss", "final_val_acc", "throughput",
-                "throughput_device", "params", "flops", "seed", "spec_hash", "git_commit")
+    measured = ("family", "epochs_run", "stop_reason", "val_acc", "val_loss", "final_val_acc", "test_acc",
+                "test_acc_low", "test_acc_high", "test_epoch", "throughput", "throughput_device", "params", "flops",
+                "seed", "spec_hash", "git_commit")
     source = {
         "study": recorded,
         "experiment": meta.get("name"),

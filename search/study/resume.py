@@ -16,6 +16,7 @@ from search.results.replicates import REPLICATE_COLUMN
 from search.results.store import ResultsStore
 from search.spec import SearchSpec
 from search.study.confirm import CONFIRM_FILE
+from search.study.heldout import held_out_done
 from search.study.tuning import SEARCH_TUNE_DIR, StudyRun, can_restore, store_for
 from trainers.errors import ConfigError
 
@@ -24,11 +25,13 @@ __all__ = ["nothing_left", "check_restorable", "resume_search"]
 
 def nothing_left(spec: SearchSpec, location: StudyLocation) -> str:
     """Why there is nothing left to resume of the study at ``location``, in one line: it ran its
-    time limit, or every planned trial and replicate is recorded (Tune would restore and stop at
-    once); "" when there is."""
+    time limit, or every planned trial and replicate is recorded and the front's held-out test
+    done (Tune would restore and stop at once); "" when there is."""
     store = store_for(spec, location)
     store.load_existing()
     limit = spec.budget.time_limit_s
+    if not held_out_done(location):
+        return ""
     if limit is not None and store.elapsed_s >= limit:
         return (f"study {spec.name} ran its time limit ({store.elapsed_s:.0f} s of budget.time_limit_s: {limit:g}); "
                 f"nothing left to resume in {location}")

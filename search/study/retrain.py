@@ -142,7 +142,7 @@ def retrain(
     # torch, timm and FFCV only once the config is known to be good (and not for `import search`)
     import torch
 
-    from trainers import autocast_for, build_model, eval_loader, evaluate, pick_device, place_model, train_trial
+    from trainers import pick_device, score_held_out, train_trial
 
     started = dt.datetime.now(dt.timezone.utc)
     clock = time.perf_counter()
@@ -180,17 +180,9 @@ def retrain(
     outcome = train_trial(cfg, on_epoch=on_epoch)
     last = outcome.history[-1]
 
-    # -- the one test: the saved weights, the val loader's normalisation and batch size -----------
-    device = pick_device(cfg.device)
-    autocast = autocast_for(cfg.train.precision, device)  # tested in the precision it trained in
-
-    model = build_model(cfg)
-    if final["reparametrised"]:
-        model.reparametrise()
-    model.load_state_dict(final["model"])
-    channels_last = place_model(model, device)  # as train_trial ran it
-    test_loader = eval_loader(cfg, data.test_path, device=device, channels_last=channels_last)  # as validation's
-    test_loss, test_acc = evaluate(model, test_loader, autocast=autocast)
+    # -- the one test: the saved weights, as validation scored them (trainers.heldout) -----------
+    score = score_held_out(cfg, final["model"], reparametrised=final["reparametrised"], epoch=len(outcome.history))
+    test_loss, test_acc = score.test_loss, score.test_acc
     ended = dt.datetime.now(dt.timezone.utc)
 
     measurement = outcome.measurement
@@ -217,7 +209,7 @@ def retrain(
         "dataset_content_hash": data.content_hash,
         **constructor,
         "model_args": json.dumps(cfg.model_args, sort_keys=True),
-        "device": str(device),
+        "device": str(pick_device(cfg.device)),
         "source_study": config.source.get("study"),
         "source_trial_id": config.source.get("trial_id"),
         "source_val_acc": config.source.get("val_acc"),

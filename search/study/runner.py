@@ -1,12 +1,14 @@
 """Run a study: spec -> dataset prepared once -> Ray Tune + Optuna -> results store.
 
     run_study       checks -> data, kernels, Ray -> experiment.json -> search -> confirmation
+                    -> held-out test of the front
     resume_study    checks -> experiment.json's spec -> what is left? -> data, kernels, Ray
-                    -> search taken up -> confirmation (taken up, or started)
+                    -> search taken up -> confirmation (taken up, or started) -> held-out test
 
 One driver per study (search.study.driver) runs the stages, each a Tune experiment
 (search.study.tuning): the search (search.study.search_stage, search.study.resume) and the
-confirmation (search.study.confirm). Ray, Optuna, torch and the Tune plug-ins are imported
+confirmation (search.study.confirm); then the front's trials are scored once on the test split
+(search.study.heldout). Ray, Optuna, torch and the Tune plug-ins are imported
 inside the functions that use them: `search pareto` and the other readers import this module's
 package without paying for them.
 """
@@ -24,6 +26,7 @@ from search.study.cluster import check_dashboard_host
 from search.study.compat import moved_names
 from search.study.confirm import confirm
 from search.study.driver import driving
+from search.study.heldout import test_front
 from search.study.experiment import EXPERIMENT_FILE, check_new_study, no_study, recorded_spec, write_experiment
 from search.study.prepare import prepare_study
 from search.study.resume import check_restorable, nothing_left, resume_search
@@ -66,6 +69,7 @@ def run_study(
         write_experiment(spec, location, data, run.commit)
         run_search(run)
         confirm(run)
+        test_front(run)
     return exp_dir
 
 
@@ -101,6 +105,7 @@ def resume_study(
         with resuming_at(location) as elsewhere:
             resume_search(run, elsewhere)
             confirm(run)
+            test_front(run)
     return location.local
 
 

@@ -97,10 +97,17 @@ class StudyRun:
         """The trainable of every trial: the spec's models, training and data, with its resources."""
         from ray import tune
 
-        from search.study.trainable import TrialTemplate, run_tune_trial
+        from search.study.trainable import run_tune_trial
+
+        return tune.with_resources(tune.with_parameters(run_tune_trial, template=self.trial_template()),
+                                   self.spec.resources.ray_resources())
+
+    def trial_template(self):
+        """What every trial of the study shares (search.study.trainable.TrialTemplate)."""
+        from search.study.trainable import TrialTemplate
 
         spec = self.spec
-        template = TrialTemplate(
+        return TrialTemplate(
             models={m.name: dict(m.args) for m in spec.candidates},
             data=self.data,
             epochs=spec.budget.max_epochs,
@@ -114,8 +121,6 @@ class StudyRun:
             dataset=dataset_request(spec),
             cache_dir=str(Path(self.cache_dir).expanduser().resolve()) if self.cache_dir else None,
         )
-        return tune.with_resources(tune.with_parameters(run_tune_trial, template=template),
-                                   spec.resources.ray_resources())
 
     def store_callback(self, store: ResultsStore, *, replicates: bool = False, total_trials: int | None = None):
         """The callback that writes each trial's rows to ``store`` (a stage's replicates with ``replicates``)."""

@@ -82,11 +82,14 @@ def render(data: Any, *, fmt: str, table: Callable[[], str], csv: pd.DataFrame |
 # -- the front -----------------------------------------------------------------------------
 def front_columns(front: pd.DataFrame, objectives: Sequence[tuple[str, str]], *, leading: Sequence[str] = ()) -> list[str]:
     """The columns a front shows, in order: ``leading``, the id and family, each objective and its
-    interval, what a confirmed mean rests on, the ties, size and cost, then the searched knobs."""
+    interval, the held-out test_acc and its interval (where scored), what a confirmed mean rests
+    on, the ties, size and cost, then the searched knobs."""
     config_columns = [c for c in front.columns if c not in TRIAL_COLUMNS and c not in leading]
     columns = list(leading) + ["trial_id", "family"]
     for column, _ in objectives:  # each objective, then its interval where recorded
         columns += [column] + [f"{column}_{end}" for end in ("low", "high") if f"{column}_{end}" in front]
+    if "test_acc" in front and front["test_acc"].notna().any():  # the held-out score: selected on nothing
+        columns += [c for c in ("test_acc", "test_acc_low", "test_acc_high") if c in front]
     if "selection_val_acc" in front and front["selection_val_acc"].notna().any():  # a confirmed study
         columns += [c for c in ("seeds", "selection_val_acc", "val_acc_sd", "val_acc_sd_df") if c in front]
     columns += [c for c in ("tied_with", DOMINATED_COLUMN, "params", "flops", "epochs_run", "throughput_device")
@@ -112,7 +115,7 @@ def _rows_table(view: pd.DataFrame, objectives: Sequence[tuple[str, str]], empty
         return f"(the front is empty: {empty})"
     shown = view.copy()
     objective_columns = [c for c, _ in objectives]
-    for column in objective_columns:  # the interval beside its value, as "low-high" ('?': not recorded)
+    for column in objective_columns + ["test_acc"]:  # the interval beside its value, as "low-high" ('?': not recorded)
         if f"{column}_low" in shown and f"{column}_high" in shown:
             spec = ",.0f" if column == "throughput" else ".4f"
             shown.insert(shown.columns.get_loc(f"{column}_low"), f"{column} 95%", [
@@ -128,7 +131,7 @@ def _rows_table(view: pd.DataFrame, objectives: Sequence[tuple[str, str]], empty
     if "flops" in shown:
         shown["flops"] = shown["flops"].map(lambda v: f"{v / 1e6:.1f}M")
     config_columns = [c for c in view.columns if c not in TRIAL_COLUMNS]
-    for column in config_columns + [c for c in ("val_acc", "val_loss", "val_acc_sd", "selection_val_acc") if c in shown]:
+    for column in config_columns + [c for c in ("val_acc", "val_loss", "val_acc_sd", "selection_val_acc", "test_acc") if c in shown]:
         if column in shown and shown[column].dtype.kind == "f":
             shown[column] = shown[column].map(lambda v: f"{v:.4g}")
     return shown.to_string(index=False)
@@ -154,6 +157,8 @@ def front_heading(front: pd.DataFrame, objectives: Sequence[tuple[str, str]]) ->
             f" in {front_groups(front, objectives)} group{'s' * (front_groups(front, objectives) != 1)} the measurements separate")
     if beaten:
         text += f"; {beaten} more dominated within noise (listed apart)"
+    if "test_acc" in front and front["test_acc"].notna().any():
+        text += "; selected on validation, test_acc scored once on the held-out test split"
     return text
 
 

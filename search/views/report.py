@@ -234,7 +234,7 @@ def _cell(value: object, column: str) -> str:
     if column in ("params", "flops"):
         return f"{value / 1e6:.2f}M"
     if isinstance(value, float):
-        return f"{value:.4f}" if column in ("val_acc", "val_loss", "final_val_acc") else f"{value:.4g}"
+        return f"{value:.4f}" if column in ("val_acc", "val_loss", "final_val_acc", "test_acc") else f"{value:.4g}"
     return str(value)
 
 
@@ -248,6 +248,10 @@ def _front_table(front: pd.DataFrame, objectives: Sequence[tuple[str, str]]) -> 
             front[f"{column} 95%"] = [f"{_cell(a, column)}-{_cell(b, column)}" if a == a and b == b else "?"
                                       for a, b in zip(front[f"{column}_low"], front[f"{column}_high"])]
             columns.append(f"{column} 95%")
+    if "test_acc" in front and front["test_acc"].notna().any():  # the held-out score, selected on nothing
+        front["test_acc 95%"] = [f"{_cell(a, 'test_acc')}-{_cell(b, 'test_acc')}" if a == a and b == b else "?"
+                                 for a, b in zip(front["test_acc_low"], front["test_acc_high"])]
+        columns += ["test_acc", "test_acc 95%"]
     columns += [c for c in ("tied_with", "dominated_by", "params", "flops", "epochs_run") if c not in columns] + knobs
     columns = [c for c in columns if c in front.columns and front[c].notna().any()]
     head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)

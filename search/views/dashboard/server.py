@@ -70,6 +70,7 @@ PAGE_COLUMNS = (
     "val_acc", "val_loss", "final_val_acc", "throughput", "params", "flops", "duration_s", "ended_at",
     "val_acc_low", "val_acc_high", "throughput_low", "throughput_high", "tied_with",  # error bars, ties
     "seed", "replicate_of", "seeds",  # confirmation replicates (a front member's seeds)
+    "test_acc", "test_acc_low", "test_acc_high",  # the front's held-out score (search.study.heldout)
 )
 # Text columns with few distinct values go as a dictionary plus codes: smaller and faster to parse.
 DICT_COLUMNS = ("model", "family", "state", "stop_reason")
@@ -173,7 +174,8 @@ def study_payload(path: str | os.PathLike, *, label: str | None = None) -> dict[
         front = [index[m["trial_id"]] for m in candidates if m.get("dominated_by") is None]
         for m in candidates:  # those dominated within noise are off the front, but drawn at their means too
             if (m.get("seeds") or 1) > 1:
-                for column in columns.keys() & {*(c for c, _ in objectives), "val_acc_low", "val_acc_high", "seeds"}:
+                for column in columns.keys() & {*(c for c, _ in objectives), "val_acc_low", "val_acc_high", "seeds", "test_acc", "test_acc_low",
+                                                   "test_acc_high"}:
                     value = m.get(column)
                     columns[column][index[m["trial_id"]]] = value if value is None or math.isfinite(value) else None
     progress = None

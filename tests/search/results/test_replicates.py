@@ -125,3 +125,48 @@ def test_the_store_the_loader_and_the_page_take_the_front_of_configs(tmp_path):
     assert [ids[i] for i in page["front"]] == ["b"]
     assert page["columns"]["val_acc"][ids.index("a")] == pytest.approx(0.83)  # drawn at its estimate
     assert page["columns"]["seeds"][ids.index("a")] == 2
+
+
+def _tested(row: dict, acc: float | None) -> dict:
+    low, high = wilson_interval(acc, 10000)
+    return {**row, "test_acc": acc, "test_loss": 0.5, "test_images": 10000, "test_epoch": 4,
+            "test_acc_low": low, "test_acc_high": high}
+
+
+def test_the_held_out_score_folds_over_the_fresh_seeds_as_val_acc_does_by_hand():
+    rows = [_tested(ROWS[0], 0.79), _tested(ROWS[1], 0.77), ROWS[2],
+            _tested(ROWS[3], 0.80), _tested(ROWS[4], 0.82), *ROWS[5:]]
+    folded = {r["trial_id"]: r for r in fold_replicates(rows, OBJECTIVES)}
+    a = folded["a"]
+    # the fresh seeds' 0.80 and 0.82 (the selecting trial's 0.79 is not averaged in): 0.81;
+    # pooled test SD over a alone: s^2 = 0.0002, df 1; seed part 1e-4, binomial 0.81 * 0.19 /
+    # 10000 = 1.539e-5; df_eff = 1.1539e-4^2 / 1e-8 = 1.331485; t = 7.207919; half 0.0774273
+    assert a["test_acc"] == pytest.approx(0.81) and a["test_epoch"] is None
+    assert a["test_acc_low"] == pytest.approx(0.81 - 0.0774273, abs=1e-6)
+    assert a["test_acc_high"] == pytest.approx(0.81 + 0.0774273, abs=1e-6)
+    b = folded["b"]  # unconfirmed: its own score, with the pooled seed noise at n = 1:
+    # 0.0002 + 0.77 * 0.23 / 10000 = 2.1771e-4; df_eff 1.184941; t 8.857594; half 0.1306938
+    assert b["test_acc"] == 0.77 and b["test_epoch"] == 4
+    assert b["test_acc_low"] == pytest.approx(0.77 - 0.1306938, abs=1e-6)
+    # a study whose replicates were not scored keeps each trial's own Wilson interval
+    plain = {r["trial_id"]: r for r in fold_replicates([_tested(ROWS[1], 0.77), *ROWS[5:6]], OBJECTIVES)}
+    assert (plain["b"]["test_acc_low"], plain["b"]["test_acc_high"]) == wilson_interval(0.77, 10000)
+
+
+def test_the_trials_a_held_out_test_scores_are_the_ones_the_fronts_estimates_rest_on(tmp_path):
+    from search.study.heldout import trials_to_test
+
+    store = ResultsStore(tmp_path, space=SPACE, objectives=OBJECTIVES)
+    # a's seeds agree and beat b beyond noise; b is 5x faster: a trade-off, both on the front
+    for row in [ROWS[0], ROWS[1], ROWS[2], _row("a1", 0.95, 1000.0, of="a", seed=1),
+                _row("a2", 0.96, 1000.0, of="a", seed=2), *ROWS[5:]]:
+        store.add_trial(row, {"lr": 1e-3})
+    members = {r["trial_id"] for r in store.pareto_table().to_pylist()}
+    assert members == {"a", "b"}
+    # a: its fresh seeds (what its val_acc rests on); b: its failed replicate is no seed, so the search trial
+    assert [r["trial_id"] for r in trials_to_test(store)] == ["a1", "a2", "b"] or \
+        [r["trial_id"] for r in trials_to_test(store)] == ["b", "a1", "a2"]
+    store.add_test("a1", {"test_acc": 0.8, "test_loss": 0.5, "test_images": 10000, "test_epoch": 3})
+    row = next(r for r in store.trials if r["trial_id"] == "a1")
+    assert (row["test_acc_low"], row["test_acc_high"]) == wilson_interval(0.8, 10000)
+    assert [r["trial_id"] for r in trials_to_test(store) if r.get("test_acc") is None] in (["a2", "b"], ["b", "a2"])

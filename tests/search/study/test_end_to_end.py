@@ -136,3 +136,23 @@ def test_missing_dataset_is_a_one_line_error(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and "--data-dir" in proc.stderr
     assert not (tmp_path / "convit_locality" / "trials.parquet").exists()
+
+
+def test_the_fronts_trials_are_scored_once_on_the_test_split_at_their_best_validation_epoch(study):
+    exp_dir, proc = study
+    trials = pq.read_table(exp_dir / "trials.parquet").to_pylist()
+    epochs = pq.read_table(exp_dir / "epochs.parquet").to_pylist()
+    front = {r["trial_id"] for r in pq.read_table(exp_dir / "pareto.parquet").to_pylist()}
+    assert proc.stdout.count("held-out test:") == 1  # one stage, every trial in it once
+    held = json.loads((exp_dir / "heldout.json").read_text())
+    assert held["not_tested"] == {} and sorted(held["tested"]) == sorted(front)
+    for row in trials:
+        if row["trial_id"] not in front:  # selected on nothing, scored on nothing
+            assert row["test_acc"] is None and row["test_epoch"] is None
+            continue
+        per_trial = [e for e in epochs if e["trial_id"] == row["trial_id"]]
+        best = max(per_trial, key=lambda e: (e["val_acc"], -e["epoch"]))  # the first epoch at the best
+        assert row["test_epoch"] == best["epoch"] == per_trial[-1]["best_epoch"]
+        assert 0.0 <= row["test_acc_low"] <= row["test_acc"] <= row["test_acc_high"] <= 1.0
+        assert row["test_images"] > 0 and row["test_loss"] > 0
+    assert "test_acc" in proc.stdout.split("Pareto front")[-1]

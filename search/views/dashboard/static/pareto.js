@@ -59,7 +59,7 @@
     if (typeof v !== "number") return String(v);
     if (key === "throughput") return Math.round(v).toLocaleString("en-US");
     if (key === "params" || key === "flops") return v >= 1e9 ? (v / 1e9).toFixed(2) + "G" : (v / 1e6).toFixed(2) + "M";
-    if (key === "val_acc" || key === "final_val_acc" || key === "val_loss") return v.toFixed(4);
+    if (key === "val_acc" || key === "final_val_acc" || key === "val_loss" || key === "test_acc") return v.toFixed(4);
     if (key === "duration_s" || key === "elapsed_s") return fmtDuration(v);
     if (Number.isInteger(v)) return String(v);
     return Math.abs(v) >= 1e4 || Math.abs(v) < 1e-3 ? v.toExponential(2) : String(Number(v.toPrecision(3)));
@@ -617,6 +617,9 @@
     if (models.size > 1) cols.push({ key: "model", title: "model" });
     cols.push({ key: "state", title: "state" });
     for (const k of ["val_acc", "throughput", "params", "flops"]) cols.push({ key: k, title: label(k), num: true });
+    // the front's held-out score (selected on validation, scored once on the test split)
+    if (S.studies.some((st) => (st.cols.test_acc || []).some((v) => v !== null && v !== undefined)))
+      cols.splice(cols.findIndex((c) => c.key === "val_acc") + 1, 0, { key: "test_acc", title: "test_acc", num: true, tip: "held-out: the selected epoch's weights scored once on the test split" });
     cols.push({ key: "epochs_run", title: "epochs", num: true });
     cols.push({ key: "stop_reason", title: "stop" });
     cols.push({ key: "duration_s", title: "time", num: true });
