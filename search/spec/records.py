@@ -144,10 +144,29 @@ class Objective(Record):
 
 
 class ConfirmSpec(Record):
-    """After the search: the front's configs (and those tied with it) trained again with more seeds."""
+    """After the search: the front's configs (and those tied with it) trained again with more seeds.
 
-    seeds: Annotated[Whole, Field(ge=1, le=100)]  # further seeds per config, beside the search's own
+    ``fixed``: each of the ``top`` configs gets ``seeds`` further seeds. ``race``: the next seed
+    goes to the config another seed is most likely to move (tied, or dominated within noise), at
+    most ``seeds`` per config and ``replicates`` in all (default top x seeds), until every config
+    is separated (search.study.race)."""
+
+    seeds: Annotated[Whole, Field(ge=1, le=100)]  # further seeds per config (race: at most), beside the search's own
     top: Annotated[Whole, Field(ge=1, le=1000)] = 8  # at most this many configs: the front first, then those tied with it
+    strategy: one_of("fixed", "race") = "fixed"  # type: ignore[valid-type]
+    replicates: Annotated[Whole, Field(ge=1, le=100_000)] | None = None  # race: the replicate trials in all
+
+    @model_validator(mode="after")
+    def _check(self) -> "ConfirmSpec":
+        if self.replicates is not None and self.strategy != "race":
+            raise FieldError("replicates", "is the race's budget; set strategy: race, or leave replicates out "
+                                           "(fixed runs top x seeds)")
+        return self
+
+    @property
+    def budget(self) -> int:
+        """The replicate trials the stage may run."""
+        return self.replicates if self.replicates is not None else self.top * self.seeds
 
 
 MAX_TRIALS = 100_000  # the driver keeps every trial's row, Tune every trial's state: split a larger search

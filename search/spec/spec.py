@@ -225,6 +225,12 @@ class SearchSpec(Record):
         for section, key in ADDED_KEYS:  # left unset: studies from before the key keep their hash
             if data[section].get(key) is None:
                 data[section].pop(key, None)
+        confirm = data["budget"].get("confirm")
+        if confirm is not None:  # the race's keys, added later: at their defaults, out of the hash
+            if confirm.get("strategy") == "fixed":
+                confirm.pop("strategy")
+            if confirm.get("replicates") is None:
+                confirm.pop("replicates", None)
         return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
     def train_keys(self) -> list[str]:

@@ -32,6 +32,7 @@ from search.results.store import write_json_atomic
 from search.spec import SearchSpec
 from search.study.compat import moved_names
 from search.study.export import sampled_config
+from search.study.race import POOL_COLUMNS
 from search.study.schedulers import scheduler_for
 from search.study.tuning import StudyRun, can_restore
 from search.text import count
@@ -90,13 +91,22 @@ def confirmation_plan(spec: SearchSpec, store, folder: Path) -> dict[str, Any]:
     front = [t for t in complete if t["trial_id"] in front_ids]
     first, mode = store.objectives[0]
     front.sort(key=lambda r: r[first], reverse=mode == "max")
-    rows = configs_to_confirm(front, complete, store.objectives, top=spec.budget.confirm.top)
+    confirm = spec.budget.confirm
+    rows = configs_to_confirm(front, complete, store.objectives, top=confirm.top)
     plan = {
-        "seeds": spec.budget.confirm.seeds,
-        "top": spec.budget.confirm.top,
+        "strategy": confirm.strategy,
+        "seeds": confirm.seeds,
+        "top": confirm.top,
         "trials": [{"trial_id": r["trial_id"], "on_front": r["trial_id"] in front_ids} for r in rows],
-        "configs": replicate_configs(spec, rows, seeds=spec.budget.confirm.seeds),
     }
+    if confirm.strategy == "race":  # what search.study.race decides from, whatever happens to the store
+        columns = dict.fromkeys([*POOL_COLUMNS, *(f"{c}{end}" for c, _ in store.objectives for end in ("", "_low", "_high"))])
+        plan["replicates"] = confirm.budget
+        plan["pool"] = [{c: r.get(c) for c in columns} for r in rows]
+        plan["pool_configs"] = {r["trial_id"]: sampled_config(spec, r, where=f"trial {r['trial_id']}") for r in rows}
+        plan["configs"] = []
+    else:
+        plan["configs"] = replicate_configs(spec, rows, seeds=confirm.seeds)
     write_json_atomic(plan, path)
     return plan
 
@@ -118,7 +128,7 @@ def confirm(run: StudyRun) -> None:
 
 def _new_confirmation(run: StudyRun):
     """Tune's run of the replicates the plan picks, or None (said why) where there are none to run."""
-    from search.study.searcher import ReplicateSearcher, StudySearchGenerator
+    from search.study.searcher import RaceSearcher, ReplicateSearcher, StudySearchGenerator
 
     spec, location = run.spec, run.location
     store = run.store()
@@ -130,20 +140,25 @@ def _new_confirmation(run: StudyRun):
         return None
     plan = confirmation_plan(spec, store, location.local)
     location.push([CONFIRM_FILE])
-    configs = plan["configs"]
-    if not configs:
+    if not plan["trials"]:
         run.say("confirmation: none (no trial completed)")
         return None
     # Replicate rows a driver killed before Tune's first snapshot recorded: trained again.
     if store.forget_trials(set(), replicates=True):
         store.flush()
-    run.say(f"confirmation: {count(len(plan['trials']), 'config')} (the front, then those tied with it; "
-            f"budget.confirm.top: {plan['top']}) x {count(plan['seeds'], 'further seed')} = "
-            f"{count(len(configs), 'trial')} at the full budget")
-    callback = run.store_callback(store, replicates=True, total_trials=len(configs))
-    return run.new_tuner(callback, name=CONFIRM_TUNE_DIR, search_alg=StudySearchGenerator(ReplicateSearcher(configs)),
-                         scheduler=scheduler_for(spec, confirmation=True), num_samples=len(configs),
-                         time_budget_s=left)
+    picked = f"{count(len(plan['trials']), 'config')} (the front, then those tied with it; budget.confirm.top: {plan['top']})"
+    if plan.get("strategy") == "race":
+        trials = int(plan["replicates"])
+        searcher = RaceSearcher(plan, store.objectives, base_seed=spec.algorithm.seed)
+        run.say(f"confirmation: a race over {picked}: up to {count(trials, 'replicate')} at the full budget, at most "
+                f"{count(plan['seeds'], 'further seed')} each, each to a config still tied or dominated within noise")
+    else:
+        trials = len(plan["configs"])
+        searcher = ReplicateSearcher(plan["configs"])
+        run.say(f"confirmation: {picked} x {count(plan['seeds'], 'further seed')} = {count(trials, 'trial')} at the full budget")
+    callback = run.store_callback(store, replicates=True, total_trials=trials)
+    return run.new_tuner(callback, name=CONFIRM_TUNE_DIR, search_alg=StudySearchGenerator(searcher),
+                         scheduler=scheduler_for(spec, confirmation=True), num_samples=trials, time_budget_s=left)
 
 
 # Tune's snapshot of a confirmation begun before the searchers moved to search.study.searcher names

@@ -61,8 +61,11 @@ def _finished(spec: SearchSpec, store: ResultsStore, folder: Path) -> str:
     plan_file = folder / CONFIRM_FILE
     if not plan_file.is_file():
         return ""
-    planned = len(read_experiment_json(plan_file).get("configs") or [])
+    plan = read_experiment_json(plan_file)
     replicates = len(store.trials) - len(search)
+    if plan.get("strategy") == "race":  # it ends when the configs are separated: its end is the held-out test's start
+        return f"{done}, {replicates} replicates raced"
+    planned = len(plan.get("configs") or [])
     return f"{done}, {replicates} of {planned} replicates" if replicates >= planned else ""
 
 

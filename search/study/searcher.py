@@ -27,6 +27,7 @@ import copy
 import logging
 import math
 import pickle
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -35,10 +36,13 @@ from ray.tune.search import SearchGenerator, Searcher
 from ray.tune.search.optuna import OptunaSearch
 
 from search.results.location import JOURNAL_FILE, StudyLocation, resumed_location
+from search.results.pareto import DEVICE_METRICS
+from search.results.replicates import REPLICATE_COLUMN
 from search.results.store import TRIAL_VALUE_OF
+from search.study.race import race_step
 from search.spec import ParamSpec, SearchSpec
 
-__all__ = ["HonestOptunaSearch", "StudySearchGenerator", "ReplicateSearcher", "OptunaSpace", "make_sampler",
+__all__ = ["HonestOptunaSearch", "StudySearchGenerator", "ReplicateSearcher", "RaceSearcher", "OptunaSpace", "make_sampler",
            "study_searcher", "grid_searcher", "constraint_violation", "optuna_state_for", "trial_state",
            "nonfinite_objectives", "prune_running_trials"]
 
@@ -320,3 +324,56 @@ class ReplicateSearcher(Searcher):
         with open(checkpoint_path, "rb") as handle:
             state = pickle.load(handle)  # Tune's own snapshot (Tune unpickles the rest of it too)
         self.configs, self.next = state["configs"], state["next"]
+
+
+class RaceSearcher(Searcher):
+    """Tune's searcher of a raced confirmation: ``race_step`` on the plan's pool and the replicates
+    finished so far. Its state (the replicates handed out, running and finished) is saved with
+    Tune's snapshot, so a resumed race goes on from where it was."""
+
+    def __init__(self, plan: Mapping[str, Any], objectives: Sequence[tuple[str, str]], *, base_seed: int) -> None:
+        super().__init__()
+        self.pool = [dict(r) for r in plan["pool"]]
+        self.configs = {k: dict(v) for k, v in plan["pool_configs"].items()}  # search trial id -> its Tune config
+        self.objectives = [tuple(o) for o in objectives]
+        self.max_seeds = int(plan["seeds"])
+        self.budget = int(plan["replicates"])
+        self.base_seed = base_seed
+        self.issued = 0
+        self.seeds_given: Counter = Counter()  # config -> seeds handed out (their seed numbers: base + 1 ..)
+        self.running: dict[str, str] = {}  # replicate trial id -> config
+        self.finished: list[dict[str, Any]] = []  # the replicates' rows, as the front folds them
+
+    def suggest(self, trial_id: str) -> dict[str, Any] | None:
+        from search.study.trainable import REPLICATE_KEY, SEED_KEY
+
+        if self.issued >= self.budget:
+            return Searcher.FINISHED
+        config = race_step(self.pool, self.finished, self.objectives, max_seeds=self.max_seeds,
+                           running=Counter(self.running.values()))
+        if config is None:
+            # running replicates may still unsettle the front: ask again when one finishes
+            return None if self.running else Searcher.FINISHED
+        self.issued += 1
+        self.seeds_given[config] += 1
+        self.running[trial_id] = config
+        return {**self.configs[config], SEED_KEY: self.base_seed + self.seeds_given[config], REPLICATE_KEY: config}
+
+    def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
+        config = self.running.pop(trial_id, None)
+        if config is None or error or not result or result.get("stop_reason") not in ("max_epochs", "patience"):
+            return  # failed or cut short: no seed of the config's estimate (the store's rule)
+        row = {"trial_id": trial_id, REPLICATE_COLUMN: config, "val_images": result.get("val_images")}
+        for column, _ in self.objectives:  # the architecture's measurements stay the search trial's
+            if column not in DEVICE_METRICS:
+                row[column] = result.get(TRIAL_VALUE_OF.get(column, column))
+        self.finished.append(row)
+
+    def save(self, checkpoint_path: str) -> None:
+        with open(checkpoint_path, "wb") as handle:
+            pickle.dump({k: getattr(self, k) for k in ("issued", "seeds_given", "running", "finished")}, handle)
+
+    def restore(self, checkpoint_path: str) -> None:
+        with open(checkpoint_path, "rb") as handle:
+            state = pickle.load(handle)  # Tune's own snapshot (Tune unpickles the rest of it too)
+        self.__dict__.update(state)

@@ -101,3 +101,46 @@ def test_a_kill_during_the_confirmation_resumes_to_exactly_the_replicates_asked_
         if member["trial_id"] in confirmed:
             seeds = [t["val_acc"] for t in replicates if t["replicate_of"] == member["trial_id"]]
             assert member["seeds"] == 2 and member["val_acc"] == pytest.approx(sum(seeds) / 2)
+
+
+@pytest.mark.ray
+def test_a_race_killed_mid_stage_resumes_and_ends_as_its_rule_says(tmp_path):
+    from search.study.race import unresolved
+
+    spec = yaml.safe_load((ROOT / "spaces" / "synthetic_smoke.yaml").read_text())
+    spec.update(name="raced", storage=str(tmp_path / "results"))
+    # one architecture and nearly one config: the search's trials are level within noise, so the race has work
+    spec["space"] = {"locality_strength": {"type": "choice", "values": [1.0, 1.01]},
+                     "local_up_to_layer": {"type": "choice", "values": [1]}, "lr": {"type": "choice", "values": [3e-3]}}
+    spec["budget"].update(trials=2, max_epochs=1, confirm={"strategy": "race", "seeds": 2, "top": 2, "replicates": 3})
+    path = tmp_path / "raced.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    exp = tmp_path / "results" / "raced"
+
+    def a_replicate_has_started() -> bool:
+        tables = _read_all(exp)
+        search = {t["trial_id"] for t in tables.get("trials.parquet", []) if t["replicate_of"] is None}
+        return (exp / "confirm.json").is_file() and any(e["trial_id"] not in search for e in tables.get("epochs.parquet", []))
+
+    _run_and_sigkill(path, _env(tmp_path), until=a_replicate_has_started, what="a replicate's first epoch")
+    resumed = subprocess.run([sys.executable, "-m", "search", "resume", str(exp)], cwd=ROOT, env=_env(tmp_path),
+                             capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert "resuming the confirmation of study raced" in resumed.stdout, resumed.stdout[-3000:]
+
+    plan = json.loads((exp / "confirm.json").read_text())
+    assert plan["strategy"] == "race" and plan["replicates"] == 3
+    trials = _read_all(exp)["trials.parquet"]
+    replicates = [t for t in trials if t["replicate_of"] is not None]
+    pool = {r["trial_id"] for r in plan["pool"]}
+    # within the budget, to the pool, each config's seeds 1, 2, .. once each, at most 2
+    assert 1 <= len(replicates) <= 3 and {t["replicate_of"] for t in replicates} <= pool
+    per_config = Counter(t["replicate_of"] for t in replicates)
+    for config, n in per_config.items():
+        assert sorted(t["seed"] for t in replicates if t["replicate_of"] == config) == list(range(1, n + 1))
+    assert max(per_config.values()) <= 2
+    # it stopped for a reason its rule gives: the budget spent, or nothing left that a seed could change
+    done = [t for t in replicates if t["state"] == "COMPLETE"]
+    left = [c for c in unresolved(plan["pool"], done, OBJECTIVES) if per_config[c] < 2]
+    assert len(replicates) == 3 or left == [], (len(replicates), left)
+    assert json.loads((exp / "heldout.json").read_text())["not_tested"] == {}
