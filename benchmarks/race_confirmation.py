@@ -5,7 +5,8 @@
 
 The recording trains each configuration of a small ConViT grid on real Fashion-MNIST (a
 stratified subset) with ``--seeds`` training seeds and keeps each run's best validation accuracy
-and the architecture's throughput with its interval (``benchmarks/data/seeds-<grid>.parquet``).
+(``benchmarks/data/seeds-<grid>.parquet``), beside the architecture's throughput from the
+convit-wide recording (``record_curves``), with the store's noise floor as its interval.
 
 Each repetition of the replay shuffles every configuration's seeds, then splits them: the first
 ``--available`` are what a study could train (the first plays the search trial, the rest the
@@ -51,7 +52,7 @@ OBJECTIVES = [("val_acc", "max"), ("throughput", "max")]
 MODEL = "ls_convit_micro"
 # Small ViTs whose accuracies after a few epochs lie within a few points of each other, with
 # throughputs over about 10x: fronts with close calls, the case the confirmation is for.
-GRID = {"depth": [1, 2, 3], "embed_dim": [16, 32, 48], "local_up_to_layer": [0, 1]}
+GRID = {"depth": [1, 2], "embed_dim": [16, 32, 48], "local_up_to_layer": [0, 1]}
 GRID_NAME = "convit-seeds"
 EPOCHS, LR = 3, 2e-3
 SCHEMA = pa.schema([("config_id", pa.int64()), ("depth", pa.int64()), ("embed_dim", pa.int64()),
@@ -68,33 +69,52 @@ def _configs() -> list[dict]:
 
 
 def record(path: Path, *, seeds: int) -> None:
-    """Train every config with seeds 0 .. seeds-1 (the ones already in ``path`` are skipped)."""
+    """Train every config with seeds 0 .. seeds-1 (the ones already in ``path`` are skipped): the
+    trial's own loaders and training step (``trainers.trial_loaders``, ``trainers.training_step``),
+    validated after every epoch; the best epoch's accuracy is the run's. Throughput is the
+    architecture's, the same for every seed: it is taken from the convit-wide recording (the
+    same model and knobs, timed there once per architecture), with the store's noise floor."""
+    import torch
+
+    from trainers import build_model, evaluate, place_model, trial_loaders, training_step
     from trainers.config import ThroughputSettings, TrainSettings, TrialConfig
     from trainers.data import DatasetRequest, prepare_dataset
-    from trainers.train import train_trial
 
-    data = prepare_dataset(DatasetRequest(name="fashion_mnist", train_fraction=0.03, val_fraction=0.05, seed=0),
+    timed = read_table(DATA_DIR / "curves-convit-wide.parquet").to_pandas()
+    timed = timed[timed["patch_size"] == 7].groupby(["depth", "embed_dim", "local_up_to_layer"]).first()
+    floor = ThroughputSettings().noise_floor
+    data = prepare_dataset(DatasetRequest(name="fashion_mnist", train_fraction=0.03, val_fraction=0.03, seed=0),
                            cache_dir=default_cache_dir())
     rows = read_table(path).to_pylist() if path.exists() else []
     done = {(r["config_id"], r["seed"]) for r in rows}
     todo = [(i, c, s) for s in range(seeds) for i, c in enumerate(_configs()) if (i, s) not in done]
     print(f"{len(todo)} runs to go ({len(done)} recorded) on {data.counts['train']} train / {data.counts['val']} val images")
+    device = torch.device("cpu")
     for step, (config_id, config, seed) in enumerate(todo):
         start = time.perf_counter()
-        cfg = TrialConfig(
-            model=MODEL, model_args={**config, "patch_size": 7}, data=data, epochs=EPOCHS,
-            train=TrainSettings(batch_size=64, lr=LR, warmup_epochs=0.3, pad_crop=0, num_workers=2),
-            throughput=ThroughputSettings(batch_size=256, warmup=3, repeats=10),
-            throughput_cache_dir=str(default_cache_dir() / "throughput"), seed=seed)
-        outcome = train_trial(cfg)
-        m = outcome.measurement
-        rows.append({"config_id": config_id, **config, "seed": seed, "val_acc": outcome.best_val_acc,
-                     "val_images": data.counts["val"], "throughput": m["throughput"],
-                     "throughput_low": m.get("throughput_low"), "throughput_high": m.get("throughput_high"),
-                     "throughput_device": m["throughput_device"]})
+        cfg = TrialConfig(model=MODEL, model_args={**config, "patch_size": 7}, data=data, epochs=EPOCHS,
+                          train=TrainSettings(batch_size=64, lr=LR, warmup_epochs=0.3, pad_crop=0, num_workers=2),
+                          throughput=ThroughputSettings(), seed=seed, device="cpu")
+        torch.manual_seed(seed)
+        model = build_model(cfg)
+        channels_last = place_model(model, device)
+        train, val = trial_loaders(cfg, device=device, channels_last=channels_last)
+        steps = len(train)
+        train_step = training_step(model, cfg, device, steps_per_epoch=steps)
+        best = -1.0
+        for epoch in range(EPOCHS):  # as train_trial's epochs: train, then validate
+            train.next_epoch = epoch
+            model.train()
+            for i, (images, labels) in enumerate(train):
+                train_step(images, labels, at=epoch * steps + i)
+            best = max(best, evaluate(train_step.runner, val, autocast=train_step.autocast)[1])
+        tput = float(timed.loc[(config["depth"], config["embed_dim"], config["local_up_to_layer"]), "throughput"])
+        rows.append({"config_id": config_id, **config, "seed": seed, "val_acc": best, "val_images": data.counts["val"],
+                     "throughput": tput, "throughput_low": tput * (1 - floor), "throughput_high": tput * (1 + floor),
+                     "throughput_device": str(timed["throughput_device"].iloc[0])})
         write_atomic(pa.Table.from_pylist(rows, schema=SCHEMA), path)  # after every run: resumable
-        print(f"[{step + 1}/{len(todo)}] config {config_id} seed {seed}: val_acc {outcome.best_val_acc:.4f}, "
-              f"{m['throughput']:,.0f} img/s, {time.perf_counter() - start:.0f} s", flush=True)
+        print(f"[{step + 1}/{len(todo)}] config {config_id} seed {seed}: val_acc {best:.4f}, "
+              f"{time.perf_counter() - start:.1f} s", flush=True)
 
 
 def _row(trial_id: str, acc: float, base: dict, *, of: str | None = None) -> dict:
@@ -152,9 +172,9 @@ def _summary(runs: list[dict]) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--record", action="store_true", help="train the grid's configs x seeds first (resumable)")
-    parser.add_argument("--seeds", type=int, default=10, help="seeds recorded per config (default 10)")
-    parser.add_argument("--available", type=int, default=6,
-                        help="of each config's seeds, those a study may train; the rest are the truth (default 6)")
+    parser.add_argument("--seeds", type=int, default=8, help="seeds recorded per config (default 8)")
+    parser.add_argument("--available", type=int, default=5,
+                        help="of each config's seeds, those a study may train; the rest are the truth (default 5)")
     parser.add_argument("--top", type=int, default=4, help="budget.confirm.top (default 4)")
     parser.add_argument("--seeds-fixed", type=int, default=2, help="the fixed confirmation's seeds (default 2)")
     parser.add_argument("--repetitions", type=int, default=300)

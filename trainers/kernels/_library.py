@@ -126,8 +126,9 @@ def load_library(source: Path, variant: str, flags: Sequence[str]) -> None:
     name = f"{source.stem}_{variant}_{_source_key(source, flags)}"
     build_directory = _cache_dir() / name
     build_directory.mkdir(parents=True, exist_ok=True)
+    staged = _staged(source, build_directory)
     try:
-        cpp_extension.load(name=name, sources=[str(source)], build_directory=str(build_directory),
+        cpp_extension.load(name=name, sources=[str(staged)], build_directory=str(build_directory),
                            extra_cflags=["-O3", "-std=c++20", "-fopenmp", *flags], extra_ldflags=["-fopenmp"],
                            is_python_module=False, verbose=False)
     except subprocess.CalledProcessError as error:  # (cpp_extension's own, wrapped in RuntimeError)
@@ -136,6 +137,20 @@ def load_library(source: Path, variant: str, flags: Sequence[str]) -> None:
         text = str(error)
         first_error = next((line.strip() for line in text.splitlines() if "error" in line.lower()), text[-300:])
         raise RuntimeError(f"compiling {source.name} failed: {first_error}") from error
+
+
+def _staged(source: Path, build_directory: Path) -> Path:
+    """``source`` and the headers beside it, copied into ``build_directory`` (whose name holds their
+    hash): ninja's build file names the source's path, so building from the checkout rebuilt the
+    cached library whenever another checkout (a clone, a worktree, CI) built the same source."""
+    for path in [source, *sorted(source.parent.glob("*.h"))]:
+        target = build_directory / path.name
+        data = path.read_bytes()
+        if not target.is_file() or target.read_bytes() != data:
+            temporary = build_directory / f".{path.name}.{os.getpid()}.tmp"
+            temporary.write_bytes(data)
+            os.replace(temporary, target)  # whole, whichever process copies it
+    return build_directory / source.name
 
 
 def _isa(kernel: _Kernel) -> list[str]:

@@ -31,7 +31,10 @@ from search.results.location import StudyLocation, study_location
 pytestmark = pytest.mark.ray
 
 ROOT = Path(__file__).resolve().parents[3]
-TRIALS, EPOCHS = 4, 16  # with one slot per node: the killed trial and two more run on the head
+# With one slot per node: the killed trial and the third one go on on the head (two trials there
+# need the same dataset). The worker is killed at its trial's first epoch, seen up to ~2 s late:
+# 12 epochs of 0.5-1 s leave it most of its trial to lose.
+TRIALS, EPOCHS = 3, 12
 
 SPEC = two_node_spec(trials=TRIALS, epochs=EPOCHS)
 
