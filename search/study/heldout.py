@@ -20,6 +20,7 @@ written before the selected weights were kept, whose last epoch was not the best
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -58,6 +59,7 @@ def test_front(run: StudyRun) -> None:
     """Score the front's untested trials on the test split, each once; then write ``heldout.json``."""
     import ray
 
+    started = time.monotonic()
     store = run.store()
     store.load_existing()
     rows = trials_to_test(store)
@@ -89,6 +91,8 @@ def test_front(run: StudyRun) -> None:
         store.flush()  # one trial at a time: a kill loses at most the scores under way
     for trial_id, why in missing.items():
         run.say(f"held-out test: trial {trial_id} not scored: {why}")
+    if todo:
+        run.say(f"held-out test: {count(len(todo) - len(missing), 'trial')} scored in {time.monotonic() - started:.0f} s")
     tested = [r["trial_id"] for r in rows if r["trial_id"] not in missing]
     write_json_atomic({"tested": tested, "not_tested": missing}, run.location.local / HELDOUT_FILE)
     run.location.push([HELDOUT_FILE])

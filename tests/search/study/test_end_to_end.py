@@ -143,7 +143,8 @@ def test_the_fronts_trials_are_scored_once_on_the_test_split_at_their_best_valid
     trials = pq.read_table(exp_dir / "trials.parquet").to_pylist()
     epochs = pq.read_table(exp_dir / "epochs.parquet").to_pylist()
     front = {r["trial_id"] for r in pq.read_table(exp_dir / "pareto.parquet").to_pylist()}
-    assert proc.stdout.count("held-out test:") == 1  # one stage, every trial in it once
+    # one stage, every trial in it once: its announcement, then its end
+    assert proc.stdout.count("held-out test:") == 2 and f"held-out test: {len(front)} trial" in proc.stdout
     held = json.loads((exp_dir / "heldout.json").read_text())
     assert held["not_tested"] == {} and sorted(held["tested"]) == sorted(front)
     for row in trials:

@@ -290,3 +290,19 @@ def test_backends_refuses_an_unknown_name_or_a_value_not_a_bool_before_changing_
     with pytest.raises(TypeError, match=r"backends\(libraries=0\): pass True or False"):
         kernels.backends(libraries=0)
     assert kernels.selected_backends() == kernels.Backends()
+
+
+def test_a_build_reads_its_sources_from_its_cache_folder_whatever_the_checkout(tmp_path):
+    # ninja's build file names the source's path: two checkouts of one source must name the same one
+    for checkout in ("one", "two"):
+        (tmp_path / checkout).mkdir()
+        (tmp_path / checkout / "core.cpp").write_text('#include "core.h"\nint f() { return 1; }\n')
+        (tmp_path / checkout / "core.h").write_text("#pragma once\n")
+    build = tmp_path / "cache" / "core_fp32_0123"
+    build.mkdir(parents=True)
+    first = _library._staged(tmp_path / "one" / "core.cpp", build)
+    mtime = first.stat().st_mtime_ns
+    assert _library._staged(tmp_path / "two" / "core.cpp", build) == first == build / "core.cpp"
+    assert first.stat().st_mtime_ns == mtime  # the same bytes: not rewritten (ninja would rebuild)
+    assert (build / "core.h").read_text() == "#pragma once\n"
+    assert sorted(p.name for p in build.iterdir()) == ["core.cpp", "core.h"]  # no temporary left
