@@ -56,6 +56,7 @@ __all__ = ["Claim", "ClaimTest", "ClaimsFile", "ClaimResult", "Estimate", "load_
            "evaluate_claims", "family_adjusted", "welch", "paired", "holm", "verdict", "VERDICTS", "POWER"]
 
 CONFIDENCE = 0.95
+DEFAULT_METRIC = "val_acc"  # what a claim reads where neither it nor its claims file names a column
 POWER = 0.8  # the power at which the smallest detectable effect is stated
 VERDICTS = ("reproduced", "contradicted", "smaller than the paper's", "inconclusive", "not run")
 
@@ -69,7 +70,7 @@ class ClaimTest(Record):
     then: str | None = None  # shrinks: the second study
     control: str | None = None  # versus: the other model's study
     at: dict[str, Any] = Field(default_factory=dict)  # versus: the grid point of `study`
-    objective: str = "val_acc"
+    objective: str | None = None  # the column it reads; left out: the claims file's `metric`
     epoch: Whole | None = None  # the objective after this epoch (epochs.parquet), not the final one
 
     @model_validator(mode="after")
@@ -87,6 +88,11 @@ class ClaimTest(Record):
     @property
     def studies(self) -> tuple[str, ...]:
         return tuple(s for s in (self.study, self.then, self.control) if s)
+
+    @property
+    def metric(self) -> str:
+        """The column it reads (set from its claims file's ``metric`` where it names none)."""
+        return self.objective or DEFAULT_METRIC
 
 
 class Claim(Record):
@@ -117,6 +123,9 @@ class Claim(Record):
 
 class ClaimsFile(Record):
     claims: tuple[Claim, ...]
+    # the column every claim reads unless its test names its own `objective`: one edit moves them
+    # all (to the held-out test accuracy, say, once the studies record it)
+    metric: str = DEFAULT_METRIC
 
     @model_validator(mode="after")
     def _check(self) -> "ClaimsFile":
@@ -125,11 +134,20 @@ class ClaimsFile(Record):
             raise FieldError("claims", "is empty; list at least one claim")
         if len(set(ids)) != len(ids):
             raise FieldError("claims", f"an id is listed twice: {ids}")
+        # frozen records: the file's metric written into each test that names none, once
+        object.__setattr__(self, "claims", tuple(_reading(c, self.metric) for c in self.claims))
         return self
 
     def studies(self) -> list[str]:
         """Every study the claims use, in the order first used."""
         return list(dict.fromkeys(s for c in self.claims for s in c.test.studies))
+
+
+def _reading(claim: Claim, metric: str) -> Claim:
+    """``claim`` with its test's objective set (``metric`` where it names none)."""
+    if claim.test.objective is not None:
+        return claim
+    return claim.model_copy(update={"test": claim.test.model_copy(update={"objective": metric})})
 
 
 def load_claims(path: str | Path) -> ClaimsFile:
@@ -282,7 +300,8 @@ def _trials(exp: Experiment, objective: str, epoch: int | None) -> pd.DataFrame:
     if REPLICATE_COLUMN in rows:
         rows = rows[rows[REPLICATE_COLUMN].isna()]
     if objective not in rows:
-        raise ConfigError(f"{exp.path}: no column {objective!r}; claims test one of {', '.join(dict(exp.objectives))}")
+        raise ConfigError(f"{exp.path}: no column {objective!r} (the claims file's `metric`, or the test's `objective`); "
+                          f"its objectives are {', '.join(dict(exp.objectives))}")
     if epoch is None:
         return rows
     at = exp.epochs[exp.epochs["epoch"] == epoch].drop_duplicates("trial_id", keep="last")
@@ -294,7 +313,7 @@ def _trials(exp: Experiment, objective: str, epoch: int | None) -> pd.DataFrame:
 
 def _effect(exp: Experiment, test: ClaimTest) -> list[float]:
     knobs = grid_knobs(exp.spec, exp.path)
-    return paired_differences(_trials(exp, test.objective, test.epoch), objective=test.objective, knobs=knobs,
+    return paired_differences(_trials(exp, test.metric, test.epoch), objective=test.metric, knobs=knobs,
                               knob=test.knob, value=test.value, baseline=test.baseline)
 
 
@@ -310,7 +329,7 @@ def _at_point(exp: Experiment, test: ClaimTest) -> list[float]:
     for knob in test.at:
         if knob not in knobs:
             raise ConfigError(f"at: {knob} is not a knob of {exp.path}; use one of {', '.join(knobs)}")
-    return _values(_trials(exp, test.objective, test.epoch), test.objective, test.at)
+    return _values(_trials(exp, test.metric, test.epoch), test.metric, test.at)
 
 
 def _same_number(a: Any, b: Any) -> bool:
@@ -332,16 +351,16 @@ def _estimate(claim: Claim, studies: Mapping[str, Experiment]) -> tuple[Estimate
     if test.kind == "effect":
         exp = studies[test.study]
         diffs = _effect(exp, test)
-        trials = _trials(exp, test.objective, test.epoch)
-        arm = _values(trials, test.objective, {test.knob: test.value})
-        base = _values(trials, test.objective, {test.knob: test.baseline})
+        trials = _trials(exp, test.metric, test.epoch)
+        arm = _values(trials, test.metric, {test.knob: test.value})
+        base = _values(trials, test.metric, {test.knob: test.baseline})
         return paired(diffs), f"{len(diffs)} pairs", _means(arm, base), "paired t (Student 1908)"
     if test.kind == "shrinks":
         first, then = _effect(studies[test.study], test), _effect(studies[test.then], test)
         gaps = (f"{statistics.fmean(first):+.4f} vs {statistics.fmean(then):+.4f}" if first and then else "-")
         return welch(first, then), f"{len(first)} vs {len(then)} pairs", gaps, "Welch t (Welch 1947)"
     at = _at_point(studies[test.study], test)
-    control = _values(_trials(studies[test.control], test.objective, test.epoch), test.objective, {})
+    control = _values(_trials(studies[test.control], test.metric, test.epoch), test.metric, {})
     return welch(at, control), f"{len(at)} vs {len(control)} seeds", _means(at, control), "Welch t (Welch 1947)"
 
 

@@ -28,7 +28,7 @@ def _number(value: float, objective: str, *, signed: bool = False) -> str:
 
 def difference_text(r: ClaimResult) -> str:
     """The claim's difference with its 95% interval, e.g. '+11.54 pp (+1.72 pp to +21.37 pp)'."""
-    objective = r.claim.test.objective
+    objective = r.claim.test.metric
     if math.isnan(r.diff):
         return "-"
     around = "" if math.isnan(r.low) else (f" ({_number(r.low, objective, signed=True)} to "
@@ -42,7 +42,7 @@ def _p(value: float) -> str:
 
 def _what(r: ClaimResult) -> str:
     t = r.claim.test
-    measure = t.objective + (f" after epoch {t.epoch}" if t.epoch else "")
+    measure = t.metric + (f" after epoch {t.epoch}" if t.epoch else "")
     if t.kind == "effect":
         return f"{t.knob} {t.value} minus {t.baseline}, {measure} ({t.study})"
     if t.kind == "shrinks":
@@ -56,7 +56,7 @@ EXPECTS = {"higher": "above 0", "lower": "below 0", "no_gain": "below the margin
 
 def _protocol(r: ClaimResult) -> str:
     """What the claim was fixed to before the run: the side, alpha, the smallest effect of interest."""
-    objective = r.claim.test.objective
+    objective = r.claim.test.metric
     unit = " pp" if objective.endswith("acc") else ""
     side = EXPECTS[r.claim.expect] + (f" (+{_number(r.claim.margin, objective)}{unit})" if r.claim.expect == "no_gain" else "")
     sesoi = f", sesoi {_number(r.claim.sesoi, objective)}{unit}" if r.claim.sesoi else ""
@@ -67,7 +67,7 @@ def _protocol(r: ClaimResult) -> str:
 def _verdict_text(r: ClaimResult) -> str:
     """The verdict, and for an inconclusive one the smallest effect the run could have detected."""
     if r.verdict == "inconclusive" and not math.isnan(r.detectable):
-        return f"**inconclusive** (detectable at 80% power: {_number(r.detectable, r.claim.test.objective, signed=True)})"
+        return f"**inconclusive** (detectable at 80% power: {_number(r.detectable, r.claim.test.metric, signed=True)})"
     if r.verdict == "inconclusive":
         return "**inconclusive** (no test: too few pairs or seeds, or no spread)"
     return f"**{r.verdict}**"

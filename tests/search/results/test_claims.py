@@ -287,6 +287,51 @@ def test_the_suite_skips_a_finished_study_and_runs_or_resumes_the_others_as_comm
     assert "claims: partial: resuming (6 trials so far)" in capfd.readouterr().out
 
 
+def test_the_claims_file_metric_is_what_every_claim_reads_unless_its_test_names_one(tmp_path):
+    path = _suite(tmp_path)
+    raw = yaml.safe_load(path.read_text())
+    raw["metric"] = "throughput"  # 1000.0 in every trial: every difference it reads is 0
+    raw["claims"][3]["test"]["objective"] = "val_acc"  # "early" keeps its own
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    claims = load_claims(path)
+    assert [c.test.metric for c in claims.claims] == ["throughput"] * 3 + ["val_acc", "throughput"]
+    studies = {n: load(tmp_path / "results" / n) for n in ("small", "large", "control")}
+    results = {r.claim.id: r for r in evaluate_claims(claims.claims, studies)}
+    assert results["small"].diff == 0 and results["early"].diff == pytest.approx(-0.1)
+    # a column the studies lack (the held-out test accuracy before they record it) says so, naming it
+    raw["metric"] = "test_acc"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    with pytest.raises(ConfigError, match="no column 'test_acc'"):
+        evaluate_claims(load_claims(path).claims, studies)
+    # left out: val_acc, as before the key existed
+    assert load_claims(_suite(tmp_path / "again")).claims[0].test.metric == "val_acc"
+
+
+def test_the_convit_arms_keep_a_plain_block_on_top_and_the_class_token():
+    """ls_convit with GPSA in every block (local_up_to_layer == depth) drops the class token and
+    averages the patches: an arm there would differ from the DeiT in its head too."""
+    import timm
+
+    import trainers.models  # noqa: F401  (registers ls_convit_*)
+
+    studied = 0
+    for path in sorted((ROOT / "studies").glob("*.yaml")):
+        if path.name == "claims.yaml":
+            continue
+        for profile in ("cpu", "gpu"):
+            spec = load_spec(path, profile=profile, check_model=False)
+            model = spec.candidates[0]
+            if not model.name.startswith("ls_convit") or "local_up_to_layer" not in spec.space:
+                continue
+            studied += 1
+            for point in spec.grid_points():
+                args = {**model.args, **point}
+                net = timm.create_model(model.name, **{k: v for k, v in args.items() if k != "embed_dim"},
+                                        embed_dim=16)  # the head does not depend on the width
+                assert net.global_pool == "token" and net.cls_token is not None, (path.name, profile, point)
+    assert studied == 6  # small data, more data, the ablation; two profiles each
+
+
 def test_the_studies_and_claims_in_the_repository_are_valid():
     claims = load_claims(ROOT / "studies" / "claims.yaml")
     assert len(claims.claims) >= 8
