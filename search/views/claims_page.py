@@ -13,7 +13,10 @@ import pandas as pd
 from search.results.claims import VERDICTS, ClaimResult
 from search.results.query import Experiment
 from search.results.replicates import REPLICATE_COLUMN
+from search.spec import SearchSpec
+from search.spec.validation import SpecLocation, from_plain
 from search.study.suite import SuiteStudy
+from trainers.errors import ConfigError
 
 __all__ = ["claims_table", "claims_page", "difference_text", "write_claims_page"]
 
@@ -89,12 +92,63 @@ def _markdown(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str
             + ["| " + " | ".join(cell(c) for c in row) + " |" for row in rows])
 
 
+def _ran_spec(exp: Experiment) -> SearchSpec:
+    """The spec the study ran with, from its own experiment.json (not the YAML as it is now)."""
+    plain = exp.spec.get("spec")
+    if not isinstance(plain, dict):
+        raise ConfigError(f"{exp.path}/experiment.json: no 'spec' object; the study's files are damaged")
+    plain = {k: v for k, v in plain.items() if k not in ("source", "profile")}
+    return from_plain(SearchSpec, plain, SpecLocation(f"{exp.path}/experiment.json", "spec"))
+
+
+def _data(spec: SearchSpec) -> str:
+    drawn = ", a split per seed" if spec.dataset.split_per_trial else ""
+    return f"{spec.dataset.train_fraction:.0%} of {spec.dataset.name}{drawn}"
+
+
+def _epochs(spec: SearchSpec) -> str:
+    budget = spec.budget
+    scaled = f" ({budget.full_data_epochs:g} of the whole split)" if budget.full_data_epochs else ""
+    patience = f", patience {budget.patience}" if budget.patience else ""
+    return f"{budget.max_epochs}{scaled}{patience}"
+
+
+def _commit(exp: Experiment) -> str:
+    """The commit the study's driver ran at, from its experiment.json, marked where tracked files
+    differed from it (``+changes``; ``?``: a record from before the flag)."""
+    commit = exp.spec.get("git_commit")
+    if not commit:
+        return "-"
+    dirty = exp.spec.get("git_dirty")
+    return str(commit)[:7] + (" +changes" if dirty else "" if dirty is False else " ?")
+
+
+def _spread(values: pd.Series, fmt: str) -> str:
+    """'median (min-max)' of ``values`` ('-' where there are none)."""
+    values = pd.to_numeric(values, errors="coerce").dropna()
+    if values.empty:
+        return "-"
+    median, low, high = values.median(), values.min(), values.max()
+    return fmt.format(median) if low == high else f"{fmt.format(median)} ({fmt.format(low)}-{fmt.format(high)})"
+
+
+def _final_train_loss(exp: Experiment, trial_ids: pd.Series) -> str:
+    """Each trial's train loss in its last epoch, as a spread over the trials."""
+    epochs = exp.epochs
+    if epochs.empty or "train_loss" not in epochs:
+        return "-"
+    epochs = epochs[epochs["trial_id"].isin(set(trial_ids))].sort_values("epoch")
+    return _spread(epochs.drop_duplicates("trial_id", keep="last")["train_loss"], "{:.3f}")
+
+
 def _study_row(study: SuiteStudy, exp: Experiment | None) -> list[str]:
-    spec = study.spec
-    data = f"{spec.dataset.train_fraction:.0%} of {spec.dataset.name}"
-    plan = spec.grid_plan() or f"{spec.budget.trials} trials"
     if exp is None:
-        return [study.name, spec.candidates[0].name, data, str(spec.budget.max_epochs), plan, "not run", "-", "-", "-"]
+        spec = study.spec
+        plan = spec.grid_plan() or f"{spec.budget.trials} trials"
+        return [study.name, spec.candidates[0].name, _data(spec), _epochs(spec), plan, "not run", "-", "-", "-", "-",
+                "-", "-"]
+    spec = _ran_spec(exp)  # what ran, which the YAML may no longer say
+    plan = spec.grid_plan() or f"{spec.budget.trials} trials"
     trials = exp.trials
     if REPLICATE_COLUMN in trials:
         trials = trials[trials[REPLICATE_COLUMN].isna()]
@@ -103,11 +157,15 @@ def _study_row(study: SuiteStudy, exp: Experiment | None) -> list[str]:
     span = math.nan if pd.isna(span) else span
     trained = float(pd.to_numeric(trials["duration_s"]).sum())
     devices = ", ".join(sorted(set(trials["throughput_device"].dropna()))) if "throughput_device" in trials else "-"
-    commits = ", ".join(sorted({str(c)[:7] for c in trials["git_commit"].dropna()})) if "git_commit" in trials else "-"
     wall = "-" if math.isnan(span) else f"{span / 60:.1f} min ({trained / 60:.1f} min training)"
     unfinished = "" if len(trials) >= spec.planned_trials else f" (unfinished: {spec.planned_trials} planned)"
-    return [study.name, spec.candidates[0].name, data, str(spec.budget.max_epochs), plan,
-            f"{complete} of {len(trials)}{unfinished}", wall, devices or "-", commits or "-"]
+    ran = exp.spec.get("spec_hash")
+    same = ("as the spec" if ran == study.spec.spec_hash
+            else f"**stale**: ran {str(ran)[:8]}, {study.spec_path.name} is now {study.spec.spec_hash[:8]}")
+    epochs_run = _spread(trials["epochs_run"], "{:.0f}") if "epochs_run" in trials else "-"
+    return [study.name, spec.candidates[0].name, _data(spec), _epochs(spec), plan,
+            f"{complete} of {len(trials)}{unfinished}", epochs_run, _final_train_loss(exp, trials["trial_id"]), wall,
+            devices or "-", _commit(exp), same]
 
 
 def claims_page(results: Sequence[ClaimResult], studies: Sequence[SuiteStudy], loaded: Mapping[str, Experiment], *,
@@ -119,7 +177,7 @@ def claims_page(results: Sequence[ClaimResult], studies: Sequence[SuiteStudy], l
         "# The papers' claims, reproduced on this platform",
         "",
         f"Written by `{shlex.join(command)}` (profile {profile or 'as written'}) from the studies in `{storage}`, "
-        "listed at the end; do not edit it by hand, run that command again (it runs only the studies that are missing or "
+        "listed at the end; do not edit it by hand, run that command again (it runs only the studies that are missing, stale or "
         "unfinished). The claims and how each is tested: `studies/claims.yaml`; the specs: `studies/*.yaml`.",
         "",
         f"**{len(results)} claims: {summary}.**",
@@ -144,9 +202,15 @@ def claims_page(results: Sequence[ClaimResult], studies: Sequence[SuiteStudy], l
     out += _markdown(["id", "claim", "the paper", "ours measures", "protocol", "ours (95% interval)", "p",
                       "p (Holm)", "n", "means", "test", "verdict"], claims_table(results))
     out += ["", "## The studies", "",
-            "Wall time is from the first trial's start to the last trial's end (the set-up before it, a few seconds "
-            "to a minute, not counted); training is the sum of the trials' own times.", ""]
-    out += _markdown(["study", "model", "data", "epochs", "grid", "COMPLETE", "wall", "device", "commit"],
+            "Each row is what the study's own experiment.json records: the spec it ran with, the commit its "
+            "driver ran at (*+changes*: tracked files differed from it), and whether that spec is still the one in "
+            "its file (*stale*: the file changed since; the suite runs it again). Epochs: the cap (the epochs' worth "
+            "of the whole split it comes from, where the epochs scale with the data; the patience that stops a "
+            "trial earlier); epochs run and the final train loss: the median over the search's trials, with the "
+            "range. Wall time is from the first trial's start to the last trial's end (the set-up before it, a few "
+            "seconds to a minute, not counted); training is the sum of the trials' own times.", ""]
+    out += _markdown(["study", "model", "data", "epochs", "grid", "COMPLETE", "epochs run", "final train loss", "wall",
+                      "device", "commit", "spec"],
                      [_study_row(s, loaded.get(s.name)) for s in studies])
     return "\n".join(out) + "\n"
 

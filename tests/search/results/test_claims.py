@@ -135,7 +135,7 @@ def _study(root: Path, name: str, *, model: str, values: list, accs: dict, epoch
                          "family": "convit", "model": model, "stop_reason": "max_epochs", "epochs_run": 2,
                          "started_at": None, "ended_at": None}, {"local_up_to_layer": value})
         for epoch, at in ((1, (epoch1 or {}).get((value, seed), acc - 0.1)), (2, acc)):
-            store.add_epoch({"trial_id": tid, "epoch": epoch, "val_acc": at})
+            store.add_epoch({"trial_id": tid, "epoch": epoch, "val_acc": at, "train_loss": 1 - at})
     store.flush()
     return study
 
@@ -226,6 +226,48 @@ def test_the_cli_writes_the_page_from_the_studies_there_are(tmp_path, capsys):
     assert "shrinks: not run" in capsys.readouterr().out and "**1 claims: 1 not run.**" in page.read_text()
 
 
+def test_the_page_reads_each_study_from_its_own_experiment_json_not_the_yaml_or_head(tmp_path, capsys):
+    path = _suite(tmp_path)
+    for name, commit, dirty in (("small", "abcdef0123456789", True), ("large", "1234567890abcdef", False)):
+        meta_path = tmp_path / "results" / name / "experiment.json"
+        meta = json.loads(meta_path.read_text())
+        meta.update(git_commit=commit, git_dirty=dirty)
+        meta_path.write_text(json.dumps(meta))
+    # the small study's spec edited since it ran: the page says what ran, and that it is stale
+    raw = yaml.safe_load((path.parent / "small.yaml").read_text())
+    raw["dataset"]["train_fraction"], raw["budget"]["max_epochs"] = 0.5, 30
+    (path.parent / "small.yaml").write_text(yaml.safe_dump(raw))
+    page = tmp_path / "claims.md"
+    assert main(["claims", str(path), "--storage", str(tmp_path / "results"), "--no-run", "--out", str(page)]) == 0
+    capsys.readouterr()
+    rows = {line.split(" | ")[0][2:]: line.split(" | ") for line in page.read_text().splitlines()
+            if line.startswith(("| small |", "| large |", "| control |"))}
+    small, large, control = rows["small"], rows["large"], rows["control"]
+    # study, model, data, epochs, grid, COMPLETE, epochs run, final train loss, wall, device, commit, spec
+    assert small[2] == "100% of synthetic" and small[3] == "12"  # as it ran (the YAML says 50%, 30 now)
+    assert small[10] == "abcdef0 +changes" and large[10] == "1234567" and control[10] == "-"
+    assert small[11].startswith("**stale**: ran ") and "small.yaml is now" in small[11]
+    assert large[11].rstrip(" |") == "as the spec"
+    # every trial ran 2 epochs; its last train loss (1 - its accuracy here) 0.50 0.40 0.45 / 0.40 0.28 0.34
+    assert small[6] == "2" and small[7] == "0.400 (0.280-0.500)"
+
+
+def test_a_study_records_the_commit_and_whether_tracked_files_differed_from_it(tmp_path, monkeypatch):
+    import types
+
+    import search.study.experiment as experiment
+    from search.results.location import StudyLocation
+
+    spec = load_spec(ROOT / "spaces" / "synthetic_smoke.yaml", check_model=False)
+    data = types.SimpleNamespace(content_hash="c" * 64, counts={"train": 1, "val": 1, "test": 1})
+    for dirty in (True, False, None):  # None: not a git checkout
+        monkeypatch.setattr(experiment, "tracked_files_modified", lambda dirty=dirty: dirty)
+        (tmp_path / "s").mkdir(exist_ok=True)
+        experiment.write_experiment(spec, StudyLocation(tmp_path / "s"), data, "f" * 40)
+        meta = json.loads((tmp_path / "s" / "experiment.json").read_text())
+        assert meta["git_commit"] == "f" * 40 and meta["git_dirty"] is dirty
+
+
 @pytest.mark.parametrize("change,message", [
     (lambda c: c["claims"][0].update(expect="bigger"), "expect"),
     (lambda c: c["claims"][0]["test"].update(study="nowhere"), "study 'nowhere' has no spec"),
@@ -279,12 +321,47 @@ def test_the_suite_skips_a_finished_study_and_runs_or_resumes_the_others_as_comm
     (path.parent / "partial.yaml").write_text(yaml.safe_dump(raw))
     meta = json.loads((partial / "experiment.json").read_text())  # its own record plans the 8 trials too,
     meta["spec"].update(name="partial", algorithm=raw["algorithm"])  # so resume has something to do
+    meta["spec_hash"] = load_spec(path.parent / "partial.yaml", check_model=False).spec_hash  # and it is not stale
     (partial / "experiment.json").write_text(json.dumps(meta))
     unfinished = suite_studies([path.parent / "partial.yaml"], profile=None, storage=str(tmp_path / "results"))
     assert study_state(unfinished[0]) == ("unfinished", 6) and small.planned_trials == 6
     with pytest.raises(SuiteFailed, match=r"study partial: `python -m search resume .*partial` exited"):
         run_suite(unfinished, profile=None)
     assert "claims: partial: resuming (6 trials so far)" in capfd.readouterr().out
+
+
+def test_a_study_whose_spec_changed_since_it_ran_is_stale_set_aside_and_run_again(tmp_path, capfd):
+    path = _suite(tmp_path)
+    spec_file = path.parent / "small.yaml"
+    [study] = suite_studies([spec_file], profile=None, storage=str(tmp_path / "results"))
+    assert study_state(study) == ("done", 6)
+    ran_with = json.loads((tmp_path / "results" / "small" / "experiment.json").read_text())["spec_hash"]
+    # the spec edited since (another dataset: another study), its data folder one that does not exist,
+    # so the new run is refused before Ray starts and the suite stops there
+    as_ran = spec_file.read_text()
+    raw = yaml.safe_load(as_ran)
+    raw["dataset"] = {"name": "fashion_mnist", "data_dir": str(tmp_path / "no-such-data")}
+    spec_file.write_text(yaml.safe_dump(raw))
+    [stale] = suite_studies([spec_file], profile=None, storage=str(tmp_path / "results"))
+    assert stale.spec.spec_hash != ran_with and study_state(stale) == ("stale", 6)
+    with pytest.raises(SuiteFailed, match=r"study small: `python -m search run .*small.yaml --storage .*` exited 2"):
+        run_suite([stale], profile=None)
+    out = capfd.readouterr().out
+    kept = tmp_path / "results" / f"small.stale-{ran_with}"
+    assert f"claims: small: stale (run with spec hash {ran_with}" in out and f"its 6 trials moved to {kept}" in out
+    assert "claims: small: running: -m search run" in out
+    assert len(load(kept).trials) == 6  # kept whole, never deleted
+    assert study_state(stale) == ("missing", 0)  # the next run of the suite starts it anew
+    # the spec as it was: done again, nothing run (a hash that matches is not stale)
+    (tmp_path / "results" / "small").mkdir()
+    for name in ("experiment.json", "trials.parquet", "epochs.parquet"):
+        if (kept / name).exists():
+            (tmp_path / "results" / "small" / name).write_bytes((kept / name).read_bytes())
+    [same] = suite_studies([spec_file], profile=None, storage=str(tmp_path / "results"))
+    assert study_state(same) == ("stale", 6)
+    spec_file.write_text(as_ran)
+    [back] = suite_studies([spec_file], profile=None, storage=str(tmp_path / "results"))
+    assert back.spec.spec_hash == ran_with and study_state(back) == ("done", 6) and run_suite([back], profile=None) == {}
 
 
 def test_the_claims_file_metric_is_what_every_claim_reads_unless_its_test_names_one(tmp_path):
