@@ -4,10 +4,14 @@ A claim says what a paper predicts ("at small data ConViT beats a DeiT of the sa
 paper's number, and which study tests it, one of three ways (``test.kind``):
 
 - ``effect``: a knob's value against a baseline value in one grid study; the pairs (same seed,
-  same other knobs) and the paired t test (Student 1908) of ``python -m search effects``. With
-  ``epoch: E`` the validation accuracy after epoch E stands in for the final one.
+  same other knobs) and the paired t test (Student 1908) of ``python -m search effects``, its
+  variance pooled over the whole grid where every point has every seed and there are more than two
+  points (the seed-blocked residual, ``search.results.effects.blocked_difference``: more degrees
+  of freedom than the pairs alone). With ``epoch: E`` the metric after epoch E stands in for the
+  final one.
 - ``shrinks``: that effect in ``study`` minus the same effect in ``then`` (e.g. on little data and
-  on more); Welch's t test (Welch 1947) of the two sets of paired differences.
+  on more); Welch's t test (Welch 1947) of the two estimates (of two sets of paired differences:
+  Welch's t test of the two sets).
 - ``versus``: the trials at one grid point of ``study`` against every trial of ``control`` (a study
   of another model, e.g. the plain-attention control of GMM); Welch's t test over the seeds
   (unpaired: two models share the seed's data order, not their weights).
@@ -45,7 +49,7 @@ from typing import Any, Literal
 import pandas as pd
 from pydantic import Field, model_validator
 
-from search.results.effects import grid_knobs, paired_differences
+from search.results.effects import blocked_difference, grid_knobs, no_spread, paired_differences
 from search.results.query import Experiment, load
 from search.results.replicates import REPLICATE_COLUMN
 from search.spec import read_yaml
@@ -53,7 +57,7 @@ from search.spec.validation import FieldError, Number, Record, SpecLocation, Who
 from trainers.errors import ConfigError
 
 __all__ = ["Claim", "ClaimTest", "ClaimsFile", "ClaimResult", "Estimate", "load_claims", "evaluate_claim",
-           "evaluate_claims", "family_adjusted", "welch", "paired", "holm", "verdict", "VERDICTS", "POWER"]
+           "evaluate_claims", "family_adjusted", "welch", "paired", "combined", "holm", "verdict", "VERDICTS", "POWER"]
 
 CONFIDENCE = 0.95
 DEFAULT_METRIC = "val_acc"  # what a claim reads where neither it nor its claims file names a column
@@ -234,6 +238,11 @@ class ClaimResult:
     estimate: Estimate | None = None
 
 
+# an effect's test: the pairs' own variance, or the grid's pooled residual variance (effects.blocked_difference)
+POOLED = ", the grid's pooled residual variance"
+PAIRED_TESTS = {False: "paired t (Student 1908)", True: "paired t (Student 1908)" + POOLED}
+
+
 def paired(diffs: Sequence[float]) -> Estimate:
     """The mean of paired differences with its standard error sd / sqrt(n) on n - 1 degrees of
     freedom (Student 1908); NaN se where there are fewer than 2, or no spread at all."""
@@ -244,7 +253,7 @@ def paired(diffs: Sequence[float]) -> Estimate:
     if n < 2:
         return Estimate(mean, math.nan, math.nan)
     sd = statistics.stdev(diffs)
-    if not sd > 1e-12 * max(1.0, abs(mean)):  # every pair the same difference: no spread, no test
+    if no_spread(sd, mean):  # every pair the same difference: no spread, no test (as in effects)
         return Estimate(mean, math.nan, math.nan)
     return Estimate(mean, sd / math.sqrt(n), n - 1)
 
@@ -259,7 +268,7 @@ def welch(a: Sequence[float], b: Sequence[float]) -> Estimate:
         return Estimate(diff, math.nan, math.nan)
     va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
     se = math.sqrt(va + vb)
-    if not se > 1e-12 * max(1.0, abs(diff)):
+    if no_spread(se, diff):
         return Estimate(diff, math.nan, math.nan)
     df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
     return Estimate(diff, se, df)
@@ -311,10 +320,30 @@ def _trials(exp: Experiment, objective: str, epoch: int | None) -> pd.DataFrame:
     return rows
 
 
-def _effect(exp: Experiment, test: ClaimTest) -> list[float]:
+def _effect(exp: Experiment, test: ClaimTest) -> tuple[list[float], Estimate, bool]:
+    """The pairs' differences and the effect's estimate: with the grid's pooled residual variance
+    where the design has it (True), else the pairs' own (search.results.effects.blocked_difference)."""
     knobs = grid_knobs(exp.spec, exp.path)
-    return paired_differences(_trials(exp, test.metric, test.epoch), objective=test.metric, knobs=knobs,
-                              knob=test.knob, value=test.value, baseline=test.baseline)
+    trials = _trials(exp, test.metric, test.epoch)
+    diffs = paired_differences(trials, objective=test.metric, knobs=knobs, knob=test.knob, value=test.value,
+                               baseline=test.baseline)
+    blocked = blocked_difference(trials, objective=test.metric, knobs=knobs, knob=test.knob, value=test.value,
+                                 baseline=test.baseline)
+    if blocked is None:
+        return diffs, paired(diffs), False
+    diff, se, df = blocked
+    return diffs, (Estimate(diff, math.nan, math.nan) if no_spread(se, diff) else Estimate(diff, se, df)), True
+
+
+def combined(first: Estimate, then: Estimate) -> Estimate:
+    """``first`` minus ``then``, two independent estimates: se^2 the sum of theirs, the degrees of
+    freedom by Welch-Satterthwaite (Welch 1947). Of two sets of paired differences this is Welch's
+    t test of the two sets."""
+    diff = first.diff - then.diff
+    if not (first.testable and then.testable):
+        return Estimate(diff, math.nan, math.nan)
+    va, vb = first.se ** 2, then.se ** 2
+    return Estimate(diff, math.sqrt(va + vb), (va + vb) ** 2 / (va ** 2 / first.df + vb ** 2 / then.df))
 
 
 def _values(rows: pd.DataFrame, objective: str, at: Mapping[str, Any]) -> list[float]:
@@ -350,15 +379,16 @@ def _estimate(claim: Claim, studies: Mapping[str, Experiment]) -> tuple[Estimate
     test = claim.test
     if test.kind == "effect":
         exp = studies[test.study]
-        diffs = _effect(exp, test)
+        diffs, estimate, blocked = _effect(exp, test)
         trials = _trials(exp, test.metric, test.epoch)
         arm = _values(trials, test.metric, {test.knob: test.value})
         base = _values(trials, test.metric, {test.knob: test.baseline})
-        return paired(diffs), f"{len(diffs)} pairs", _means(arm, base), "paired t (Student 1908)"
+        return estimate, f"{len(diffs)} pairs", _means(arm, base), PAIRED_TESTS[blocked]
     if test.kind == "shrinks":
-        first, then = _effect(studies[test.study], test), _effect(studies[test.then], test)
+        (first, a, blocked_a), (then, b, blocked_b) = _effect(studies[test.study], test), _effect(studies[test.then], test)
         gaps = (f"{statistics.fmean(first):+.4f} vs {statistics.fmean(then):+.4f}" if first and then else "-")
-        return welch(first, then), f"{len(first)} vs {len(then)} pairs", gaps, "Welch t (Welch 1947)"
+        name = "Welch t (Welch 1947)" + (POOLED if blocked_a or blocked_b else "")
+        return combined(a, b), f"{len(first)} vs {len(then)} pairs", gaps, name
     at = _at_point(studies[test.study], test)
     control = _values(_trials(studies[test.control], test.metric, test.epoch), test.metric, {})
     return welch(at, control), f"{len(at)} vs {len(control)} seeds", _means(at, control), "Welch t (Welch 1947)"

@@ -184,7 +184,9 @@ def claims_page(results: Sequence[ClaimResult], studies: Sequence[SuiteStudy], l
         "",
         "How to read it. Each claim is a difference between two arms of our studies, with its 95% interval: "
         "*effect*: a knob's value minus its baseline value in one grid study, over pairs of trials with the same "
-        "seed and the same other knobs (paired t test, Student 1908); *shrinks*: that difference in one study minus "
+        "seed and the same other knobs (paired t test, Student 1908; where the grid has more than two points and every "
+        "point every seed, its variance pooled over the whole grid, the residual of seeds as blocks, which gives it "
+        "more degrees of freedom); *shrinks*: that difference in one study minus "
         "the same difference in another (Welch's t test of the two sets of paired differences, Welch 1947); *versus*: "
         "one grid point of a study minus a control study of another model, over seeds (Welch's t test). Each "
         "claim's protocol (the side, alpha, the smallest effect of interest) is fixed in the claims file before the "

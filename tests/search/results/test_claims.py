@@ -46,6 +46,44 @@ def test_paired_and_welch_against_the_formulas_worked_out_by_hand():
     assert not paired([0.1, 0.1, 0.1]).testable and math.isnan(paired([0.1, 0.1]).interval()[0])
 
 
+def test_a_claim_on_a_grid_of_three_points_uses_its_pooled_residual_variance(tmp_path):
+    """K 0 (baseline), 1, 2 over seeds 0-2 (x 0.01): 50 60 55 / 62 70 66 / 58 61 60. Rows 55, 66, 59.67;
+    columns 56.67, 63.67, 60.33; grand 60.22. The residuals (x 0.01 / 9) -13 14 -1 / -4 5 -1 / 17 -19 2
+    square to 118 / 9 (x 1e-4) on (3 - 1)(3 - 1) = 4 df: s^2 = 118 / 36 x 1e-4. K 1 - K 0 = 0.11 with
+    se sqrt(2 s^2 / 3), where its 3 pairs alone (0.12 0.10 0.11) would give sd 0.01 on 2 df."""
+    from scipy import stats
+
+    table = {0: (0.50, 0.60, 0.55), 1: (0.62, 0.70, 0.66), 2: (0.58, 0.61, 0.60)}
+    _study(tmp_path, "three", model="ls_convit_nano", values=[0, 1, 2],
+           accs={(k, s): acc for k, accs in table.items() for s, acc in enumerate(accs)})
+    claim = _claim("three", test={"kind": "effect", "study": "three", "knob": "local_up_to_layer", "value": 1,
+                                  "baseline": 0})
+    r = evaluate_claim(claim, {"three": load(tmp_path / "results" / "three")})
+    se = math.sqrt(2 * (118 / 36 * 1e-4) / 3)
+    assert r.diff == pytest.approx(0.11) and r.estimate.df == 4 and r.estimate.se == pytest.approx(se, rel=1e-9)
+    assert r.p_value == pytest.approx(2 * stats.t.sf(0.11 / se, 4)) and r.n == "3 pairs"
+    assert r.test == "paired t (Student 1908), the grid's pooled residual variance"
+    # the same study less K 2: two points, the pairs' own test
+    _study(tmp_path, "two", model="ls_convit_nano", values=[0, 1],
+           accs={(k, s): acc for k, accs in table.items() if k < 2 for s, acc in enumerate(accs)})
+    r = evaluate_claim(claim.model_copy(update={"test": claim.test.model_copy(update={"study": "two"})}),
+                       {"two": load(tmp_path / "results" / "two")})
+    assert (r.estimate.se, r.estimate.df) == (pytest.approx(0.01 / math.sqrt(3)), 2) and r.test == "paired t (Student 1908)"
+
+
+def test_two_independent_estimates_combine_by_welch_satterthwaite():
+    from search.results.claims import combined
+
+    # se^2 0.01^2 + 0.02^2 = 0.0005; df 0.0005^2 / (0.0001^2 / 4 + 0.0004^2 / 2) = 2.5e-7 / 8.25e-8 = 3.0303
+    e = combined(Estimate(0.11, 0.01, 4), Estimate(0.02, 0.02, 2))
+    assert (e.diff, e.se, e.df) == (pytest.approx(0.09), pytest.approx(math.sqrt(0.0005)), pytest.approx(2.5 / 0.825))
+    assert not combined(Estimate(0.11, 0.01, 4), Estimate(0.02, math.nan, math.nan)).testable
+    # of two sets of pairs it is Welch's test of the sets
+    a, b = [0.10, 0.12, 0.11], [0.02, 0.01, 0.04, 0.03]
+    w, c = welch(a, b), combined(paired(a), paired(b))
+    assert (c.diff, c.se, c.df) == (pytest.approx(w.diff), pytest.approx(w.se), pytest.approx(w.df))
+
+
 def test_holm_by_hand():
     # sorted 0.01, 0.03, 0.04 times 3, 2, 1 = 0.03, 0.06, 0.04; made non-decreasing: 0.03, 0.06, 0.06
     assert holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])

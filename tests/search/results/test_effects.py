@@ -203,3 +203,40 @@ def test_effects_of_a_study_that_is_not_a_grid_is_a_one_line_error(tmp_path, cap
     assert main(["effects", str(study)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "not a grid study (algorithm: random)" in err
+
+
+def test_the_grids_pooled_residual_variance_against_the_numbers_worked_out_by_hand():
+    from search.results.effects import blocked_difference
+
+    # the 2 x 2 grid of _trials over 3 seeds: the seeds' levels and arch's 0.05 are the model's, what
+    # is left is NOISE_B double-centred (points x seeds; x 1e-3): A0 and A1 0 -0.5 +0.5, B0 +2 -0.5
+    # -1.5, B1 -2 +1.5 +0.5 (row means 0 0 0 1, column means 0.25 0.75 -0.25, grand 0.25). Squares sum
+    # to 14e-6 on (4 - 1)(3 - 1) = 6 df; B - A averages 3 seeds x 2 settings of null: var 2 s^2 / 6
+    diff, se, df = blocked_difference(_trials(), objective="val_acc", knobs=KNOBS, knob="arch", value="B",
+                                      baseline="A")
+    assert diff == pytest.approx(0.0505, abs=1e-12) and df == 6
+    assert se == pytest.approx(math.sqrt(2 * (14e-6 / 6) / 6), rel=1e-9)
+    # null 1 - 0 has the same error (the same cells, the same split of them)
+    assert blocked_difference(_trials(), objective="val_acc", knobs=KNOBS, knob="null", value=1,
+                              baseline=0)[1:] == (pytest.approx(se, rel=1e-9), 6)
+    # a point without one of the seeds, or two points only: no pooled variance (the pairs stand alone)
+    trials = _trials()
+    assert blocked_difference(trials[trials["trial_id"] != "t0B0"], objective="val_acc", knobs=KNOBS, knob="arch",
+                              value="B", baseline="A") is None
+    assert blocked_difference(trials[trials["null"] == 0], objective="val_acc", knobs={"arch": ["A", "B"], "null": [0]},
+                              knob="arch", value="B", baseline="A") is None
+
+
+def test_a_rounding_level_spread_is_no_spread_in_the_effects_and_the_claims_alike():
+    from search.results.claims import paired
+
+    # B - A is 0.1 at every seed, up to the rounding of the floats (0.3 - 0.2 is 0.09999999999999998)
+    trials = pd.DataFrame([{"trial_id": f"{a}{s}", "state": "COMPLETE", "seed": s, "arch": arch, "val_acc": a,
+                            "replicate_of": None}
+                           for s, (lo, hi) in enumerate(((0.2, 0.3), (0.6, 0.7), (0.3, 0.4)))
+                           for arch, a in (("A", lo), ("B", hi))])
+    diffs = [0.3 - 0.2, 0.7 - 0.6, 0.4 - 0.3]
+    assert len(set(diffs)) > 1  # not exactly equal: rounding's spread, not a measured one
+    row = _row(knob_effects(trials, objectives=OBJECTIVES, knobs={"arch": ["A", "B"]}, baselines={}), "arch", "B")
+    assert row["verdict"] == "inconclusive (no spread)" and math.isnan(row["p_value"])
+    assert not paired(diffs).testable and paired(diffs).diff == pytest.approx(0.1)
