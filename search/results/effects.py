@@ -47,7 +47,8 @@ from trainers.errors import ConfigError
 __all__ = ["EFFECT_COLUMNS", "TEST", "knob_effects", "paired_differences", "blocked_difference", "no_spread",
            "parse_baselines", "grid_knobs", "study_effects"]
 
-TEST = "paired t test (Student 1908)"
+TEST = ("paired t test (Student 1908; on a grid of more than two points, each with every seed, with the grid's "
+        "pooled residual variance, seeds as blocks)")
 CONFIDENCE = 0.95
 
 # One row per objective, knob and value (the baseline's row first-listed in the knob's order).
@@ -135,6 +136,9 @@ def knob_effects(trials: pd.DataFrame, *, objectives: Sequence[tuple[str, str]],
                     out.append({**row, "verdict": "baseline"})
                     continue
                 row.update(_paired(_pairs(y, usable, cells, seeds, names, knob, at, base), mode))
+                if row["verdict"] not in ("too few pairs", "inconclusive (no spread)"):
+                    row.update(_pooled(blocked_difference(trials, objective=objective, knobs=knobs, knob=knob,
+                                                          value=value, baseline=values[base]), row, mode))
                 out.append(row)
     table = pd.DataFrame(out, columns=list(EFFECT_COLUMNS))
     for column in ("n", "seeds", "pairs"):
@@ -221,6 +225,22 @@ def blocked_difference(trials: pd.DataFrame, *, objective: str, knobs: Mapping[s
     rest = np.array([p[where] == base for p in points])
     diff = float(cell[arm].mean() - cell[rest].mean())
     return diff, math.sqrt(2 * variance / (len(blocks) * int(arm.sum()))), df
+
+
+def _pooled(blocked: tuple[float, float, int] | None, row: Mapping[str, Any], mode: str) -> dict[str, Any]:
+    """The interval, p and verdict of the pairs' mean difference with the grid's pooled error
+    (:func:`blocked_difference`) where the design has it; else the pairs' own, as they are."""
+    if blocked is None:
+        return {}
+    diff, se, df = blocked
+    if no_spread(se, diff):
+        return {"diff_low": math.nan, "diff_high": math.nan, "p_value": math.nan, "verdict": "inconclusive (no spread)"}
+    from scipy import stats  # only where effects are computed
+
+    half = float(stats.t.ppf(0.5 + CONFIDENCE / 2, df)) * se
+    low, high = row["diff"] - half, row["diff"] + half
+    return {"diff_low": low, "diff_high": high, "p_value": float(2 * stats.t.sf(abs(row["diff"]) / se, df)),
+            "verdict": _verdict(row["diff"], low, high, mode)}
 
 
 def _paired(pairs: Sequence[tuple[float, float]], mode: str) -> dict[str, Any]:

@@ -139,4 +139,4 @@ def test_the_grid_visits_every_point_exactly_seeds_times_across_a_sigkill_and_re
     assert main(["effects", str(exp), "--objective", "val_acc"]) == 0  # the seeds pair up: 2 pairs
     out = capsys.readouterr().out
     assert "local_up_to_layer on val_acc (max), baseline local_up_to_layer=0:" in out
-    assert "paired t test (Student 1908)" in out
+    assert "paired t test (Student 1908;" in out  # two points: the pairs' own variance
