@@ -323,6 +323,15 @@ class LocalityGMMViT(nn.Module):
             skip |= {n for n, _ in self.named_parameters() if n.endswith(('attn.alpha', 'attn.sigma'))}
         return skip
 
+    @torch.no_grad()
+    def mechanism_metrics(self) -> Dict[str, float]:
+        """Each Gaussian's width |sigma|, `sigma.BLOCK.HEAD.KERNEL` (trainers.hooks.ReportsMechanisms;
+        the mask is even in sigma); none with the mask off."""
+        if not self.use_mask:
+            return {}
+        return {f'sigma.{i}.{h}.{k}': float(s) for i, blk in enumerate(self.blocks)
+                for h, row in enumerate(blk.attn.sigma.float().abs().tolist()) for k, s in enumerate(row)}
+
     def mask_parameters(self) -> List[nn.Parameter]:
         """alpha and sigma of every layer."""
         return [p for m in self.modules() if isinstance(m, GMMAttention) for p in (m.alpha, m.sigma)]

@@ -276,3 +276,18 @@ def test_bad_arguments_name_the_argument(kwargs, arg):
         LocalityGMMViT(**dict(base, **kwargs))
     with pytest.raises(ValueError, match='weight_decay'):
         LocalityGMMViT(**base).param_groups(-0.1)
+
+
+def test_the_kernel_widths_are_reported_as_mechanisms_and_none_with_the_mask_off():
+    from trainers.hooks import ReportsMechanisms, mechanisms
+
+    torch.manual_seed(0)
+    m = LocalityGMMViT(**NANO, embed_dim=8, depth=2, num_heads=2, num_kernels=3)
+    with torch.no_grad():
+        m.blocks[1].attn.sigma[1, 2] = -4.0  # the mask is even in sigma: its width is 4
+    widths = mechanisms(m)
+    assert isinstance(m, ReportsMechanisms) and len(widths) == 2 * 2 * 3
+    assert widths['sigma.1.1.2'] == 4.0
+    assert widths['sigma.0.1.0'] == pytest.approx(abs(float(m.blocks[0].attn.sigma[1, 0])))
+    assert mechanisms(LocalityGMMViT(**NANO, embed_dim=8, depth=1, num_heads=2, use_mask=False)) is None
+    assert mechanisms(torch.nn.Linear(2, 2)) is None  # a model without the hook
