@@ -15,6 +15,11 @@ paper's number, and which study tests it, one of three ways (``test.kind``):
 - ``versus``: the trials at one grid point of ``study`` against every trial of ``control`` (a study
   of another model, e.g. the plain-attention control of GMM); Welch's t test over the seeds
   (unpaired: two models share the seed's data order, not their weights).
+- ``mechanism``: what a model reports of its own mechanism after each epoch (epochs.parquet's
+  ``mechanisms``, e.g. ConViT's gates): per trial at the grid point ``at``, the mean of the
+  ``mechanism``'s values after the last epoch minus after the first (``contrast: training``), or
+  after the last epoch the deepest block's mean minus the first block's (``contrast: depth``); the
+  t test of those differences over the trials (Student 1908).
 
 Each claim's protocol is fixed in the claims file before the run: the side (``expect``), the
 family-wise error rate ``alpha``, the smallest effect of interest ``sesoi`` (the paper's effect,
@@ -66,7 +71,7 @@ VERDICTS = ("reproduced", "contradicted", "smaller than the paper's", "inconclus
 
 
 class ClaimTest(Record):
-    kind: Literal["effect", "shrinks", "versus"]
+    kind: Literal["effect", "shrinks", "versus", "mechanism"]
     study: str  # a spec next to the claims file, without .yaml
     knob: str | None = None  # effect, shrinks
     value: Any = None
@@ -76,6 +81,11 @@ class ClaimTest(Record):
     at: dict[str, Any] = Field(default_factory=dict)  # versus: the grid point of `study`
     objective: str | None = None  # the column it reads; left out: the claims file's `metric`
     epoch: Whole | None = None  # the objective after this epoch (epochs.parquet), not the final one
+    # mechanism: which of the model's reported mechanisms (the names' prefix in epochs.parquet's
+    # `mechanisms`: gate, sigma) and what is compared: its mean after the last epoch minus after the
+    # first (training), or after the last epoch its deepest block's mean minus its first block's (depth)
+    mechanism: str | None = None
+    contrast: Literal["training", "depth"] | None = None
 
     @model_validator(mode="after")
     def _check(self) -> "ClaimTest":
@@ -85,6 +95,9 @@ class ClaimTest(Record):
             raise FieldError("then", "a shrinks test names the second study: then: STUDY")
         if self.kind == "versus" and (not self.control or not self.at):
             raise FieldError("control", "a versus test names control: STUDY and at: {knob: value}")
+        if self.kind == "mechanism" and (not self.mechanism or self.contrast is None):
+            raise FieldError("mechanism", "a mechanism test names mechanism: NAME (e.g. gate) and contrast: training "
+                                          "or depth")
         if self.epoch is not None and self.epoch < 1:
             raise FieldError("epoch", f"must be at least 1, got {self.epoch}")
         return self
@@ -95,7 +108,10 @@ class ClaimTest(Record):
 
     @property
     def metric(self) -> str:
-        """The column it reads (set from its claims file's ``metric`` where it names none)."""
+        """The column it reads (set from its claims file's ``metric`` where it names none); a
+        mechanism test's: the mechanism."""
+        if self.kind == "mechanism":
+            return str(self.mechanism)
         return self.objective or DEFAULT_METRIC
 
 
@@ -346,11 +362,57 @@ def combined(first: Estimate, then: Estimate) -> Estimate:
     return Estimate(diff, math.sqrt(va + vb), (va + vb) ** 2 / (va ** 2 / first.df + vb ** 2 / then.df))
 
 
-def _values(rows: pd.DataFrame, objective: str, at: Mapping[str, Any]) -> list[float]:
-    """``objective`` of the rows whose knobs hold the values of ``at`` (none: every row)."""
+def _at(rows: pd.DataFrame, at: Mapping[str, Any]) -> pd.DataFrame:
+    """The rows whose knobs hold the values of ``at`` (none: every row)."""
     for knob, value in at.items():
         rows = rows[[str(v) == str(value) or _same_number(v, value) for v in rows[knob]]]
-    return [float(v) for v in rows[objective] if not pd.isna(v)]
+    return rows
+
+
+def _values(rows: pd.DataFrame, objective: str, at: Mapping[str, Any]) -> list[float]:
+    """``objective`` of the rows whose knobs hold the values of ``at`` (none: every row)."""
+    return [float(v) for v in _at(rows, at)[objective] if not pd.isna(v)]
+
+
+def _mechanism(exp: Experiment, test: ClaimTest) -> tuple[list[float], list[float]]:
+    """Per COMPLETE search trial at ``test.at``: (the later value, the earlier one) of the mean of
+    its ``test.mechanism`` (after its last epoch against after its first; or after its last epoch, its
+    deepest block against its first). A trial without the mechanism (or one block of it) is left out."""
+    knobs = grid_knobs(exp.spec, exp.path)
+    for knob in test.at:
+        if knob not in knobs:
+            raise ConfigError(f"at: {knob} is not a knob of {exp.path}; use one of {', '.join(knobs)}")
+    rows = exp.trials
+    rows = rows[rows["state"] == "COMPLETE"]
+    if REPLICATE_COLUMN in rows:
+        rows = rows[rows[REPLICATE_COLUMN].isna()]
+    ids = set(_at(rows, test.at)["trial_id"])
+    if exp.epochs.empty or "mechanisms" not in exp.epochs:
+        return [], []
+    epochs = exp.epochs[exp.epochs["trial_id"].isin(ids)].sort_values("epoch")
+    prefix = f"{test.mechanism}."
+    later, earlier = [], []
+    for _, trial in epochs.groupby("trial_id", sort=True):
+        first, last = (_named(trial["mechanisms"].iloc[k], prefix) for k in (0, -1))
+        if test.contrast == "training":
+            pair = (last, first)
+        else:  # depth: a name's block is what follows the mechanism's name (gate.BLOCK.HEAD)
+            blocks = sorted({int(name[len(prefix):].split(".")[0]) for name in last})
+            pair = (({n: v for n, v in last.items() if n.startswith(f"{prefix}{blocks[-1]}.")},
+                     {n: v for n, v in last.items() if n.startswith(f"{prefix}{blocks[0]}.")})
+                    if len(blocks) > 1 else ({}, {}))
+        if pair[0] and pair[1]:
+            later.append(statistics.fmean(pair[0].values()))
+            earlier.append(statistics.fmean(pair[1].values()))
+    return later, earlier
+
+
+def _named(cell: Any, prefix: str) -> dict[str, float]:
+    """A `mechanisms` cell ({name: value}, as Parquet's map reads back: (name, value) pairs; or
+    null) narrowed to the names starting with ``prefix``."""
+    if cell is None or (isinstance(cell, float) and math.isnan(cell)):
+        return {}
+    return {str(n): float(v) for n, v in (cell.items() if isinstance(cell, Mapping) else cell) if str(n).startswith(prefix)}
 
 
 def _at_point(exp: Experiment, test: ClaimTest) -> list[float]:
@@ -384,6 +446,10 @@ def _estimate(claim: Claim, studies: Mapping[str, Experiment]) -> tuple[Estimate
         arm = _values(trials, test.metric, {test.knob: test.value})
         base = _values(trials, test.metric, {test.knob: test.baseline})
         return estimate, f"{len(diffs)} pairs", _means(arm, base), PAIRED_TESTS[blocked]
+    if test.kind == "mechanism":
+        later, earlier = _mechanism(studies[test.study], test)
+        diffs = [a - b for a, b in zip(later, earlier)]
+        return paired(diffs), f"{len(diffs)} trials", _means(later, earlier), "paired t (Student 1908)"
     if test.kind == "shrinks":
         (first, a, blocked_a), (then, b, blocked_b) = _effect(studies[test.study], test), _effect(studies[test.then], test)
         gaps = (f"{statistics.fmean(first):+.4f} vs {statistics.fmean(then):+.4f}" if first and then else "-")

@@ -50,6 +50,11 @@ def _what(r: ClaimResult) -> str:
         return f"{t.knob} {t.value} minus {t.baseline}, {measure} ({t.study})"
     if t.kind == "shrinks":
         return f"gap ({t.knob} {t.value} minus {t.baseline}) in {t.study} minus in {t.then}, {measure}"
+    if t.kind == "mechanism":
+        where = f"{t.study}" + (" at " + ", ".join(f"{k} {v}" for k, v in t.at.items()) if t.at else "")
+        if t.contrast == "training":
+            return f"mean {t.mechanism} after the last epoch minus after the first, per trial ({where})"
+        return f"mean {t.mechanism} of the deepest block minus the first, after the last epoch, per trial ({where})"
     point = ", ".join(f"{k} {v}" for k, v in t.at.items())
     return f"{t.study} at {point} minus {t.control}, {measure}"
 

@@ -84,6 +84,40 @@ def test_two_independent_estimates_combine_by_welch_satterthwaite():
     assert (c.diff, c.se, c.df) == (pytest.approx(w.diff), pytest.approx(w.se), pytest.approx(w.df))
 
 
+def test_mechanism_claims_on_the_gates_against_the_numbers_worked_out_by_hand(tmp_path):
+    """Gates gate.BLOCK.HEAD of 2 blocks x 2 heads, all 0.73 after epoch 1; after epoch 2 (block 0 |
+    block 1): seed 0 0.70 0.60 | 0.30 0.20, seed 1 0.72 0.64 | 0.40 0.10, seed 2 0.69 0.61 | 0.20 0.30.
+    Training: means 0.45 0.465 0.45 minus 0.73 = -0.28 -0.265 -0.28: mean -0.275, sd sqrt(150e-6 / 2),
+    se 0.005 on 2 df. Depth: 0.25 - 0.65, 0.25 - 0.68, 0.25 - 0.65 = -0.40 -0.43 -0.40: mean -0.41,
+    sd sqrt(6e-4 / 2), se 0.01."""
+    from scipy import stats
+
+    after = {0: (0.70, 0.60, 0.30, 0.20), 1: (0.72, 0.64, 0.40, 0.10), 2: (0.69, 0.61, 0.20, 0.30)}
+    names = ["gate.0.0", "gate.0.1", "gate.1.0", "gate.1.1"]
+    reported = {(1, s): (dict.fromkeys(names, 0.73), dict(zip(names, g))) for s, g in after.items()}
+    _study(tmp_path, "gates", model="ls_convit_nano", values=[0, 1], accs={(v, s): 0.5 for v in (0, 1) for s in range(3)},
+           mechanisms=reported)  # the DeiT (0) reports none, and is not at the point
+    studies = {"gates": load(tmp_path / "results" / "gates")}
+    test = {"kind": "mechanism", "study": "gates", "at": {"local_up_to_layer": 1}, "mechanism": "gate"}
+    training = evaluate_claim(_claim("t", expect="lower", test={**test, "contrast": "training"}), studies)
+    assert training.diff == pytest.approx(-0.275) and training.estimate.se == pytest.approx(0.005)
+    assert training.estimate.df == 2 and training.n == "3 trials" and training.arms == "0.4550 vs 0.7300"
+    assert training.p_value == pytest.approx(2 * stats.t.sf(0.275 / 0.005, 2)) and training.verdict == "reproduced"
+    depth = evaluate_claim(_claim("d", expect="lower", test={**test, "contrast": "depth"}), studies)
+    assert depth.diff == pytest.approx(-0.41) and depth.estimate.se == pytest.approx(0.01)
+    assert depth.arms == "0.2500 vs 0.6600" and depth.verdict == "reproduced"
+    from search.views.claims_page import claims_table
+
+    rows = claims_table([training, depth])
+    assert rows[0][3] == "mean gate after the last epoch minus after the first, per trial (gates at local_up_to_layer 1)"
+    assert rows[1][3].startswith("mean gate of the deepest block minus the first") and rows[0][5].startswith("-0.275 (")
+    # a study whose model reports no gates: no trials, no test
+    assert evaluate_claim(_claim("n", expect="lower", test={**test, "at": {"local_up_to_layer": 0},
+                                                              "contrast": "training"}), studies).n == "0 trials"
+    with pytest.raises(ValueError, match="a mechanism test names mechanism"):  # pydantic's, one line in a file
+        _claim("x", test={"kind": "mechanism", "study": "gates", "mechanism": "gate"})
+
+
 def test_holm_by_hand():
     # sorted 0.01, 0.03, 0.04 times 3, 2, 1 = 0.03, 0.06, 0.04; made non-decreasing: 0.03, 0.06, 0.06
     assert holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
@@ -147,9 +181,11 @@ def test_a_saturation_is_tested_against_its_margin_not_zero():
     assert above.p_above(0.05) == pytest.approx(0.0086587, rel=1e-4)
 
 
-def _study(root: Path, name: str, *, model: str, values: list, accs: dict, epoch1: dict | None = None) -> Path:
+def _study(root: Path, name: str, *, model: str, values: list, accs: dict, epoch1: dict | None = None,
+           mechanisms: dict | None = None) -> Path:
     """A grid study's folder as `search run` leaves it: one knob (local_up_to_layer) with ``values``,
-    ``accs[(value, seed)]`` its final val_acc, ``epoch1[(value, seed)]`` its val_acc after epoch 1."""
+    ``accs[(value, seed)]`` its final val_acc, ``epoch1[(value, seed)]`` its val_acc after epoch 1,
+    ``mechanisms[(value, seed)]`` what the model reported after epochs 1 and 2."""
     raw = yaml.safe_load((ROOT / "spaces" / "synthetic_smoke.yaml").read_text())
     raw.update(name=name, space={"local_up_to_layer": {"type": "choice", "values": values}},
                algorithm={"name": "grid", "seeds": len({s for _, s in accs})})
@@ -172,8 +208,10 @@ def _study(root: Path, name: str, *, model: str, values: list, accs: dict, epoch
         store.add_trial({"trial_id": tid, "state": "COMPLETE", "seed": seed, "val_acc": acc, "throughput": 1000.0,
                          "family": "convit", "model": model, "stop_reason": "max_epochs", "epochs_run": 2,
                          "started_at": None, "ended_at": None}, {"local_up_to_layer": value})
+        reported = (mechanisms or {}).get((value, seed), (None, None))
         for epoch, at in ((1, (epoch1 or {}).get((value, seed), acc - 0.1)), (2, acc)):
-            store.add_epoch({"trial_id": tid, "epoch": epoch, "val_acc": at, "train_loss": 1 - at})
+            store.add_epoch({"trial_id": tid, "epoch": epoch, "val_acc": at, "train_loss": 1 - at,
+                             "mechanisms": reported[epoch - 1]})
     store.flush()
     return study
 
