@@ -294,7 +294,7 @@ def test_resources_reach_ray_as_asked(tmp_path):
     assert load_spec(path).resources.ray_resources() == {"cpu": 4.0, "gpu": 0.25, "a100": 1.0}
 
 
-def test_full_data_epochs_scale_the_epochs_with_the_data_fraction(tmp_path):
+def test_full_data_epochs_scale_the_epochs_with_the_data_fraction(tmp_path, capsys):
     """The same images seen at every fraction: 1.2 epochs of the whole split are 60 epochs of 2%
     (1.2 / 0.02 is 59.99... in floats) and 6 of 20%; 0.5 of 30% rounds up to 2."""
     path = tmp_path / "s.yaml"
@@ -316,17 +316,21 @@ def test_full_data_epochs_scale_the_epochs_with_the_data_fraction(tmp_path):
     # --max-epochs replaces the scaled count; the key is part of the study's hash (left out, it is not)
     epochs(0.2, {"trials": 2, "full_data_epochs": 1.2})
     scaled = load_spec(path, check_model=False)
+    assert main(["check", str(path)]) == 0
+    assert "2 trials x up to 6 epochs (1.2 of the whole split) (scheduler" in capsys.readouterr().out
     assert scaled.with_overrides(max_epochs=3).budget.max_epochs == 3
     epochs(0.2, {"trials": 2, "max_epochs": 6})
     plain = load_spec(path, check_model=False)
     assert plain.budget.max_epochs == scaled.budget.max_epochs and plain.spec_hash != scaled.spec_hash
 
 
-def test_split_seed_trial_draws_each_seeds_split_and_left_out_changes_nothing(tmp_path):
+def test_split_seed_trial_draws_each_seeds_split_and_left_out_changes_nothing(tmp_path, capsys):
     path = tmp_path / "s.yaml"
     path.write_text(yaml.safe_dump(_with({"dataset.split_seed": "trial"})))
     spec = load_spec(path, check_model=False)
     assert spec.dataset.split_per_trial and spec.trial_seeds == (0,)
+    assert main(["check", str(path)]) == 0
+    assert "training images (each trial's seed draws its split), batch" in capsys.readouterr().out
     path.write_text(yaml.safe_dump(_with({"dataset.split_seed": "study"})))
     study = load_spec(path, check_model=False)
     path.write_text(yaml.safe_dump(GOOD))
