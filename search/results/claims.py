@@ -14,7 +14,9 @@ paper's number, and which study tests it, one of three ways (``test.kind``):
   Welch's t test of the two sets).
 - ``versus``: the trials at one grid point of ``study`` against every trial of ``control`` (a study
   of another model, e.g. the plain-attention control of GMM); Welch's t test over the seeds
-  (unpaired: two models share the seed's data order, not their weights).
+  (unpaired: two models share the seed's data order, not their weights), or with ``paired`` the
+  paired t test seed by seed (a control of the same code with one part off, whose seed draws the
+  same data and the same init of every shared weight).
 - ``mechanism``: what a model reports of its own mechanism after each epoch (epochs.parquet's
   ``mechanisms``, e.g. ConViT's gates): per trial at the grid point ``at``, the mean of the
   ``mechanism``'s values after the last epoch minus after the first (``contrast: training``), or
@@ -58,7 +60,7 @@ from search.results.effects import blocked_difference, grid_knobs, no_spread, pa
 from search.results.query import Experiment, load
 from search.results.replicates import REPLICATE_COLUMN
 from search.spec import read_yaml
-from search.spec.validation import FieldError, Number, Record, SpecLocation, Whole, from_plain
+from search.spec.validation import FieldError, Flag, Number, Record, SpecLocation, Whole, from_plain
 from trainers.errors import ConfigError
 
 __all__ = ["Claim", "ClaimTest", "ClaimsFile", "ClaimResult", "Estimate", "load_claims", "evaluate_claim",
@@ -79,6 +81,9 @@ class ClaimTest(Record):
     then: str | None = None  # shrinks: the second study
     control: str | None = None  # versus: the other model's study
     at: dict[str, Any] = Field(default_factory=dict)  # versus: the grid point of `study`
+    # versus: pair the two studies' trials by seed (the control the same code with one part off:
+    # a seed gives both the same data and the same init of every shared weight); else Welch
+    paired: Flag = False
     objective: str | None = None  # the column it reads; left out: the claims file's `metric`
     epoch: Whole | None = None  # the objective after this epoch (epochs.parquet), not the final one
     # mechanism: which of the model's reported mechanisms (the names' prefix in epochs.parquet's
@@ -95,6 +100,8 @@ class ClaimTest(Record):
             raise FieldError("then", "a shrinks test names the second study: then: STUDY")
         if self.kind == "versus" and (not self.control or not self.at):
             raise FieldError("control", "a versus test names control: STUDY and at: {knob: value}")
+        if self.paired and self.kind != "versus":
+            raise FieldError("paired", f"only a versus test pairs two studies by seed; a {self.kind} test pairs as it says")
         if self.kind == "mechanism" and (not self.mechanism or self.contrast is None):
             raise FieldError("mechanism", "a mechanism test names mechanism: NAME (e.g. gate) and contrast: training "
                                           "or depth")
@@ -378,10 +385,7 @@ def _mechanism(exp: Experiment, test: ClaimTest) -> tuple[list[float], list[floa
     """Per COMPLETE search trial at ``test.at``: (the later value, the earlier one) of the mean of
     its ``test.mechanism`` (after its last epoch against after its first; or after its last epoch, its
     deepest block against its first). A trial without the mechanism (or one block of it) is left out."""
-    knobs = grid_knobs(exp.spec, exp.path)
-    for knob in test.at:
-        if knob not in knobs:
-            raise ConfigError(f"at: {knob} is not a knob of {exp.path}; use one of {', '.join(knobs)}")
+    _check_at(exp, test.at)
     rows = exp.trials
     rows = rows[rows["state"] == "COMPLETE"]
     if REPLICATE_COLUMN in rows:
@@ -415,12 +419,36 @@ def _named(cell: Any, prefix: str) -> dict[str, float]:
     return {str(n): float(v) for n, v in (cell.items() if isinstance(cell, Mapping) else cell) if str(n).startswith(prefix)}
 
 
-def _at_point(exp: Experiment, test: ClaimTest) -> list[float]:
+def _check_at(exp: Experiment, at: Mapping[str, Any]) -> None:
     knobs = grid_knobs(exp.spec, exp.path)
-    for knob in test.at:
+    for knob in at:
         if knob not in knobs:
             raise ConfigError(f"at: {knob} is not a knob of {exp.path}; use one of {', '.join(knobs)}")
-    return _values(_trials(exp, test.metric, test.epoch), test.metric, test.at)
+
+
+def _by_seed(rows: pd.DataFrame, objective: str) -> dict[Any, float]:
+    """{seed: the mean of ``objective`` over the rows of that seed} (rows without a value left out)."""
+    out: dict[Any, list[float]] = {}
+    for seed, value in zip(rows["seed"], rows[objective]):
+        if not pd.isna(value):
+            out.setdefault(seed, []).append(float(value))
+    return {seed: statistics.fmean(values) for seed, values in out.items()}
+
+
+def _versus(test: ClaimTest, studies: Mapping[str, Experiment]) -> tuple[Estimate, str, str, str]:
+    """The grid point of ``test.study`` against ``test.control``: Welch over the seeds, or with
+    ``paired`` the t test of the differences seed by seed."""
+    exp = studies[test.study]
+    _check_at(exp, test.at)
+    rows = _at(_trials(exp, test.metric, test.epoch), test.at)
+    control = _trials(studies[test.control], test.metric, test.epoch)
+    if test.paired:
+        mine, theirs = _by_seed(rows, test.metric), _by_seed(control, test.metric)
+        diffs = [mine[s] - theirs[s] for s in sorted(mine.keys() & theirs.keys(), key=str)]
+        return (paired(diffs), f"{len(diffs)} pairs (by seed)", _means(list(mine.values()), list(theirs.values())),
+                "paired t (Student 1908)")
+    at, base = _values(rows, test.metric, {}), _values(control, test.metric, {})
+    return welch(at, base), f"{len(at)} vs {len(base)} seeds", _means(at, base), "Welch t (Welch 1947)"
 
 
 def _same_number(a: Any, b: Any) -> bool:
@@ -455,9 +483,7 @@ def _estimate(claim: Claim, studies: Mapping[str, Experiment]) -> tuple[Estimate
         gaps = (f"{statistics.fmean(first):+.4f} vs {statistics.fmean(then):+.4f}" if first and then else "-")
         name = "Welch t (Welch 1947)" + (POOLED if blocked_a or blocked_b else "")
         return combined(a, b), f"{len(first)} vs {len(then)} pairs", gaps, name
-    at = _at_point(studies[test.study], test)
-    control = _values(_trials(studies[test.control], test.metric, test.epoch), test.metric, {})
-    return welch(at, control), f"{len(at)} vs {len(control)} seeds", _means(at, control), "Welch t (Welch 1947)"
+    return _versus(test, studies)
 
 
 def family_adjusted(claims: Sequence[Claim], p_values: Sequence[float]) -> list[float]:

@@ -270,6 +270,12 @@ def test_each_kind_of_claim_on_studies_with_known_effects(tmp_path):
 
     versus = results["versus"]  # 0.60/0.72/0.66 against the control's 0.40/0.41/0.42, unpaired
     assert versus.diff == pytest.approx(0.66 - 0.41) and versus.n == "3 vs 3 seeds" and versus.verdict == "reproduced"
+    # paired by seed: 0.20 0.31 0.24, mean 0.25, squared deviations 0.0025 0.0036 0.0001: sd sqrt(0.0062 / 2)
+    by_seed = evaluate_claim(claims.claims[2].model_copy(update={"test": claims.claims[2].test.model_copy(
+        update={"paired": True})}), studies)
+    assert by_seed.diff == pytest.approx(0.25) and by_seed.n == "3 pairs (by seed)" and by_seed.estimate.df == 2
+    assert by_seed.estimate.se == pytest.approx(math.sqrt(0.0062 / 2) / math.sqrt(3))
+    assert by_seed.p_value == pytest.approx(stats.ttest_rel([0.60, 0.72, 0.66], [0.40, 0.41, 0.42]).pvalue)
 
     early = results["early"]  # after epoch 1 B (0.3) is behind A (0.4) at every seed: no spread, not an interval
     assert early.diff == pytest.approx(-0.1) and math.isnan(early.low) and early.verdict == "inconclusive"
@@ -350,6 +356,7 @@ def test_a_study_records_the_commit_and_whether_tracked_files_differed_from_it(t
     (lambda c: c["claims"][0]["test"].pop("baseline"), "names knob, value and baseline"),
     (lambda c: c["claims"].append(dict(c["claims"][0])), "an id is listed twice"),
     (lambda c: c["claims"][0].update(colour="red"), "colour"),
+    (lambda c: c["claims"][0]["test"].update(paired=True), "only a versus test pairs two studies by seed"),
 ])
 def test_a_bad_claims_file_is_one_line_and_exit_2(tmp_path, capsys, change, message):
     path = _suite(tmp_path)
