@@ -6,6 +6,9 @@ specially. A plain timm model implements neither and trains as it is.
     HasParamGroups          builds its own AdamW parameter groups (e.g. ConViT: its own learning
                             rate for the gates); otherwise `param_groups`' rule applies, with
                             no weight decay on what the model's ``no_weight_decay()`` lists
+    ReportsMechanisms       says after each epoch what its mechanism has become (ConViT: each
+                            gate sigma(lambda); GMM: each kernel's width), recorded with the
+                            epoch's metrics (`mechanisms`)
 
 `param_groups` is the one rule every model's groups follow (the families pick out their own
 parameters for it).
@@ -21,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Callable, Literal, Protocol, runtime_chec
 if TYPE_CHECKING:
     from torch import nn
 
-__all__ = ["ConvertsDuringTraining", "HasParamGroups", "param_groups"]
+__all__ = ["ConvertsDuringTraining", "HasParamGroups", "ReportsMechanisms", "mechanisms", "param_groups"]
 
 
 class ConvertsDuringTraining(abc.ABC):
@@ -58,6 +61,23 @@ class HasParamGroups(Protocol):
 
     def param_groups(self, weight_decay: float) -> list[dict[str, Any]]:
         """The groups, each with its ``params`` and ``weight_decay`` (and optionally ``lr_scale``)."""
+
+
+@runtime_checkable
+class ReportsMechanisms(Protocol):
+    """A model whose papers make claims about how a mechanism of theirs evolves in training (ConViT:
+    the gates open with depth and training; GMM: the kernels' widths), and that reports it: names
+    of its own choosing, each a float, read from the parameters after an epoch."""
+
+    def mechanism_metrics(self) -> dict[str, float]:
+        """{name: value} as the model stands now (no input needed)."""
+
+
+def mechanisms(model: Any) -> dict[str, float] | None:
+    """``model``'s `ReportsMechanisms` metrics (None for a model without them, or with none to give)."""
+    if not isinstance(model, ReportsMechanisms):
+        return None
+    return {str(k): float(v) for k, v in model.mechanism_metrics().items()} or None
 
 
 def _never(name: str, param: Any) -> bool:

@@ -42,7 +42,7 @@ from trainers._malloc import retain_freed_memory
 from trainers._memory_format import place_model
 from trainers.config import TrainSettings, TrialConfig
 from trainers.data import make_loader
-from trainers.hooks import ConvertsDuringTraining, HasParamGroups, param_groups
+from trainers.hooks import ConvertsDuringTraining, HasParamGroups, mechanisms, param_groups
 from trainers.precision import autocast_dtype, autocast_for, resolve_precision
 from trainers.throughput import measure_model, with_noise_floor
 
@@ -354,6 +354,7 @@ def train_trial(
             "train_loader_wait_s": loader_wait,
             "train_precision": train_precision,
             "val_images": cfg.data.counts["val"],  # what val_acc's binomial interval rests on
+            "mechanisms": mechanisms(model),  # hooks.ReportsMechanisms (None for other models)
             **measurement,
         }
         if convert_at is not None:

@@ -4,13 +4,24 @@ A claim says what a paper predicts ("at small data ConViT beats a DeiT of the sa
 paper's number, and which study tests it, one of three ways (``test.kind``):
 
 - ``effect``: a knob's value against a baseline value in one grid study; the pairs (same seed,
-  same other knobs) and the paired t test (Student 1908) of ``python -m search effects``. With
-  ``epoch: E`` the validation accuracy after epoch E stands in for the final one.
+  same other knobs) and the paired t test (Student 1908) of ``python -m search effects``, its
+  variance pooled over the whole grid where every point has every seed and there are more than two
+  points (the seed-blocked residual, ``search.results.effects.blocked_difference``: more degrees
+  of freedom than the pairs alone). With ``epoch: E`` the metric after epoch E stands in for the
+  final one.
 - ``shrinks``: that effect in ``study`` minus the same effect in ``then`` (e.g. on little data and
-  on more); Welch's t test (Welch 1947) of the two sets of paired differences.
+  on more); Welch's t test (Welch 1947) of the two estimates (of two sets of paired differences:
+  Welch's t test of the two sets).
 - ``versus``: the trials at one grid point of ``study`` against every trial of ``control`` (a study
   of another model, e.g. the plain-attention control of GMM); Welch's t test over the seeds
-  (unpaired: two models share the seed's data order, not their weights).
+  (unpaired: two models share the seed's data order, not their weights), or with ``paired`` the
+  paired t test seed by seed (a control of the same code with one part off, whose seed draws the
+  same data and the same init of every shared weight).
+- ``mechanism``: what a model reports of its own mechanism after each epoch (epochs.parquet's
+  ``mechanisms``, e.g. ConViT's gates): per trial at the grid point ``at``, the mean of the
+  ``mechanism``'s values after the last epoch minus after the first (``contrast: training``), or
+  after the last epoch the deepest block's mean minus the first block's (``contrast: depth``); the
+  t test of those differences over the trials (Student 1908).
 
 Each claim's protocol is fixed in the claims file before the run: the side (``expect``), the
 family-wise error rate ``alpha``, the smallest effect of interest ``sesoi`` (the paper's effect,
@@ -45,23 +56,24 @@ from typing import Any, Literal
 import pandas as pd
 from pydantic import Field, model_validator
 
-from search.results.effects import grid_knobs, paired_differences
+from search.results.effects import blocked_difference, grid_knobs, no_spread, paired_differences
 from search.results.query import Experiment, load
 from search.results.replicates import REPLICATE_COLUMN
 from search.spec import read_yaml
-from search.spec.validation import FieldError, Number, Record, SpecLocation, Whole, from_plain
+from search.spec.validation import FieldError, Flag, Number, Record, SpecLocation, Whole, from_plain
 from trainers.errors import ConfigError
 
 __all__ = ["Claim", "ClaimTest", "ClaimsFile", "ClaimResult", "Estimate", "load_claims", "evaluate_claim",
-           "evaluate_claims", "family_adjusted", "welch", "paired", "holm", "verdict", "VERDICTS", "POWER"]
+           "evaluate_claims", "family_adjusted", "welch", "paired", "combined", "holm", "verdict", "VERDICTS", "POWER"]
 
 CONFIDENCE = 0.95
+DEFAULT_METRIC = "val_acc"  # what a claim reads where neither it nor its claims file names a column
 POWER = 0.8  # the power at which the smallest detectable effect is stated
 VERDICTS = ("reproduced", "contradicted", "smaller than the paper's", "inconclusive", "not run")
 
 
 class ClaimTest(Record):
-    kind: Literal["effect", "shrinks", "versus"]
+    kind: Literal["effect", "shrinks", "versus", "mechanism"]
     study: str  # a spec next to the claims file, without .yaml
     knob: str | None = None  # effect, shrinks
     value: Any = None
@@ -69,8 +81,16 @@ class ClaimTest(Record):
     then: str | None = None  # shrinks: the second study
     control: str | None = None  # versus: the other model's study
     at: dict[str, Any] = Field(default_factory=dict)  # versus: the grid point of `study`
-    objective: str = "val_acc"
+    # versus: pair the two studies' trials by seed (the control the same code with one part off:
+    # a seed gives both the same data and the same init of every shared weight); else Welch
+    paired: Flag = False
+    objective: str | None = None  # the column it reads; left out: the claims file's `metric`
     epoch: Whole | None = None  # the objective after this epoch (epochs.parquet), not the final one
+    # mechanism: which of the model's reported mechanisms (the names' prefix in epochs.parquet's
+    # `mechanisms`: gate, sigma) and what is compared: its mean after the last epoch minus after the
+    # first (training), or after the last epoch its deepest block's mean minus its first block's (depth)
+    mechanism: str | None = None
+    contrast: Literal["training", "depth"] | None = None
 
     @model_validator(mode="after")
     def _check(self) -> "ClaimTest":
@@ -80,6 +100,11 @@ class ClaimTest(Record):
             raise FieldError("then", "a shrinks test names the second study: then: STUDY")
         if self.kind == "versus" and (not self.control or not self.at):
             raise FieldError("control", "a versus test names control: STUDY and at: {knob: value}")
+        if self.paired and self.kind != "versus":
+            raise FieldError("paired", f"only a versus test pairs two studies by seed; a {self.kind} test pairs as it says")
+        if self.kind == "mechanism" and (not self.mechanism or self.contrast is None):
+            raise FieldError("mechanism", "a mechanism test names mechanism: NAME (e.g. gate) and contrast: training "
+                                          "or depth")
         if self.epoch is not None and self.epoch < 1:
             raise FieldError("epoch", f"must be at least 1, got {self.epoch}")
         return self
@@ -87,6 +112,14 @@ class ClaimTest(Record):
     @property
     def studies(self) -> tuple[str, ...]:
         return tuple(s for s in (self.study, self.then, self.control) if s)
+
+    @property
+    def metric(self) -> str:
+        """The column it reads (set from its claims file's ``metric`` where it names none); a
+        mechanism test's: the mechanism."""
+        if self.kind == "mechanism":
+            return str(self.mechanism)
+        return self.objective or DEFAULT_METRIC
 
 
 class Claim(Record):
@@ -117,6 +150,9 @@ class Claim(Record):
 
 class ClaimsFile(Record):
     claims: tuple[Claim, ...]
+    # the column every claim reads unless its test names its own `objective`: one edit moves them
+    # all (to the held-out test accuracy, say, once the studies record it)
+    metric: str = DEFAULT_METRIC
 
     @model_validator(mode="after")
     def _check(self) -> "ClaimsFile":
@@ -125,11 +161,20 @@ class ClaimsFile(Record):
             raise FieldError("claims", "is empty; list at least one claim")
         if len(set(ids)) != len(ids):
             raise FieldError("claims", f"an id is listed twice: {ids}")
+        # frozen records: the file's metric written into each test that names none, once
+        object.__setattr__(self, "claims", tuple(_reading(c, self.metric) for c in self.claims))
         return self
 
     def studies(self) -> list[str]:
         """Every study the claims use, in the order first used."""
         return list(dict.fromkeys(s for c in self.claims for s in c.test.studies))
+
+
+def _reading(claim: Claim, metric: str) -> Claim:
+    """``claim`` with its test's objective set (``metric`` where it names none)."""
+    if claim.test.objective is not None:
+        return claim
+    return claim.model_copy(update={"test": claim.test.model_copy(update={"objective": metric})})
 
 
 def load_claims(path: str | Path) -> ClaimsFile:
@@ -216,6 +261,11 @@ class ClaimResult:
     estimate: Estimate | None = None
 
 
+# an effect's test: the pairs' own variance, or the grid's pooled residual variance (effects.blocked_difference)
+POOLED = ", the grid's pooled residual variance"
+PAIRED_TESTS = {False: "paired t (Student 1908)", True: "paired t (Student 1908)" + POOLED}
+
+
 def paired(diffs: Sequence[float]) -> Estimate:
     """The mean of paired differences with its standard error sd / sqrt(n) on n - 1 degrees of
     freedom (Student 1908); NaN se where there are fewer than 2, or no spread at all."""
@@ -226,7 +276,7 @@ def paired(diffs: Sequence[float]) -> Estimate:
     if n < 2:
         return Estimate(mean, math.nan, math.nan)
     sd = statistics.stdev(diffs)
-    if not sd > 1e-12 * max(1.0, abs(mean)):  # every pair the same difference: no spread, no test
+    if no_spread(sd, mean):  # every pair the same difference: no spread, no test (as in effects)
         return Estimate(mean, math.nan, math.nan)
     return Estimate(mean, sd / math.sqrt(n), n - 1)
 
@@ -241,7 +291,7 @@ def welch(a: Sequence[float], b: Sequence[float]) -> Estimate:
         return Estimate(diff, math.nan, math.nan)
     va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
     se = math.sqrt(va + vb)
-    if not se > 1e-12 * max(1.0, abs(diff)):
+    if no_spread(se, diff):
         return Estimate(diff, math.nan, math.nan)
     df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
     return Estimate(diff, se, df)
@@ -282,7 +332,8 @@ def _trials(exp: Experiment, objective: str, epoch: int | None) -> pd.DataFrame:
     if REPLICATE_COLUMN in rows:
         rows = rows[rows[REPLICATE_COLUMN].isna()]
     if objective not in rows:
-        raise ConfigError(f"{exp.path}: no column {objective!r}; claims test one of {', '.join(dict(exp.objectives))}")
+        raise ConfigError(f"{exp.path}: no column {objective!r} (the claims file's `metric`, or the test's `objective`); "
+                          f"its objectives are {', '.join(dict(exp.objectives))}")
     if epoch is None:
         return rows
     at = exp.epochs[exp.epochs["epoch"] == epoch].drop_duplicates("trial_id", keep="last")
@@ -292,25 +343,112 @@ def _trials(exp: Experiment, objective: str, epoch: int | None) -> pd.DataFrame:
     return rows
 
 
-def _effect(exp: Experiment, test: ClaimTest) -> list[float]:
+def _effect(exp: Experiment, test: ClaimTest) -> tuple[list[float], Estimate, bool]:
+    """The pairs' differences and the effect's estimate: with the grid's pooled residual variance
+    where the design has it (True), else the pairs' own (search.results.effects.blocked_difference)."""
     knobs = grid_knobs(exp.spec, exp.path)
-    return paired_differences(_trials(exp, test.objective, test.epoch), objective=test.objective, knobs=knobs,
-                              knob=test.knob, value=test.value, baseline=test.baseline)
+    trials = _trials(exp, test.metric, test.epoch)
+    diffs = paired_differences(trials, objective=test.metric, knobs=knobs, knob=test.knob, value=test.value,
+                               baseline=test.baseline)
+    blocked = blocked_difference(trials, objective=test.metric, knobs=knobs, knob=test.knob, value=test.value,
+                                 baseline=test.baseline)
+    if blocked is None:
+        return diffs, paired(diffs), False
+    diff, se, df = blocked
+    return diffs, (Estimate(diff, math.nan, math.nan) if no_spread(se, diff) else Estimate(diff, se, df)), True
+
+
+def combined(first: Estimate, then: Estimate) -> Estimate:
+    """``first`` minus ``then``, two independent estimates: se^2 the sum of theirs, the degrees of
+    freedom by Welch-Satterthwaite (Welch 1947). Of two sets of paired differences this is Welch's
+    t test of the two sets."""
+    diff = first.diff - then.diff
+    if not (first.testable and then.testable):
+        return Estimate(diff, math.nan, math.nan)
+    va, vb = first.se ** 2, then.se ** 2
+    return Estimate(diff, math.sqrt(va + vb), (va + vb) ** 2 / (va ** 2 / first.df + vb ** 2 / then.df))
+
+
+def _at(rows: pd.DataFrame, at: Mapping[str, Any]) -> pd.DataFrame:
+    """The rows whose knobs hold the values of ``at`` (none: every row)."""
+    for knob, value in at.items():
+        rows = rows[[str(v) == str(value) or _same_number(v, value) for v in rows[knob]]]
+    return rows
 
 
 def _values(rows: pd.DataFrame, objective: str, at: Mapping[str, Any]) -> list[float]:
     """``objective`` of the rows whose knobs hold the values of ``at`` (none: every row)."""
-    for knob, value in at.items():
-        rows = rows[[str(v) == str(value) or _same_number(v, value) for v in rows[knob]]]
-    return [float(v) for v in rows[objective] if not pd.isna(v)]
+    return [float(v) for v in _at(rows, at)[objective] if not pd.isna(v)]
 
 
-def _at_point(exp: Experiment, test: ClaimTest) -> list[float]:
+def _mechanism(exp: Experiment, test: ClaimTest) -> tuple[list[float], list[float]]:
+    """Per COMPLETE search trial at ``test.at``: (the later value, the earlier one) of the mean of
+    its ``test.mechanism`` (after its last epoch against after its first; or after its last epoch, its
+    deepest block against its first). A trial without the mechanism (or one block of it) is left out."""
+    _check_at(exp, test.at)
+    rows = exp.trials
+    rows = rows[rows["state"] == "COMPLETE"]
+    if REPLICATE_COLUMN in rows:
+        rows = rows[rows[REPLICATE_COLUMN].isna()]
+    ids = set(_at(rows, test.at)["trial_id"])
+    if exp.epochs.empty or "mechanisms" not in exp.epochs:
+        return [], []
+    epochs = exp.epochs[exp.epochs["trial_id"].isin(ids)].sort_values("epoch")
+    prefix = f"{test.mechanism}."
+    later, earlier = [], []
+    for _, trial in epochs.groupby("trial_id", sort=True):
+        first, last = (_named(trial["mechanisms"].iloc[k], prefix) for k in (0, -1))
+        if test.contrast == "training":
+            pair = (last, first)
+        else:  # depth: a name's block is what follows the mechanism's name (gate.BLOCK.HEAD)
+            blocks = sorted({int(name[len(prefix):].split(".")[0]) for name in last})
+            pair = (({n: v for n, v in last.items() if n.startswith(f"{prefix}{blocks[-1]}.")},
+                     {n: v for n, v in last.items() if n.startswith(f"{prefix}{blocks[0]}.")})
+                    if len(blocks) > 1 else ({}, {}))
+        if pair[0] and pair[1]:
+            later.append(statistics.fmean(pair[0].values()))
+            earlier.append(statistics.fmean(pair[1].values()))
+    return later, earlier
+
+
+def _named(cell: Any, prefix: str) -> dict[str, float]:
+    """A `mechanisms` cell ({name: value}, as Parquet's map reads back: (name, value) pairs; or
+    null) narrowed to the names starting with ``prefix``."""
+    if cell is None or (isinstance(cell, float) and math.isnan(cell)):
+        return {}
+    return {str(n): float(v) for n, v in (cell.items() if isinstance(cell, Mapping) else cell) if str(n).startswith(prefix)}
+
+
+def _check_at(exp: Experiment, at: Mapping[str, Any]) -> None:
     knobs = grid_knobs(exp.spec, exp.path)
-    for knob in test.at:
+    for knob in at:
         if knob not in knobs:
             raise ConfigError(f"at: {knob} is not a knob of {exp.path}; use one of {', '.join(knobs)}")
-    return _values(_trials(exp, test.objective, test.epoch), test.objective, test.at)
+
+
+def _by_seed(rows: pd.DataFrame, objective: str) -> dict[Any, float]:
+    """{seed: the mean of ``objective`` over the rows of that seed} (rows without a value left out)."""
+    out: dict[Any, list[float]] = {}
+    for seed, value in zip(rows["seed"], rows[objective]):
+        if not pd.isna(value):
+            out.setdefault(seed, []).append(float(value))
+    return {seed: statistics.fmean(values) for seed, values in out.items()}
+
+
+def _versus(test: ClaimTest, studies: Mapping[str, Experiment]) -> tuple[Estimate, str, str, str]:
+    """The grid point of ``test.study`` against ``test.control``: Welch over the seeds, or with
+    ``paired`` the t test of the differences seed by seed."""
+    exp = studies[test.study]
+    _check_at(exp, test.at)
+    rows = _at(_trials(exp, test.metric, test.epoch), test.at)
+    control = _trials(studies[test.control], test.metric, test.epoch)
+    if test.paired:
+        mine, theirs = _by_seed(rows, test.metric), _by_seed(control, test.metric)
+        diffs = [mine[s] - theirs[s] for s in sorted(mine.keys() & theirs.keys(), key=str)]
+        return (paired(diffs), f"{len(diffs)} pairs (by seed)", _means(list(mine.values()), list(theirs.values())),
+                "paired t (Student 1908)")
+    at, base = _values(rows, test.metric, {}), _values(control, test.metric, {})
+    return welch(at, base), f"{len(at)} vs {len(base)} seeds", _means(at, base), "Welch t (Welch 1947)"
 
 
 def _same_number(a: Any, b: Any) -> bool:
@@ -331,18 +469,21 @@ def _estimate(claim: Claim, studies: Mapping[str, Experiment]) -> tuple[Estimate
     test = claim.test
     if test.kind == "effect":
         exp = studies[test.study]
-        diffs = _effect(exp, test)
-        trials = _trials(exp, test.objective, test.epoch)
-        arm = _values(trials, test.objective, {test.knob: test.value})
-        base = _values(trials, test.objective, {test.knob: test.baseline})
-        return paired(diffs), f"{len(diffs)} pairs", _means(arm, base), "paired t (Student 1908)"
+        diffs, estimate, blocked = _effect(exp, test)
+        trials = _trials(exp, test.metric, test.epoch)
+        arm = _values(trials, test.metric, {test.knob: test.value})
+        base = _values(trials, test.metric, {test.knob: test.baseline})
+        return estimate, f"{len(diffs)} pairs", _means(arm, base), PAIRED_TESTS[blocked]
+    if test.kind == "mechanism":
+        later, earlier = _mechanism(studies[test.study], test)
+        diffs = [a - b for a, b in zip(later, earlier)]
+        return paired(diffs), f"{len(diffs)} trials", _means(later, earlier), "paired t (Student 1908)"
     if test.kind == "shrinks":
-        first, then = _effect(studies[test.study], test), _effect(studies[test.then], test)
+        (first, a, blocked_a), (then, b, blocked_b) = _effect(studies[test.study], test), _effect(studies[test.then], test)
         gaps = (f"{statistics.fmean(first):+.4f} vs {statistics.fmean(then):+.4f}" if first and then else "-")
-        return welch(first, then), f"{len(first)} vs {len(then)} pairs", gaps, "Welch t (Welch 1947)"
-    at = _at_point(studies[test.study], test)
-    control = _values(_trials(studies[test.control], test.objective, test.epoch), test.objective, {})
-    return welch(at, control), f"{len(at)} vs {len(control)} seeds", _means(at, control), "Welch t (Welch 1947)"
+        name = "Welch t (Welch 1947)" + (POOLED if blocked_a or blocked_b else "")
+        return combined(a, b), f"{len(first)} vs {len(then)} pairs", gaps, name
+    return _versus(test, studies)
 
 
 def family_adjusted(claims: Sequence[Claim], p_values: Sequence[float]) -> list[float]:

@@ -16,11 +16,20 @@ Otherwise the value is ``better`` or ``worse`` than the baseline by the objectiv
 fewer than 2 pairs there is no test (``too few pairs``); where every pair differs by the same
 amount (a device measurement, e.g. throughput, is the architecture's, one per architecture and
 shared by every seed) the t test does not apply: the difference is shown, without an interval or
-a p-value, and the verdict is ``inconclusive (no spread)``, as a claim's is (search.results.claims).
+a p-value, and the verdict is ``inconclusive (no spread)``, as a claim's is (search.results.claims;
+both by :func:`no_spread`).
+
+:func:`blocked_difference` is the same difference with the error of the whole grid: where every
+point has every seed (a randomised complete block design, the seeds its blocks), the residual of
+the two-way model y = point + seed + e, pooled over all P points and S seeds, has (P - 1)(S - 1)
+degrees of freedom instead of the pairs' n - 1, and the difference of two knob values, each the
+mean of S * Q cells (Q: the other knobs' settings), has the variance 2 s^2 / (S Q) (Cochran & Cox
+1957, ch. 4). With two points it is the paired t test itself; the claims use it where the grid has more.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -35,14 +44,23 @@ from search.spec.spec import SearchSpec, grid_values
 from search.spec.validation import SpecLocation, from_plain
 from trainers.errors import ConfigError
 
-__all__ = ["EFFECT_COLUMNS", "TEST", "knob_effects", "paired_differences", "parse_baselines", "grid_knobs", "study_effects"]
+__all__ = ["EFFECT_COLUMNS", "TEST", "knob_effects", "paired_differences", "blocked_difference", "no_spread",
+           "parse_baselines", "grid_knobs", "study_effects"]
 
-TEST = "paired t test (Student 1908)"
+TEST = ("paired t test (Student 1908; on a grid of more than two points, each with every seed, with the grid's "
+        "pooled residual variance, seeds as blocks)")
 CONFIDENCE = 0.95
 
 # One row per objective, knob and value (the baseline's row first-listed in the knob's order).
 EFFECT_COLUMNS = ("objective", "mode", "knob", "value", "baseline", "n", "seeds", "mean", "low", "high",
                   "pairs", "diff", "diff_low", "diff_high", "p_value", "verdict")
+
+
+def no_spread(spread: float, level: float) -> bool:
+    """Whether ``spread`` (an sd or a standard error) is no spread at all beside ``level`` (the
+    difference): below 1e-12 of it (or of 1), what rounding leaves of equal differences. No test
+    then, in the effects and the claims alike."""
+    return not spread > 1e-12 * max(1.0, abs(level))
 
 
 def _missing(value: Any) -> bool:
@@ -118,6 +136,9 @@ def knob_effects(trials: pd.DataFrame, *, objectives: Sequence[tuple[str, str]],
                     out.append({**row, "verdict": "baseline"})
                     continue
                 row.update(_paired(_pairs(y, usable, cells, seeds, names, knob, at, base), mode))
+                if row["verdict"] not in ("too few pairs", "inconclusive (no spread)"):
+                    row.update(_pooled(blocked_difference(trials, objective=objective, knobs=knobs, knob=knob,
+                                                          value=value, baseline=values[base]), row, mode))
                 out.append(row)
     table = pd.DataFrame(out, columns=list(EFFECT_COLUMNS))
     for column in ("n", "seeds", "pairs"):
@@ -161,6 +182,15 @@ def paired_differences(trials: pd.DataFrame, *, objective: str, knobs: Mapping[s
                        value: Any, baseline: Any) -> list[float]:
     """The differences (``knob`` = ``value`` minus ``knob`` = ``baseline``) of ``objective`` over
     the pairs :func:`knob_effects` tests: matched by seed and every other knob's value."""
+    at, base, cells, seeds, y, usable = _contrast(trials, objective, knobs, knob, value, baseline)
+    return [a - b for a, b in _pairs(y, usable, cells, seeds, list(knobs), knob, at, base)]
+
+
+def _contrast(trials: pd.DataFrame, objective: str, knobs: Mapping[str, Sequence[Any]], knob: str, value: Any,
+              baseline: Any):
+    """What a difference of ``knob`` = ``value`` and ``baseline`` is taken from: the two values'
+    indices, the grid cells of the rows, their seeds and objective values, and the usable rows (on
+    the grid, a finite value); a ConfigError where a value is not on the grid."""
     values = list(knobs.get(knob, ()))
     at, base = _index(value, values), _index(baseline, values)
     if at is None or base is None:
@@ -168,8 +198,49 @@ def paired_differences(trials: pd.DataFrame, *, objective: str, knobs: Mapping[s
                           f"({knob}: {', '.join(map(str, values)) or 'not a knob'}); use one of its values")
     rows, cells, on_grid, seeds = _grid_cells(trials, knobs)
     y = _objective_values(rows, objective)
-    usable = [i for i in range(len(rows)) if on_grid[i] and math.isfinite(y[i])]
-    return [a - b for a, b in _pairs(y, usable, cells, seeds, list(knobs), knob, at, base)]
+    return at, base, cells, seeds, y, [i for i in range(len(rows)) if on_grid[i] and math.isfinite(y[i])]
+
+
+def blocked_difference(trials: pd.DataFrame, *, objective: str, knobs: Mapping[str, Sequence[Any]], knob: str,
+                       value: Any, baseline: Any) -> tuple[float, float, int] | None:
+    """(difference, standard error, degrees of freedom) of ``knob`` = ``value`` minus ``baseline``
+    with the grid's pooled residual variance (the module doc); None where the design lacks it: fewer
+    than 3 points or 2 seeds, or a point without a trial at some seed (the pairs then stand alone).
+    A cell trained twice counts as its mean."""
+    at, base, cells, seeds, y, usable = _contrast(trials, objective, knobs, knob, value, baseline)
+    names = list(knobs)
+    table: dict[tuple, dict[Any, list[float]]] = {}  # point (each knob's value index) -> seed -> values
+    for i in usable:
+        table.setdefault(tuple(cells[k][i] for k in names), {}).setdefault(seeds[i], []).append(y[i])
+    points = list(itertools.product(*(range(len(knobs[k])) for k in names)))
+    blocks = sorted({s for by_seed in table.values() for s in by_seed}, key=str)
+    if len(points) < 3 or len(blocks) < 2 or any(set(table.get(p, {})) != set(blocks) for p in points):
+        return None
+    cell = np.array([[np.mean(table[p][s]) for s in blocks] for p in points])  # P x S
+    residual = cell - cell.mean(axis=1, keepdims=True) - cell.mean(axis=0, keepdims=True) + cell.mean()
+    df = (len(points) - 1) * (len(blocks) - 1)
+    variance = float((residual ** 2).sum()) / df
+    where = names.index(knob)
+    arm = np.array([p[where] == at for p in points])
+    rest = np.array([p[where] == base for p in points])
+    diff = float(cell[arm].mean() - cell[rest].mean())
+    return diff, math.sqrt(2 * variance / (len(blocks) * int(arm.sum()))), df
+
+
+def _pooled(blocked: tuple[float, float, int] | None, row: Mapping[str, Any], mode: str) -> dict[str, Any]:
+    """The interval, p and verdict of the pairs' mean difference with the grid's pooled error
+    (:func:`blocked_difference`) where the design has it; else the pairs' own, as they are."""
+    if blocked is None:
+        return {}
+    diff, se, df = blocked
+    if no_spread(se, diff):
+        return {"diff_low": math.nan, "diff_high": math.nan, "p_value": math.nan, "verdict": "inconclusive (no spread)"}
+    from scipy import stats  # only where effects are computed
+
+    half = float(stats.t.ppf(0.5 + CONFIDENCE / 2, df)) * se
+    low, high = row["diff"] - half, row["diff"] + half
+    return {"diff_low": low, "diff_high": high, "p_value": float(2 * stats.t.sf(abs(row["diff"]) / se, df)),
+            "verdict": _verdict(row["diff"], low, high, mode)}
 
 
 def _paired(pairs: Sequence[tuple[float, float]], mode: str) -> dict[str, Any]:
@@ -182,7 +253,7 @@ def _paired(pairs: Sequence[tuple[float, float]], mode: str) -> dict[str, Any]:
     result["diff"] = diff
     if len(pairs) < 2:
         return {**result, "verdict": "too few pairs"}
-    if not sd > 1e-12 * max(1.0, abs(diff)):  # every pair the same difference (up to rounding): no test
+    if no_spread(sd, diff):  # every pair the same difference (up to rounding): no test
         return {**result, "verdict": "inconclusive (no spread)"}
     from scipy import stats  # only where effects are computed
 

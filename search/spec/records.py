@@ -42,12 +42,23 @@ ThroughputSettingsField = settings(ThroughputSettings)
 # Schmucker et al. 2021 compare such orderings for MO-ASHA). Both give a front's extreme points infinity.
 RANKINGS = ("crowding", "hv_contribution")
 
+# Which seed draws a trial's training subset and validation split: the study's (algorithm.seed,
+# every trial on the same images) or the trial's own (a grid's seeds, a replicate's), so that a
+# claim's interval covers the draw of the data as well as the initialisation.
+SPLIT_SEEDS = ("study", "trial")
+
+
 class DatasetSpec(Record):
     name: str
     train_fraction: Number = 1.0
     val_fraction: Number = 0.1
     image_size: Whole | None = None
     data_dir: str | None = None
+    split_seed: one_of(*SPLIT_SEEDS) | None = None  # type: ignore[valid-type]  # None: "study", as before the key
+
+    @property
+    def split_per_trial(self) -> bool:
+        return self.split_seed == "trial"
 
     @model_validator(mode="after")
     def _check(self) -> "DatasetSpec":
@@ -174,7 +185,11 @@ MAX_TRIALS = 100_000  # the driver keeps every trial's row, Tune every trial's s
 
 class Budget(Record):
     trials: Whole | None = None  # required, except by a grid: its points x seeds
-    max_epochs: Whole
+    max_epochs: Whole | None = None  # required, unless full_data_epochs gives it
+    # the epochs' worth of images of the whole training split: a study at train_fraction f trains
+    # full_data_epochs / f epochs (rounded up), so every fraction sees as many images (ConViT's
+    # Table 2 protocol); with patience, a cap
+    full_data_epochs: Number | None = None
     grace_epochs: Whole = 1
     patience: Whole | None = None
     time_limit_s: Number | None = None
@@ -182,15 +197,20 @@ class Budget(Record):
     confirm: ConfirmSpec | None = None  # confirmation seeds (search.study.confirm); off when left out
 
     @model_validator(mode="after")
-    def _check(self) -> "Budget":
+    def _check(self) -> "Budget":  # max_epochs from full_data_epochs: SearchSpec's check (it knows the fraction)
         if self.trials is not None and self.trials < 1:
             raise FieldError("trials", f"must be at least 1, got {self.trials}")
         if self.trials is not None and self.trials > MAX_TRIALS:
             raise FieldError("trials", f"must be at most {MAX_TRIALS:,}, got {self.trials:,} (the driver keeps every "
                                        "trial in memory); split the search into several studies")
-        if self.max_epochs < 1:
+        if self.max_epochs is None and self.full_data_epochs is None:
+            raise FieldError("max_epochs", "missing; add 'max_epochs:' (a whole number), or full_data_epochs to scale "
+                                           "the epochs with the data fraction")
+        if self.full_data_epochs is not None and not self.full_data_epochs > 0:
+            raise FieldError("full_data_epochs", f"must be above 0, got {self.full_data_epochs}")
+        if self.max_epochs is not None and self.max_epochs < 1:
             raise FieldError("max_epochs", f"must be at least 1, got {self.max_epochs}")
-        if not 1 <= self.grace_epochs <= self.max_epochs:
+        if self.max_epochs is not None and not 1 <= self.grace_epochs <= self.max_epochs:
             raise FieldError("grace_epochs", f"must be between 1 and max_epochs ({self.max_epochs}), got {self.grace_epochs}")
         if self.patience is not None and self.patience < 1:
             raise FieldError("patience", f"must be at least 1 epoch (or leave it out), got {self.patience}")

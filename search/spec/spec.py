@@ -11,6 +11,7 @@ import dataclasses
 import hashlib
 import itertools
 import json
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -61,6 +62,8 @@ ADDED_KEYS = (
     ("algorithm", "seeds"),  # grids
     ("scheduler", "ranking"),  # MO-ASHA's options
     ("scheduler", "keep_front"),
+    ("budget", "full_data_epochs"),  # epochs scaled by the data fraction
+    ("dataset", "split_seed"),  # the subset drawn per trial
 )
 
 
@@ -115,6 +118,7 @@ class SearchSpec(Record):
                 raise FieldError(f"constraints[{i}]", str(exc)) from None
         # left out: the scheduler docs/spec.md advises for this many objectives (frozen record, so set in place once)
         object.__setattr__(self, "scheduler", self.scheduler.resolved(len(self.objectives)))
+        self._scale_epochs()
         if self.algorithm.name == "grid":
             self._check_grid()
             if self.budget.trials is None:  # what a grid runs; frozen record, so set in place once
@@ -122,6 +126,23 @@ class SearchSpec(Record):
         elif self.budget.trials is None:
             raise FieldError("budget.trials", "missing; add 'trials:' (a whole number)")
         return self
+
+    def _scale_epochs(self) -> None:
+        """max_epochs from budget.full_data_epochs and the data fraction (once; frozen record). A
+        max_epochs given beside it must be that number (a record read back, say)."""
+        budget = self.budget
+        if budget.full_data_epochs is None:
+            return
+        # rounded first: 1.2 / 0.02 is 59.99... in floats, and 60 epochs is what it means
+        epochs = max(1, math.ceil(round(budget.full_data_epochs / self.dataset.train_fraction, 6)))
+        if budget.max_epochs is not None and budget.max_epochs != epochs:
+            raise FieldError("budget.max_epochs", f"is {budget.max_epochs}, but full_data_epochs "
+                             f"{budget.full_data_epochs:g} at train_fraction {self.dataset.train_fraction:g} is {epochs} "
+                             "epochs; give one of the two")
+        if not 1 <= budget.grace_epochs <= epochs:
+            raise FieldError("budget.grace_epochs", f"must be between 1 and max_epochs ({epochs}, from full_data_epochs), "
+                             f"got {budget.grace_epochs}")
+        object.__setattr__(self, "budget", budget.model_copy(update={"max_epochs": epochs}))
 
     def _check_grid(self) -> None:
         if self.conditional:
@@ -167,6 +188,15 @@ class SearchSpec(Record):
         values = [grid_values(p) for p in knobs.values()]
         assert all(v is not None for v in values), "grid_points of a spec with a continuous knob"
         return [dict(zip(knobs, point)) for point in itertools.product(*values)]  # type: ignore[arg-type]
+
+    @property
+    def trial_seeds(self) -> tuple[int, ...]:
+        """Every training seed a run uses: a grid's seeds, or the study's seed and its confirmation
+        replicates' (search.study.confirm: seed + 1 .. seed + S)."""
+        if self.is_grid:
+            return self.algorithm.grid_seeds
+        further = self.budget.confirm.seeds if self.budget.confirm is not None else 0
+        return tuple(self.algorithm.seed + k for k in range(further + 1))
 
     @property
     def planned_trials(self) -> int:
@@ -248,6 +278,7 @@ class SearchSpec(Record):
         if budget_changes:
             if "max_epochs" in budget_changes:
                 budget_changes.setdefault("grace_epochs", min(budget.grace_epochs, budget_changes["max_epochs"]))
+                budget_changes["full_data_epochs"] = None  # --max-epochs replaces the scaled count
             budget = _override(Budget, {**dict(budget), **budget_changes})
         dataset = self.dataset if dataset_dir is None else self.dataset.model_copy(update={"data_dir": dataset_dir})
         return _override(SearchSpec, {**dict(self), "budget": budget, "dataset": dataset, **top})

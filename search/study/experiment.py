@@ -14,7 +14,7 @@ from search.results.query import read_experiment_json
 from search.results.store import write_json_atomic
 from search.spec import SearchSpec, to_plain
 from search.spec.validation import SpecLocation, from_plain
-from trainers import folder_problem
+from trainers import folder_problem, tracked_files_modified
 from trainers.data import PreparedDataset
 from trainers.errors import ConfigError
 
@@ -51,6 +51,7 @@ def write_experiment(spec: SearchSpec, location: StudyLocation, data: PreparedDa
             "objectives": [[o.metric, o.mode] for o in spec.objectives],
             "reference_point": spec.reference_point,
             "git_commit": commit,
+            "git_dirty": tracked_files_modified(),  # the commit alone does not say what ran (None: no checkout)
             "created_at": dt.datetime.now(dt.timezone.utc).isoformat(),
             "dataset": {"content_hash": data.content_hash, "counts": data.counts},
         },

@@ -141,6 +141,13 @@ def _study_spec(study: Path, meta: Mapping[str, Any]) -> SearchSpec:
     return from_plain(SearchSpec, meta["spec"], where)
 
 
+def _dataset(spec: SearchSpec, seed: int) -> dict[str, Any]:
+    """The spec's dataset and the seed that drew the trial's split: the study's, or with
+    ``split_seed: trial`` the trial's own (the key left out where unset, as before it existed)."""
+    plain = {k: v for k, v in to_plain(spec.dataset).items() if not (k == "split_seed" and v is None)}
+    return {**plain, "seed": seed if spec.dataset.split_per_trial else spec.algorithm.seed}
+
+
 def export_trial(
     study: str | os.PathLike,
     trial: pd.Series | Mapping[str, Any],
@@ -190,7 +197,7 @@ def export_trial(
     return _native({
         "version": EXPORT_VERSION,
         "model": {"name": cfg.model, "args": cfg.model_args},
-        "dataset": {**to_plain(spec.dataset), "seed": spec.algorithm.seed},
+        "dataset": _dataset(spec, cfg.seed),
         "epochs": cfg.epochs,
         "patience": cfg.patience,
         "seed": cfg.seed,

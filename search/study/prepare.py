@@ -16,7 +16,7 @@ from search.spec import SearchSpec
 from search.study.cluster import init_ray
 from trainers.data import DatasetRequest, PreparedDataset, prepare_dataset
 
-__all__ = ["prepare_study", "dataset_request"]
+__all__ = ["prepare_study", "dataset_request", "seed_datasets"]
 
 
 def prepare_study(spec: SearchSpec, *, address: str | None, dashboard_host: str,
@@ -29,25 +29,37 @@ def prepare_study(spec: SearchSpec, *, address: str | None, dashboard_host: str,
     return data
 
 
-def dataset_request(spec: SearchSpec) -> DatasetRequest:
-    """The spec's dataset as ``prepare_dataset`` takes it (here, and in each trial on its node)."""
+def dataset_request(spec: SearchSpec, seed: int | None = None) -> DatasetRequest:
+    """The spec's dataset as ``prepare_dataset`` takes it (here, and in each trial on its node),
+    its split drawn by ``seed`` (default: the study's, ``algorithm.seed``)."""
     return DatasetRequest(
         name=spec.dataset.name,
         data_dir=spec.dataset.data_dir,
         train_fraction=spec.dataset.train_fraction,
         val_fraction=spec.dataset.val_fraction,
         image_size=spec.dataset.image_size,
-        seed=spec.algorithm.seed,
+        seed=spec.algorithm.seed if seed is None else seed,
     )
+
+
+def seed_datasets(spec: SearchSpec, cache_dir: str | os.PathLike | None) -> dict[int, PreparedDataset] | None:
+    """With ``dataset.split_seed: trial``, the dataset as each training seed of the run draws it
+    ({seed: prepared}); None where the study's seed draws one split for every trial."""
+    if not spec.dataset.split_per_trial:
+        return None
+    cache = cache_dir or default_cache_dir()
+    return {seed: prepare_dataset(dataset_request(spec, seed), cache_dir=cache) for seed in spec.trial_seeds}
 
 
 def _prepare_data(spec: SearchSpec, cache_dir: str | os.PathLike | None, out: TextIO) -> PreparedDataset:
     # Converted here first: a missing or damaged dataset stops the run before Ray starts. Trials
     # prepare it again on their own node, which on this one finds these files (see search.study.trainable).
     data = prepare_dataset(dataset_request(spec), cache_dir=cache_dir or default_cache_dir())
+    per_seed = seed_datasets(spec, cache_dir)
+    drawn = (f", a split drawn by each trial's seed ({len(per_seed)} seeds)" if per_seed else "")
     print(
         f"dataset {data.name}: {data.counts['train']} train / {data.counts['val']} val images "
-        f"({data.image_size}x{data.image_size}x{data.channels}, {data.num_classes} classes)",
+        f"({data.image_size}x{data.image_size}x{data.channels}, {data.num_classes} classes){drawn}",
         file=out, flush=True,
     )
     return data

@@ -46,25 +46,34 @@ class TrialTemplate:
     # that it got the driver's content (``data.content_hash``).
     dataset: DatasetRequest | None = None
     cache_dir: str | None = None
+    # dataset.split_seed: trial: the driver's dataset as each training seed draws it ({seed: data});
+    # a trial trains on its own seed's. None: ``data`` for every trial.
+    seed_data: dict[int, PreparedDataset] | None = None
 
 
 _prepared_here: dict[tuple[DatasetRequest, str], PreparedDataset] = {}  # per process: reused actors skip the hash
 
 
-def on_this_node(template: TrialTemplate) -> TrialTemplate:
-    """``template`` with the dataset and the throughput cache of the node this trial runs on."""
+def on_this_node(template: TrialTemplate, seed: int | None = None) -> TrialTemplate:
+    """``template`` with the dataset and the throughput cache of the node this trial runs on (with
+    ``seed_data``: the dataset as the trial's ``seed`` draws it)."""
     if template.dataset is None:
         return template
+    request, expected = template.dataset, template.data
+    if template.seed_data is not None:
+        seed = template.seed if seed is None else seed
+        # a seed the driver did not plan has nothing of the driver's to compare with
+        request, expected = dataclasses.replace(request, seed=seed), template.seed_data.get(seed)
     cache_dir = str(template.cache_dir or default_cache_dir())
-    key = (template.dataset, cache_dir)
+    key = (request, cache_dir)
     data = _prepared_here.get(key)
     if data is None or not all(os.path.isfile(p) for p in (data.train_path, data.val_path)):
-        data = prepare_dataset(template.dataset, cache_dir=cache_dir)
+        data = prepare_dataset(request, cache_dir=cache_dir)
         _prepared_here[key] = data
-    if data.content_hash != template.data.content_hash:
+    if expected is not None and data.content_hash != expected.content_hash:
         raise ConfigError(
             f"dataset {data.name} on this node ({os.uname().nodename}, from {template.dataset.data_dir or 'the catalog path'}) "
-            f"differs from the driver's (content {data.content_hash[:12]} vs {template.data.content_hash[:12]}); "
+            f"differs from the driver's (content {data.content_hash[:12]} vs {expected.content_hash[:12]}); "
             "put the same files at the same path on every node"
         )
     throughput_dir = template.throughput_cache_dir or os.path.join(cache_dir, "throughput")
@@ -100,7 +109,8 @@ def run_tune_trial(config: dict[str, Any], template: TrialTemplate) -> None:
     import ray
     from ray import tune
 
-    cfg = trial_config(on_this_node(template), config)
+    # the trial's own seed (a grid's, a replicate's): with dataset.split_seed trial it draws the data too
+    cfg = trial_config(on_this_node(template, int(config.get(SEED_KEY, template.seed))), config)
     resume = None
     checkpoint = tune.get_checkpoint()
     if checkpoint is not None:

@@ -19,7 +19,7 @@ from typing import Any, TextIO
 from search.results.location import StudyLocation
 from search.results.store import TRIAL_VALUE_OF, ResultsStore
 from search.spec import SearchSpec
-from search.study.prepare import dataset_request
+from search.study.prepare import dataset_request, seed_datasets
 from trainers.data import PreparedDataset
 from trainers.errors import DiskFullError
 
@@ -120,6 +120,7 @@ class StudyRun:
             # in --cache-dir when given (a path valid on every node), else in its own default cache.
             dataset=dataset_request(spec),
             cache_dir=str(Path(self.cache_dir).expanduser().resolve()) if self.cache_dir else None,
+            seed_data=seed_datasets(spec, self.cache_dir),  # converted already by prepare_study
         )
 
     def store_callback(self, store: ResultsStore, *, replicates: bool = False, total_trials: int | None = None):

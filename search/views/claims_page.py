@@ -13,7 +13,10 @@ import pandas as pd
 from search.results.claims import VERDICTS, ClaimResult
 from search.results.query import Experiment
 from search.results.replicates import REPLICATE_COLUMN
+from search.spec import SearchSpec
+from search.spec.validation import SpecLocation, from_plain
 from search.study.suite import SuiteStudy
+from trainers.errors import ConfigError
 
 __all__ = ["claims_table", "claims_page", "difference_text", "write_claims_page"]
 
@@ -28,7 +31,7 @@ def _number(value: float, objective: str, *, signed: bool = False) -> str:
 
 def difference_text(r: ClaimResult) -> str:
     """The claim's difference with its 95% interval, e.g. '+11.54 pp (+1.72 pp to +21.37 pp)'."""
-    objective = r.claim.test.objective
+    objective = r.claim.test.metric
     if math.isnan(r.diff):
         return "-"
     around = "" if math.isnan(r.low) else (f" ({_number(r.low, objective, signed=True)} to "
@@ -42,11 +45,16 @@ def _p(value: float) -> str:
 
 def _what(r: ClaimResult) -> str:
     t = r.claim.test
-    measure = t.objective + (f" after epoch {t.epoch}" if t.epoch else "")
+    measure = t.metric + (f" after epoch {t.epoch}" if t.epoch else "")
     if t.kind == "effect":
         return f"{t.knob} {t.value} minus {t.baseline}, {measure} ({t.study})"
     if t.kind == "shrinks":
         return f"gap ({t.knob} {t.value} minus {t.baseline}) in {t.study} minus in {t.then}, {measure}"
+    if t.kind == "mechanism":
+        where = f"{t.study}" + (" at " + ", ".join(f"{k} {v}" for k, v in t.at.items()) if t.at else "")
+        if t.contrast == "training":
+            return f"mean {t.mechanism} after the last epoch minus after the first, per trial ({where})"
+        return f"mean {t.mechanism} of the deepest block minus the first, after the last epoch, per trial ({where})"
     point = ", ".join(f"{k} {v}" for k, v in t.at.items())
     return f"{t.study} at {point} minus {t.control}, {measure}"
 
@@ -56,7 +64,7 @@ EXPECTS = {"higher": "above 0", "lower": "below 0", "no_gain": "below the margin
 
 def _protocol(r: ClaimResult) -> str:
     """What the claim was fixed to before the run: the side, alpha, the smallest effect of interest."""
-    objective = r.claim.test.objective
+    objective = r.claim.test.metric
     unit = " pp" if objective.endswith("acc") else ""
     side = EXPECTS[r.claim.expect] + (f" (+{_number(r.claim.margin, objective)}{unit})" if r.claim.expect == "no_gain" else "")
     sesoi = f", sesoi {_number(r.claim.sesoi, objective)}{unit}" if r.claim.sesoi else ""
@@ -67,7 +75,7 @@ def _protocol(r: ClaimResult) -> str:
 def _verdict_text(r: ClaimResult) -> str:
     """The verdict, and for an inconclusive one the smallest effect the run could have detected."""
     if r.verdict == "inconclusive" and not math.isnan(r.detectable):
-        return f"**inconclusive** (detectable at 80% power: {_number(r.detectable, r.claim.test.objective, signed=True)})"
+        return f"**inconclusive** (detectable at 80% power: {_number(r.detectable, r.claim.test.metric, signed=True)})"
     if r.verdict == "inconclusive":
         return "**inconclusive** (no test: too few pairs or seeds, or no spread)"
     return f"**{r.verdict}**"
@@ -89,12 +97,63 @@ def _markdown(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str
             + ["| " + " | ".join(cell(c) for c in row) + " |" for row in rows])
 
 
+def _ran_spec(exp: Experiment) -> SearchSpec:
+    """The spec the study ran with, from its own experiment.json (not the YAML as it is now)."""
+    plain = exp.spec.get("spec")
+    if not isinstance(plain, dict):
+        raise ConfigError(f"{exp.path}/experiment.json: no 'spec' object; the study's files are damaged")
+    plain = {k: v for k, v in plain.items() if k not in ("source", "profile")}
+    return from_plain(SearchSpec, plain, SpecLocation(f"{exp.path}/experiment.json", "spec"))
+
+
+def _data(spec: SearchSpec) -> str:
+    drawn = ", a split per seed" if spec.dataset.split_per_trial else ""
+    return f"{spec.dataset.train_fraction:.0%} of {spec.dataset.name}{drawn}"
+
+
+def _epochs(spec: SearchSpec) -> str:
+    budget = spec.budget
+    scaled = f" ({budget.full_data_epochs:g} of the whole split)" if budget.full_data_epochs else ""
+    patience = f", patience {budget.patience}" if budget.patience else ""
+    return f"{budget.max_epochs}{scaled}{patience}"
+
+
+def _commit(exp: Experiment) -> str:
+    """The commit the study's driver ran at, from its experiment.json, marked where tracked files
+    differed from it (``+changes``; ``?``: a record from before the flag)."""
+    commit = exp.spec.get("git_commit")
+    if not commit:
+        return "-"
+    dirty = exp.spec.get("git_dirty")
+    return str(commit)[:7] + (" +changes" if dirty else "" if dirty is False else " ?")
+
+
+def _spread(values: pd.Series, fmt: str) -> str:
+    """'median (min-max)' of ``values`` ('-' where there are none)."""
+    values = pd.to_numeric(values, errors="coerce").dropna()
+    if values.empty:
+        return "-"
+    median, low, high = values.median(), values.min(), values.max()
+    return fmt.format(median) if low == high else f"{fmt.format(median)} ({fmt.format(low)}-{fmt.format(high)})"
+
+
+def _final_train_loss(exp: Experiment, trial_ids: pd.Series) -> str:
+    """Each trial's train loss in its last epoch, as a spread over the trials."""
+    epochs = exp.epochs
+    if epochs.empty or "train_loss" not in epochs:
+        return "-"
+    epochs = epochs[epochs["trial_id"].isin(set(trial_ids))].sort_values("epoch")
+    return _spread(epochs.drop_duplicates("trial_id", keep="last")["train_loss"], "{:.3f}")
+
+
 def _study_row(study: SuiteStudy, exp: Experiment | None) -> list[str]:
-    spec = study.spec
-    data = f"{spec.dataset.train_fraction:.0%} of {spec.dataset.name}"
-    plan = spec.grid_plan() or f"{spec.budget.trials} trials"
     if exp is None:
-        return [study.name, spec.candidates[0].name, data, str(spec.budget.max_epochs), plan, "not run", "-", "-", "-"]
+        spec = study.spec
+        plan = spec.grid_plan() or f"{spec.budget.trials} trials"
+        return [study.name, spec.candidates[0].name, _data(spec), _epochs(spec), plan, "not run", "-", "-", "-", "-",
+                "-", "-"]
+    spec = _ran_spec(exp)  # what ran, which the YAML may no longer say
+    plan = spec.grid_plan() or f"{spec.budget.trials} trials"
     trials = exp.trials
     if REPLICATE_COLUMN in trials:
         trials = trials[trials[REPLICATE_COLUMN].isna()]
@@ -103,11 +162,15 @@ def _study_row(study: SuiteStudy, exp: Experiment | None) -> list[str]:
     span = math.nan if pd.isna(span) else span
     trained = float(pd.to_numeric(trials["duration_s"]).sum())
     devices = ", ".join(sorted(set(trials["throughput_device"].dropna()))) if "throughput_device" in trials else "-"
-    commits = ", ".join(sorted({str(c)[:7] for c in trials["git_commit"].dropna()})) if "git_commit" in trials else "-"
     wall = "-" if math.isnan(span) else f"{span / 60:.1f} min ({trained / 60:.1f} min training)"
     unfinished = "" if len(trials) >= spec.planned_trials else f" (unfinished: {spec.planned_trials} planned)"
-    return [study.name, spec.candidates[0].name, data, str(spec.budget.max_epochs), plan,
-            f"{complete} of {len(trials)}{unfinished}", wall, devices or "-", commits or "-"]
+    ran = exp.spec.get("spec_hash")
+    same = ("as the spec" if ran == study.spec.spec_hash
+            else f"**stale**: ran {str(ran)[:8]}, {study.spec_path.name} is now {study.spec.spec_hash[:8]}")
+    epochs_run = _spread(trials["epochs_run"], "{:.0f}") if "epochs_run" in trials else "-"
+    return [study.name, spec.candidates[0].name, _data(spec), _epochs(spec), plan,
+            f"{complete} of {len(trials)}{unfinished}", epochs_run, _final_train_loss(exp, trials["trial_id"]), wall,
+            devices or "-", _commit(exp), same]
 
 
 def claims_page(results: Sequence[ClaimResult], studies: Sequence[SuiteStudy], loaded: Mapping[str, Experiment], *,
@@ -119,16 +182,21 @@ def claims_page(results: Sequence[ClaimResult], studies: Sequence[SuiteStudy], l
         "# The papers' claims, reproduced on this platform",
         "",
         f"Written by `{shlex.join(command)}` (profile {profile or 'as written'}) from the studies in `{storage}`, "
-        "listed at the end; do not edit it by hand, run that command again (it runs only the studies that are missing or "
+        "listed at the end; do not edit it by hand, run that command again (it runs only the studies that are missing, stale or "
         "unfinished). The claims and how each is tested: `studies/claims.yaml`; the specs: `studies/*.yaml`.",
         "",
         f"**{len(results)} claims: {summary}.**",
         "",
         "How to read it. Each claim is a difference between two arms of our studies, with its 95% interval: "
         "*effect*: a knob's value minus its baseline value in one grid study, over pairs of trials with the same "
-        "seed and the same other knobs (paired t test, Student 1908); *shrinks*: that difference in one study minus "
+        "seed and the same other knobs (paired t test, Student 1908; where the grid has more than two points and every "
+        "point every seed, its variance pooled over the whole grid, the residual of seeds as blocks, which gives it "
+        "more degrees of freedom); *shrinks*: that difference in one study minus "
         "the same difference in another (Welch's t test of the two sets of paired differences, Welch 1947); *versus*: "
-        "one grid point of a study minus a control study of another model, over seeds (Welch's t test). Each "
+        "one grid point of a study minus a control study of another model, over seeds (Welch's t test; seed by seed, "
+        "a paired t test, where the control is the same code with one part off); *mechanism*: what a model reports "
+        "of its own mechanism (ConViT's gates), per trial after the last epoch minus after the first, or its deepest "
+        "block minus its first (a t test over the trials). Each "
         "claim's protocol (the side, alpha, the smallest effect of interest) is fixed in the claims file before the "
         "run, and the verdicts hold at that family-wise alpha: Holm's correction (Holm 1979) across the claims, "
         "claims resting on the same trials counted as one. A claim is **reproduced** when its adjusted test puts "
@@ -144,9 +212,15 @@ def claims_page(results: Sequence[ClaimResult], studies: Sequence[SuiteStudy], l
     out += _markdown(["id", "claim", "the paper", "ours measures", "protocol", "ours (95% interval)", "p",
                       "p (Holm)", "n", "means", "test", "verdict"], claims_table(results))
     out += ["", "## The studies", "",
-            "Wall time is from the first trial's start to the last trial's end (the set-up before it, a few seconds "
-            "to a minute, not counted); training is the sum of the trials' own times.", ""]
-    out += _markdown(["study", "model", "data", "epochs", "grid", "COMPLETE", "wall", "device", "commit"],
+            "Each row is what the study's own experiment.json records: the spec it ran with, the commit its "
+            "driver ran at (*+changes*: tracked files differed from it), and whether that spec is still the one in "
+            "its file (*stale*: the file changed since; the suite runs it again). Epochs: the cap (the epochs' worth "
+            "of the whole split it comes from, where the epochs scale with the data; the patience that stops a "
+            "trial earlier); epochs run and the final train loss: the median over the search's trials, with the "
+            "range. Wall time is from the first trial's start to the last trial's end (the set-up before it, a few "
+            "seconds to a minute, not counted); training is the sum of the trials' own times.", ""]
+    out += _markdown(["study", "model", "data", "epochs", "grid", "COMPLETE", "epochs run", "final train loss", "wall",
+                      "device", "commit", "spec"],
                      [_study_row(s, loaded.get(s.name)) for s in studies])
     return "\n".join(out) + "\n"
 

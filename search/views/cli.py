@@ -114,10 +114,12 @@ def _plan(spec) -> str:
     data = spec.dataset
     limit = f", time limit {spec.budget.time_limit_s:g} s" if spec.budget.time_limit_s else ""
     trials = spec.grid_plan() or count(spec.budget.trials, "trial")
-    return (f"{trials} x up to {count(spec.budget.max_epochs, 'epoch')} "
+    scaled = f" ({spec.budget.full_data_epochs:g} of the whole split)" if spec.budget.full_data_epochs else ""
+    drawn = " (each trial's seed draws its split)" if data.split_per_trial else ""
+    return (f"{trials} x up to {count(spec.budget.max_epochs, 'epoch')}{scaled} "
             f"(scheduler {spec.scheduler.name}, grace {spec.budget.grace_epochs}{limit}) of "
             f"{' / '.join(m.name for m in spec.candidates)} on {data.train_fraction:.0%} of {data.name}'s training "
-            f"images, batch {spec.train.batch_size}; each trial asks for {', '.join(asks)}"
+            f"images{drawn}, batch {spec.train.batch_size}; each trial asks for {', '.join(asks)}"
             + (f"; then up to {count(spec.budget.confirm.top, 'config')} of the front x "
                f"{count(spec.budget.confirm.seeds, 'further seed')} (budget.confirm)" if spec.budget.confirm else ""))
 

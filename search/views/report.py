@@ -35,6 +35,7 @@ from search.results.query import load, study_dir
 from search.results.store import TRIAL_COLUMNS
 from search.text import count
 from search.views.dashboard.server import render_page, studies_payload
+from search.views.mechanisms import mechanisms_section
 from search.views.output import effect_lines
 from trainers import atomic_write, check_output_file
 from trainers.errors import ConfigError
@@ -396,7 +397,7 @@ def write_report(study: str | os.PathLike, *, out: str | os.PathLike | None = No
          "them: not on the front.</p>" + _front_table(beaten, objectives) if len(beaten) else "") +
         f'<p class="note">Retrain one of them (replace TRIAL with its id):</p><pre class="export">{html.escape(export)}</pre>'
         '<p class="note">Below: every trial, interactive (needs JavaScript; the data is inside this file).</p>'
-        "</section>" + (_effects_section(study) if grid else _importance_section(study))
+        "</section>" + (_effects_section(study) if grid else _importance_section(study)) + mechanisms_section(exp.epochs)
     )
     page = render_page(data=payload, title=f"{name}: Pareto report", static_html=static_html)
     _write_shared(png_path, png)

@@ -78,6 +78,11 @@ def test_reports_once_per_epoch(synthetic):
         assert m["family"] == "convit"
     assert outcome.best_val_acc == max(m["val_acc"] for m in reports)
     assert reports[0]["lr"] > reports[1]["lr"]  # cosine decay
+    # ls_convit_nano's one GPSA block reports its 4 gates after each epoch: moved from sigmoid(1) by training
+    gates = [m["mechanisms"] for m in reports]
+    assert all(set(g) == {f"gate.0.{h}" for h in range(4)} for g in gates)
+    assert all(0 < v < 1 for g in gates for v in g.values())
+    assert any(abs(v - 1 / (1 + math.exp(-1))) > 1e-6 for v in gates[-1].values()) and gates[0] != gates[1]
 
 
 def test_training_step_is_the_step_train_trial_takes(synthetic):

@@ -325,6 +325,14 @@ class LocalityConViT(nn.Module):
     def no_weight_decay(self) -> Set[str]:
         return {'pos_embed', 'cls_token'}
 
+    @torch.no_grad()
+    def mechanism_metrics(self) -> Dict[str, float]:
+        """Each GPSA head's gate sigma(lambda), `gate.BLOCK.HEAD` (trainers.hooks.ReportsMechanisms):
+        the share of its attention paid to position; the paper's Fig. 6 follows its mean over the
+        heads falling in training, to near 0 in the later layers."""
+        return {f'gate.{i}.{h}': float(g) for i, blk in enumerate(self.blocks) if blk.use_gpsa
+                for h, g in enumerate(torch.sigmoid(blk.attn.gating_param.float()).tolist())}
+
     def param_groups(self, weight_decay: float) -> List[Dict[str, Any]]:
         """AdamW parameter groups, each {'params', 'weight_decay', 'lr_scale'} (lr = base lr * lr_scale).
 

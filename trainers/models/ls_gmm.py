@@ -14,7 +14,10 @@ alpha, sigma (H, K) per layer. What differs from the reference code:
 * No class token (the mask needs a patch grid): average pooling, then `fc_norm` and the head.
 * `drop_rate` is DeiT-style dropout (position embedding, projections, MLP), as in `ls_convit`.
 Knobs: `num_kernels` (K), `alpha_init_mean/std` and `sigma_init_mean/std` (paper: alpha ~ N(0, 2^2),
-sigma ~ N(10, 10^2)), `mask_weight_decay` (whether alpha/sigma decay, through `param_groups()`).
+sigma ~ N(10, 10^2)), `mask_weight_decay` (whether alpha/sigma decay, through `param_groups()`),
+`use_mask` (False: plain softmax attention, the control of the mask with every other line of the
+model the same; alpha and sigma are still drawn, so a seed initialises every shared weight alike,
+and frozen).
 """
 import math
 from typing import Any, Dict, List, Optional, Set, Tuple, Union
@@ -103,6 +106,7 @@ class GMMAttention(nn.Module):
             sigma_init_std: float = 10.,
             eps: float = GMM_EPS,
             grid_size: Optional[GridSize] = None,
+            use_mask: bool = True,
     ):
         super().__init__()
         if dim % num_heads:
@@ -115,6 +119,7 @@ class GMMAttention(nn.Module):
         self.scale = self.head_dim ** -0.5
         self.num_kernels = num_kernels
         self.eps = float(eps)
+        self.use_mask = bool(use_mask)
         self.alpha_init_mean, self.alpha_init_std = float(alpha_init_mean), float(alpha_init_std)
         self.sigma_init_mean, self.sigma_init_std = float(sigma_init_mean), float(sigma_init_std)
         self.grid_size = tuple(grid_size) if grid_size is not None else None
@@ -137,6 +142,9 @@ class GMMAttention(nn.Module):
             if linear.bias is not None:
                 nn.init.zeros_(linear.bias)
         self.reset_mask_parameters()
+        if not self.use_mask:  # unused: out of the optimizer (param_groups leaves frozen ones out)
+            self.alpha.requires_grad_(False)
+            self.sigma.requires_grad_(False)
 
     @torch.no_grad()
     def reset_mask_parameters(self) -> None:
@@ -169,9 +177,12 @@ class GMMAttention(nn.Module):
         return self.mask(_token_grid(self.grid_size, num_patches, 'GMMAttention')) * self.scale  # (H, N, N), 1/sqrt(d) folded into the mask
 
     def _scores(self, qkv: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-        """Masked scores B = (Q K^T / sqrt(d)) * M (B, H, N, N) and V (B, H, N, d), on torch ops."""
+        """Masked scores B = (Q K^T / sqrt(d)) * M (B, H, N, N) and V (B, H, N, d), on torch ops
+        (M = 1 with `use_mask` off)."""
         q, k, v = qkv.unbind(0)
         scores = q @ k.transpose(-2, -1)  # (B, H, N, N)
+        if not self.use_mask:
+            return scores * self.scale, v
         return scores * self._scaled_mask(q.shape[2]).to(scores.dtype), v
 
     def attention_map(self, x: torch.Tensor) -> torch.Tensor:
@@ -182,7 +193,8 @@ class GMMAttention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, N, C = x.shape
         qkv = self._qkv(x)
-        if kernels.enabled() and kernels.masked_attention_usable(qkv) and not (self.training and self.attn_drop.p > 0.):
+        if (self.use_mask and kernels.enabled() and kernels.masked_attention_usable(qkv)
+                and not (self.training and self.attn_drop.p > 0.)):
             out = kernels.masked_attention(qkv, self._scaled_mask(N), 1.)  # (B, H, N, d), on a fused kernel
         else:
             scores, v = self._scores(qkv)
@@ -207,18 +219,20 @@ class Block(PreNormBlock):
             sigma_init_mean: float = 10.,
             sigma_init_std: float = 10.,
             grid_size: Optional[GridSize] = None,
+            use_mask: bool = True,
     ):
         attn = GMMAttention(
             dim, num_heads=num_heads, qkv_bias=qkv_bias, proj_drop=proj_drop, num_kernels=num_kernels,
             alpha_init_mean=alpha_init_mean, alpha_init_std=alpha_init_std,
-            sigma_init_mean=sigma_init_mean, sigma_init_std=sigma_init_std, grid_size=grid_size)
+            sigma_init_mean=sigma_init_mean, sigma_init_std=sigma_init_std, grid_size=grid_size, use_mask=use_mask)
         super().__init__(dim, attn, mlp_ratio=mlp_ratio, proj_drop=proj_drop, drop_path=drop_path)
 
 
 class LocalityGMMViT(nn.Module):
     """ViT with Gaussian-mixture-masked attention in every layer; no class token, average pooling.
 
-    `embed_dim` is the total width. `num_kernels` (K) Gaussians per head and layer.
+    `embed_dim` is the total width. `num_kernels` (K) Gaussians per head and layer; `use_mask`
+    False: the same ViT with plain attention (the mask's control).
     """
     family = 'gmm'
 
@@ -243,6 +257,7 @@ class LocalityGMMViT(nn.Module):
             sigma_init_std: float = 10.,
             mask_weight_decay: bool = False,
             use_pos_embed: bool = True,
+            use_mask: bool = True,
     ):
         super().__init__()
         img_hw = _check_vit_args(
@@ -255,12 +270,14 @@ class LocalityGMMViT(nn.Module):
         _check_real('sigma_init_mean', sigma_init_mean, -math.inf)
         _check_real('sigma_init_std', sigma_init_std, 0.)
         _check_bool('mask_weight_decay', mask_weight_decay)
+        _check_bool('use_mask', use_mask)
 
         self.num_classes = num_classes
         self.in_chans = in_chans
         self.num_features = self.head_hidden_size = self.embed_dim = embed_dim
         self.num_kernels = num_kernels
         self.mask_weight_decay = mask_weight_decay
+        self.use_mask = use_mask
         self.use_pos_embed = use_pos_embed
         self.num_prefix_tokens = 0
         self.global_pool = 'avg'
@@ -291,6 +308,7 @@ class LocalityGMMViT(nn.Module):
                 sigma_init_mean=sigma_init_mean,
                 sigma_init_std=sigma_init_std,
                 grid_size=self.grid_size,
+                use_mask=use_mask,
             ) for i in range(depth)])
         self.fc_norm = LayerNorm(embed_dim)  # after pooling
         self.feature_info = [dict(num_chs=embed_dim, reduction=patch_size, module=f'blocks.{i}') for i in range(depth)]
@@ -304,6 +322,15 @@ class LocalityGMMViT(nn.Module):
         if not self.mask_weight_decay:
             skip |= {n for n, _ in self.named_parameters() if n.endswith(('attn.alpha', 'attn.sigma'))}
         return skip
+
+    @torch.no_grad()
+    def mechanism_metrics(self) -> Dict[str, float]:
+        """Each Gaussian's width |sigma|, `sigma.BLOCK.HEAD.KERNEL` (trainers.hooks.ReportsMechanisms;
+        the mask is even in sigma); none with the mask off."""
+        if not self.use_mask:
+            return {}
+        return {f'sigma.{i}.{h}.{k}': float(s) for i, blk in enumerate(self.blocks)
+                for h, row in enumerate(blk.attn.sigma.float().abs().tolist()) for k, s in enumerate(row)}
 
     def mask_parameters(self) -> List[nn.Parameter]:
         """alpha and sigma of every layer."""

@@ -46,6 +46,78 @@ def test_paired_and_welch_against_the_formulas_worked_out_by_hand():
     assert not paired([0.1, 0.1, 0.1]).testable and math.isnan(paired([0.1, 0.1]).interval()[0])
 
 
+def test_a_claim_on_a_grid_of_three_points_uses_its_pooled_residual_variance(tmp_path):
+    """K 0 (baseline), 1, 2 over seeds 0-2 (x 0.01): 50 60 55 / 62 70 66 / 58 61 60. Rows 55, 66, 59.67;
+    columns 56.67, 63.67, 60.33; grand 60.22. The residuals (x 0.01 / 9) -13 14 -1 / -4 5 -1 / 17 -19 2
+    square to 118 / 9 (x 1e-4) on (3 - 1)(3 - 1) = 4 df: s^2 = 118 / 36 x 1e-4. K 1 - K 0 = 0.11 with
+    se sqrt(2 s^2 / 3), where its 3 pairs alone (0.12 0.10 0.11) would give sd 0.01 on 2 df."""
+    from scipy import stats
+
+    table = {0: (0.50, 0.60, 0.55), 1: (0.62, 0.70, 0.66), 2: (0.58, 0.61, 0.60)}
+    _study(tmp_path, "three", model="ls_convit_nano", values=[0, 1, 2],
+           accs={(k, s): acc for k, accs in table.items() for s, acc in enumerate(accs)})
+    claim = _claim("three", test={"kind": "effect", "study": "three", "knob": "local_up_to_layer", "value": 1,
+                                  "baseline": 0})
+    r = evaluate_claim(claim, {"three": load(tmp_path / "results" / "three")})
+    se = math.sqrt(2 * (118 / 36 * 1e-4) / 3)
+    assert r.diff == pytest.approx(0.11) and r.estimate.df == 4 and r.estimate.se == pytest.approx(se, rel=1e-9)
+    assert r.p_value == pytest.approx(2 * stats.t.sf(0.11 / se, 4)) and r.n == "3 pairs"
+    assert r.test == "paired t (Student 1908), the grid's pooled residual variance"
+    # the same study less K 2: two points, the pairs' own test
+    _study(tmp_path, "two", model="ls_convit_nano", values=[0, 1],
+           accs={(k, s): acc for k, accs in table.items() if k < 2 for s, acc in enumerate(accs)})
+    r = evaluate_claim(claim.model_copy(update={"test": claim.test.model_copy(update={"study": "two"})}),
+                       {"two": load(tmp_path / "results" / "two")})
+    assert (r.estimate.se, r.estimate.df) == (pytest.approx(0.01 / math.sqrt(3)), 2) and r.test == "paired t (Student 1908)"
+
+
+def test_two_independent_estimates_combine_by_welch_satterthwaite():
+    from search.results.claims import combined
+
+    # se^2 0.01^2 + 0.02^2 = 0.0005; df 0.0005^2 / (0.0001^2 / 4 + 0.0004^2 / 2) = 2.5e-7 / 8.25e-8 = 3.0303
+    e = combined(Estimate(0.11, 0.01, 4), Estimate(0.02, 0.02, 2))
+    assert (e.diff, e.se, e.df) == (pytest.approx(0.09), pytest.approx(math.sqrt(0.0005)), pytest.approx(2.5 / 0.825))
+    assert not combined(Estimate(0.11, 0.01, 4), Estimate(0.02, math.nan, math.nan)).testable
+    # of two sets of pairs it is Welch's test of the sets
+    a, b = [0.10, 0.12, 0.11], [0.02, 0.01, 0.04, 0.03]
+    w, c = welch(a, b), combined(paired(a), paired(b))
+    assert (c.diff, c.se, c.df) == (pytest.approx(w.diff), pytest.approx(w.se), pytest.approx(w.df))
+
+
+def test_mechanism_claims_on_the_gates_against_the_numbers_worked_out_by_hand(tmp_path):
+    """Gates gate.BLOCK.HEAD of 2 blocks x 2 heads, all 0.73 after epoch 1; after epoch 2 (block 0 |
+    block 1): seed 0 0.70 0.60 | 0.30 0.20, seed 1 0.72 0.64 | 0.40 0.10, seed 2 0.69 0.61 | 0.20 0.30.
+    Training: means 0.45 0.465 0.45 minus 0.73 = -0.28 -0.265 -0.28: mean -0.275, sd sqrt(150e-6 / 2),
+    se 0.005 on 2 df. Depth: 0.25 - 0.65, 0.25 - 0.68, 0.25 - 0.65 = -0.40 -0.43 -0.40: mean -0.41,
+    sd sqrt(6e-4 / 2), se 0.01."""
+    from scipy import stats
+
+    after = {0: (0.70, 0.60, 0.30, 0.20), 1: (0.72, 0.64, 0.40, 0.10), 2: (0.69, 0.61, 0.20, 0.30)}
+    names = ["gate.0.0", "gate.0.1", "gate.1.0", "gate.1.1"]
+    reported = {(1, s): (dict.fromkeys(names, 0.73), dict(zip(names, g))) for s, g in after.items()}
+    _study(tmp_path, "gates", model="ls_convit_nano", values=[0, 1], accs={(v, s): 0.5 for v in (0, 1) for s in range(3)},
+           mechanisms=reported)  # the DeiT (0) reports none, and is not at the point
+    studies = {"gates": load(tmp_path / "results" / "gates")}
+    test = {"kind": "mechanism", "study": "gates", "at": {"local_up_to_layer": 1}, "mechanism": "gate"}
+    training = evaluate_claim(_claim("t", expect="lower", test={**test, "contrast": "training"}), studies)
+    assert training.diff == pytest.approx(-0.275) and training.estimate.se == pytest.approx(0.005)
+    assert training.estimate.df == 2 and training.n == "3 trials" and training.arms == "0.4550 vs 0.7300"
+    assert training.p_value == pytest.approx(2 * stats.t.sf(0.275 / 0.005, 2)) and training.verdict == "reproduced"
+    depth = evaluate_claim(_claim("d", expect="lower", test={**test, "contrast": "depth"}), studies)
+    assert depth.diff == pytest.approx(-0.41) and depth.estimate.se == pytest.approx(0.01)
+    assert depth.arms == "0.2500 vs 0.6600" and depth.verdict == "reproduced"
+    from search.views.claims_page import claims_table
+
+    rows = claims_table([training, depth])
+    assert rows[0][3] == "mean gate after the last epoch minus after the first, per trial (gates at local_up_to_layer 1)"
+    assert rows[1][3].startswith("mean gate of the deepest block minus the first") and rows[0][5].startswith("-0.275 (")
+    # a study whose model reports no gates: no trials, no test
+    assert evaluate_claim(_claim("n", expect="lower", test={**test, "at": {"local_up_to_layer": 0},
+                                                              "contrast": "training"}), studies).n == "0 trials"
+    with pytest.raises(ValueError, match="a mechanism test names mechanism"):  # pydantic's, one line in a file
+        _claim("x", test={"kind": "mechanism", "study": "gates", "mechanism": "gate"})
+
+
 def test_holm_by_hand():
     # sorted 0.01, 0.03, 0.04 times 3, 2, 1 = 0.03, 0.06, 0.04; made non-decreasing: 0.03, 0.06, 0.06
     assert holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
@@ -109,9 +181,11 @@ def test_a_saturation_is_tested_against_its_margin_not_zero():
     assert above.p_above(0.05) == pytest.approx(0.0086587, rel=1e-4)
 
 
-def _study(root: Path, name: str, *, model: str, values: list, accs: dict, epoch1: dict | None = None) -> Path:
+def _study(root: Path, name: str, *, model: str, values: list, accs: dict, epoch1: dict | None = None,
+           mechanisms: dict | None = None) -> Path:
     """A grid study's folder as `search run` leaves it: one knob (local_up_to_layer) with ``values``,
-    ``accs[(value, seed)]`` its final val_acc, ``epoch1[(value, seed)]`` its val_acc after epoch 1."""
+    ``accs[(value, seed)]`` its final val_acc, ``epoch1[(value, seed)]`` its val_acc after epoch 1,
+    ``mechanisms[(value, seed)]`` what the model reported after epochs 1 and 2."""
     raw = yaml.safe_load((ROOT / "spaces" / "synthetic_smoke.yaml").read_text())
     raw.update(name=name, space={"local_up_to_layer": {"type": "choice", "values": values}},
                algorithm={"name": "grid", "seeds": len({s for _, s in accs})})
@@ -134,8 +208,10 @@ def _study(root: Path, name: str, *, model: str, values: list, accs: dict, epoch
         store.add_trial({"trial_id": tid, "state": "COMPLETE", "seed": seed, "val_acc": acc, "throughput": 1000.0,
                          "family": "convit", "model": model, "stop_reason": "max_epochs", "epochs_run": 2,
                          "started_at": None, "ended_at": None}, {"local_up_to_layer": value})
+        reported = (mechanisms or {}).get((value, seed), (None, None))
         for epoch, at in ((1, (epoch1 or {}).get((value, seed), acc - 0.1)), (2, acc)):
-            store.add_epoch({"trial_id": tid, "epoch": epoch, "val_acc": at})
+            store.add_epoch({"trial_id": tid, "epoch": epoch, "val_acc": at, "train_loss": 1 - at,
+                             "mechanisms": reported[epoch - 1]})
     store.flush()
     return study
 
@@ -194,6 +270,12 @@ def test_each_kind_of_claim_on_studies_with_known_effects(tmp_path):
 
     versus = results["versus"]  # 0.60/0.72/0.66 against the control's 0.40/0.41/0.42, unpaired
     assert versus.diff == pytest.approx(0.66 - 0.41) and versus.n == "3 vs 3 seeds" and versus.verdict == "reproduced"
+    # paired by seed: 0.20 0.31 0.24, mean 0.25, squared deviations 0.0025 0.0036 0.0001: sd sqrt(0.0062 / 2)
+    by_seed = evaluate_claim(claims.claims[2].model_copy(update={"test": claims.claims[2].test.model_copy(
+        update={"paired": True})}), studies)
+    assert by_seed.diff == pytest.approx(0.25) and by_seed.n == "3 pairs (by seed)" and by_seed.estimate.df == 2
+    assert by_seed.estimate.se == pytest.approx(math.sqrt(0.0062 / 2) / math.sqrt(3))
+    assert by_seed.p_value == pytest.approx(stats.ttest_rel([0.60, 0.72, 0.66], [0.40, 0.41, 0.42]).pvalue)
 
     early = results["early"]  # after epoch 1 B (0.3) is behind A (0.4) at every seed: no spread, not an interval
     assert early.diff == pytest.approx(-0.1) and math.isnan(early.low) and early.verdict == "inconclusive"
@@ -226,12 +308,55 @@ def test_the_cli_writes_the_page_from_the_studies_there_are(tmp_path, capsys):
     assert "shrinks: not run" in capsys.readouterr().out and "**1 claims: 1 not run.**" in page.read_text()
 
 
+def test_the_page_reads_each_study_from_its_own_experiment_json_not_the_yaml_or_head(tmp_path, capsys):
+    path = _suite(tmp_path)
+    for name, commit, dirty in (("small", "abcdef0123456789", True), ("large", "1234567890abcdef", False)):
+        meta_path = tmp_path / "results" / name / "experiment.json"
+        meta = json.loads(meta_path.read_text())
+        meta.update(git_commit=commit, git_dirty=dirty)
+        meta_path.write_text(json.dumps(meta))
+    # the small study's spec edited since it ran: the page says what ran, and that it is stale
+    raw = yaml.safe_load((path.parent / "small.yaml").read_text())
+    raw["dataset"]["train_fraction"], raw["budget"]["max_epochs"] = 0.5, 30
+    (path.parent / "small.yaml").write_text(yaml.safe_dump(raw))
+    page = tmp_path / "claims.md"
+    assert main(["claims", str(path), "--storage", str(tmp_path / "results"), "--no-run", "--out", str(page)]) == 0
+    capsys.readouterr()
+    rows = {line.split(" | ")[0][2:]: line.split(" | ") for line in page.read_text().splitlines()
+            if line.startswith(("| small |", "| large |", "| control |"))}
+    small, large, control = rows["small"], rows["large"], rows["control"]
+    # study, model, data, epochs, grid, COMPLETE, epochs run, final train loss, wall, device, commit, spec
+    assert small[2] == "100% of synthetic" and small[3] == "12"  # as it ran (the YAML says 50%, 30 now)
+    assert small[10] == "abcdef0 +changes" and large[10] == "1234567" and control[10] == "-"
+    assert small[11].startswith("**stale**: ran ") and "small.yaml is now" in small[11]
+    assert large[11].rstrip(" |") == "as the spec"
+    # every trial ran 2 epochs; its last train loss (1 - its accuracy here) 0.50 0.40 0.45 / 0.40 0.28 0.34
+    assert small[6] == "2" and small[7] == "0.400 (0.280-0.500)"
+
+
+def test_a_study_records_the_commit_and_whether_tracked_files_differed_from_it(tmp_path, monkeypatch):
+    import types
+
+    import search.study.experiment as experiment
+    from search.results.location import StudyLocation
+
+    spec = load_spec(ROOT / "spaces" / "synthetic_smoke.yaml", check_model=False)
+    data = types.SimpleNamespace(content_hash="c" * 64, counts={"train": 1, "val": 1, "test": 1})
+    for dirty in (True, False, None):  # None: not a git checkout
+        monkeypatch.setattr(experiment, "tracked_files_modified", lambda dirty=dirty: dirty)
+        (tmp_path / "s").mkdir(exist_ok=True)
+        experiment.write_experiment(spec, StudyLocation(tmp_path / "s"), data, "f" * 40)
+        meta = json.loads((tmp_path / "s" / "experiment.json").read_text())
+        assert meta["git_commit"] == "f" * 40 and meta["git_dirty"] is dirty
+
+
 @pytest.mark.parametrize("change,message", [
     (lambda c: c["claims"][0].update(expect="bigger"), "expect"),
     (lambda c: c["claims"][0]["test"].update(study="nowhere"), "study 'nowhere' has no spec"),
     (lambda c: c["claims"][0]["test"].pop("baseline"), "names knob, value and baseline"),
     (lambda c: c["claims"].append(dict(c["claims"][0])), "an id is listed twice"),
     (lambda c: c["claims"][0].update(colour="red"), "colour"),
+    (lambda c: c["claims"][0]["test"].update(paired=True), "only a versus test pairs two studies by seed"),
 ])
 def test_a_bad_claims_file_is_one_line_and_exit_2(tmp_path, capsys, change, message):
     path = _suite(tmp_path)
@@ -279,12 +404,92 @@ def test_the_suite_skips_a_finished_study_and_runs_or_resumes_the_others_as_comm
     (path.parent / "partial.yaml").write_text(yaml.safe_dump(raw))
     meta = json.loads((partial / "experiment.json").read_text())  # its own record plans the 8 trials too,
     meta["spec"].update(name="partial", algorithm=raw["algorithm"])  # so resume has something to do
+    meta["spec_hash"] = load_spec(path.parent / "partial.yaml", check_model=False).spec_hash  # and it is not stale
     (partial / "experiment.json").write_text(json.dumps(meta))
     unfinished = suite_studies([path.parent / "partial.yaml"], profile=None, storage=str(tmp_path / "results"))
     assert study_state(unfinished[0]) == ("unfinished", 6) and small.planned_trials == 6
     with pytest.raises(SuiteFailed, match=r"study partial: `python -m search resume .*partial` exited"):
         run_suite(unfinished, profile=None)
     assert "claims: partial: resuming (6 trials so far)" in capfd.readouterr().out
+
+
+def test_a_study_whose_spec_changed_since_it_ran_is_stale_set_aside_and_run_again(tmp_path, capfd):
+    path = _suite(tmp_path)
+    spec_file = path.parent / "small.yaml"
+    [study] = suite_studies([spec_file], profile=None, storage=str(tmp_path / "results"))
+    assert study_state(study) == ("done", 6)
+    ran_with = json.loads((tmp_path / "results" / "small" / "experiment.json").read_text())["spec_hash"]
+    # the spec edited since (another dataset: another study), its data folder one that does not exist,
+    # so the new run is refused before Ray starts and the suite stops there
+    as_ran = spec_file.read_text()
+    raw = yaml.safe_load(as_ran)
+    raw["dataset"] = {"name": "fashion_mnist", "data_dir": str(tmp_path / "no-such-data")}
+    spec_file.write_text(yaml.safe_dump(raw))
+    [stale] = suite_studies([spec_file], profile=None, storage=str(tmp_path / "results"))
+    assert stale.spec.spec_hash != ran_with and study_state(stale) == ("stale", 6)
+    with pytest.raises(SuiteFailed, match=r"study small: `python -m search run .*small.yaml --storage .*` exited 2"):
+        run_suite([stale], profile=None)
+    out = capfd.readouterr().out
+    kept = tmp_path / "results" / f"small.stale-{ran_with}"
+    assert f"claims: small: stale (run with spec hash {ran_with}" in out and f"its 6 trials moved to {kept}" in out
+    assert "claims: small: running: -m search run" in out
+    assert len(load(kept).trials) == 6  # kept whole, never deleted
+    assert study_state(stale) == ("missing", 0)  # the next run of the suite starts it anew
+    # the spec as it was: done again, nothing run (a hash that matches is not stale)
+    (tmp_path / "results" / "small").mkdir()
+    for name in ("experiment.json", "trials.parquet", "epochs.parquet"):
+        if (kept / name).exists():
+            (tmp_path / "results" / "small" / name).write_bytes((kept / name).read_bytes())
+    [same] = suite_studies([spec_file], profile=None, storage=str(tmp_path / "results"))
+    assert study_state(same) == ("stale", 6)
+    spec_file.write_text(as_ran)
+    [back] = suite_studies([spec_file], profile=None, storage=str(tmp_path / "results"))
+    assert back.spec.spec_hash == ran_with and study_state(back) == ("done", 6) and run_suite([back], profile=None) == {}
+
+
+def test_the_claims_file_metric_is_what_every_claim_reads_unless_its_test_names_one(tmp_path):
+    path = _suite(tmp_path)
+    raw = yaml.safe_load(path.read_text())
+    raw["metric"] = "throughput"  # 1000.0 in every trial: every difference it reads is 0
+    raw["claims"][3]["test"]["objective"] = "val_acc"  # "early" keeps its own
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    claims = load_claims(path)
+    assert [c.test.metric for c in claims.claims] == ["throughput"] * 3 + ["val_acc", "throughput"]
+    studies = {n: load(tmp_path / "results" / n) for n in ("small", "large", "control")}
+    results = {r.claim.id: r for r in evaluate_claims(claims.claims, studies)}
+    assert results["small"].diff == 0 and results["early"].diff == pytest.approx(-0.1)
+    # a column the studies lack (the held-out test accuracy before they record it) says so, naming it
+    raw["metric"] = "test_acc"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    with pytest.raises(ConfigError, match="no column 'test_acc'"):
+        evaluate_claims(load_claims(path).claims, studies)
+    # left out: val_acc, as before the key existed
+    assert load_claims(_suite(tmp_path / "again")).claims[0].test.metric == "val_acc"
+
+
+def test_the_convit_arms_keep_a_plain_block_on_top_and_the_class_token():
+    """ls_convit with GPSA in every block (local_up_to_layer == depth) drops the class token and
+    averages the patches: an arm there would differ from the DeiT in its head too."""
+    import timm
+
+    import trainers.models  # noqa: F401  (registers ls_convit_*)
+
+    studied = 0
+    for path in sorted((ROOT / "studies").glob("*.yaml")):
+        if path.name == "claims.yaml":
+            continue
+        for profile in ("cpu", "gpu"):
+            spec = load_spec(path, profile=profile, check_model=False)
+            model = spec.candidates[0]
+            if not model.name.startswith("ls_convit") or "local_up_to_layer" not in spec.space:
+                continue
+            studied += 1
+            for point in spec.grid_points():
+                args = {**model.args, **point}
+                net = timm.create_model(model.name, **{k: v for k, v in args.items() if k != "embed_dim"},
+                                        embed_dim=16)  # the head does not depend on the width
+                assert net.global_pool == "token" and net.cls_token is not None, (path.name, profile, point)
+    assert studied == 6  # small data, more data, the ablation; two profiles each
 
 
 def test_the_studies_and_claims_in_the_repository_are_valid():

@@ -25,6 +25,11 @@ BASE = [0.60, 0.70, 0.65]  # each seed's own level: the spread pairing takes out
 # on B only, by (seed, null): B = A + 0.05 + this, exactly
 NOISE_B = {(0, 0): 0.002, (0, 1): -0.001, (1, 0): 0.000, (1, 1): 0.003, (2, 0): -0.002, (2, 1): 0.001}
 T_975_5 = 2.5705818366147395  # t(0.975, 5): 6 pairs, 5 degrees of freedom (any t table)
+T_975_6 = 2.4469118511449692  # t(0.975, 6): the 2 x 2 grid's residual over 3 seeds, (4 - 1)(3 - 1) df
+# that residual: NOISE_B double-centred, its squares summing to 14e-6 (worked out in
+# test_the_grids_pooled_residual_variance_against_the_numbers_worked_out_by_hand); a difference of
+# two knob values averages 3 seeds x 2 settings of the other knob: se = sqrt(2 (14e-6 / 6) / 6)
+POOLED_SE = math.sqrt(2 * (14e-6 / 6) / 6)
 
 
 def _trials() -> pd.DataFrame:
@@ -48,16 +53,15 @@ def test_a_known_effect_and_a_null_knob_against_the_numbers_worked_out_by_hand()
     table = knob_effects(_trials(), objectives=OBJECTIVES, knobs=KNOBS, baselines={})
     assert list(table.columns) == list(EFFECT_COLUMNS) and len(table) == 4
 
-    # arch: B - A over the 6 pairs (seed, null) = 0.05 + NOISE_B: 0.052 0.049 0.050 0.053 0.048 0.051
-    # mean 0.0505; squared deviations 2.25 2.25 0.25 6.25 6.25 0.25 (x1e-6) sum to 17.5e-6: sd = sqrt(17.5e-6 / 5)
+    # arch: B - A over the 6 pairs (seed, null) = 0.05 + NOISE_B: 0.052 0.049 0.050 0.053 0.048 0.051,
+    # mean 0.0505; every point of the grid has every seed, so its error is the grid's pooled residual
     b = _row(table, "arch", "B")
-    sd = math.sqrt(17.5e-6 / 5)
-    half = T_975_5 * sd / math.sqrt(6)
+    half = T_975_6 * POOLED_SE
     assert (b["baseline"], b["n"], b["seeds"], b["pairs"]) == ("A", 6, 3, 6)
     assert b["diff"] == pytest.approx(0.0505, abs=1e-12)
     assert (b["diff_low"], b["diff_high"]) == pytest.approx((0.0505 - half, 0.0505 + half), abs=1e-9)
-    assert b["diff_low"] == pytest.approx(0.048537, abs=1e-6) and b["diff_high"] == pytest.approx(0.052463, abs=1e-6)
-    assert b["p_value"] < 1e-6 and b["verdict"] == "better"  # t = 0.0505 / (sd / sqrt 6) = 66.1
+    assert b["diff_low"] == pytest.approx(0.048342, abs=1e-6) and b["diff_high"] == pytest.approx(0.052658, abs=1e-6)
+    assert b["p_value"] < 1e-6 and b["verdict"] == "better"  # t = 0.0505 / 0.000882 = 57.3
     # its marginal mean: the B trials' levels 0.65 + 0.05 + mean(NOISE_B) = 0.7005
     assert b["mean"] == pytest.approx(0.7005, abs=1e-12)
     # A's: 0.60 0.60 0.70 0.70 0.65 0.65 -> mean 0.65, sd sqrt(0.01 / 5), t interval
@@ -67,16 +71,22 @@ def test_a_known_effect_and_a_null_knob_against_the_numbers_worked_out_by_hand()
     assert (a["low"], a["high"]) == pytest.approx((0.65 - a_half, 0.65 + a_half), abs=1e-9)
     assert math.isnan(a["diff"]) and math.isnan(a["p_value"])
 
-    # null: 1 - 0 over the 6 pairs (seed, arch): 0 0 0 on A; -0.003 +0.003 +0.003 on B. Mean 0.0005;
-    # squared deviations 0.25 0.25 0.25 12.25 6.25 6.25 (x1e-6) sum to 25.5e-6
+    # null: 1 - 0 over the 6 pairs (seed, arch): 0 0 0 on A; -0.003 +0.003 +0.003 on B. Mean 0.0005,
+    # with the same pooled error
     one = _row(table, "null", 1)
-    sd = math.sqrt(25.5e-6 / 5)
-    half = T_975_5 * sd / math.sqrt(6)
+    half = T_975_6 * POOLED_SE
     assert one["diff"] == pytest.approx(0.0005, abs=1e-12)
     assert (one["diff_low"], one["diff_high"]) == pytest.approx((0.0005 - half, 0.0005 + half), abs=1e-9)
     assert one["diff_low"] < 0 < one["diff_high"] and one["verdict"] == "inconclusive"
-    # t = 0.0005 / (sd / sqrt 6) = 0.542 on 5 degrees of freedom: two-sided p = 0.611
-    assert one["p_value"] == pytest.approx(0.611, abs=0.001)
+    # t = 0.0005 / 0.000882 = 0.567 on 6 degrees of freedom: two-sided p = 0.591
+    assert one["p_value"] == pytest.approx(0.591, abs=0.001)
+
+    # with a cell missing the pairs stand alone: B - A over its 5 pairs (0.049 0.050 0.053 0.048 0.051;
+    # mean 0.0502, squared deviations 1.44 0.04 7.84 4.84 0.64 x 1e-6 sum to 14.8e-6) on 4 df
+    alone = _row(knob_effects(_trials()[_trials()["trial_id"] != "t0B0"], objectives=OBJECTIVES, knobs=KNOBS,
+                              baselines={}), "arch", "B")
+    half = 2.7764451051977987 * math.sqrt(14.8e-6 / 4) / math.sqrt(5)  # t(0.975, 4)
+    assert (alone["diff_low"], alone["diff_high"]) == pytest.approx((0.0502 - half, 0.0502 + half), abs=1e-9)
 
 
 def test_another_baseline_turns_the_difference_round():
@@ -135,7 +145,7 @@ def test_baselines_are_parsed_and_checked_in_one_line():
 def test_the_table_names_the_test_and_json_carries_every_column():
     table = knob_effects(_trials(), objectives=OBJECTIVES, knobs=KNOBS, baselines={})
     text = format_effects(table, fmt="table")
-    assert TEST in text and "paired t test (Student 1908)" in text
+    assert TEST in text and "paired t test (Student 1908;" in text and "pooled residual variance" in text
     assert "arch on val_acc (max), baseline arch=A:" in text and "inconclusive" in text and "better" in text
     records = json.loads(format_effects(table, fmt="json"))
     assert len(records) == 4 and set(records[0]) == set(EFFECT_COLUMNS)
@@ -203,3 +213,40 @@ def test_effects_of_a_study_that_is_not_a_grid_is_a_one_line_error(tmp_path, cap
     assert main(["effects", str(study)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "not a grid study (algorithm: random)" in err
+
+
+def test_the_grids_pooled_residual_variance_against_the_numbers_worked_out_by_hand():
+    from search.results.effects import blocked_difference
+
+    # the 2 x 2 grid of _trials over 3 seeds: the seeds' levels and arch's 0.05 are the model's, what
+    # is left is NOISE_B double-centred (points x seeds; x 1e-3): A0 and A1 0 -0.5 +0.5, B0 +2 -0.5
+    # -1.5, B1 -2 +1.5 +0.5 (row means 0 0 0 1, column means 0.25 0.75 -0.25, grand 0.25). Squares sum
+    # to 14e-6 on (4 - 1)(3 - 1) = 6 df; B - A averages 3 seeds x 2 settings of null: var 2 s^2 / 6
+    diff, se, df = blocked_difference(_trials(), objective="val_acc", knobs=KNOBS, knob="arch", value="B",
+                                      baseline="A")
+    assert diff == pytest.approx(0.0505, abs=1e-12) and df == 6
+    assert se == pytest.approx(math.sqrt(2 * (14e-6 / 6) / 6), rel=1e-9)
+    # null 1 - 0 has the same error (the same cells, the same split of them)
+    assert blocked_difference(_trials(), objective="val_acc", knobs=KNOBS, knob="null", value=1,
+                              baseline=0)[1:] == (pytest.approx(se, rel=1e-9), 6)
+    # a point without one of the seeds, or two points only: no pooled variance (the pairs stand alone)
+    trials = _trials()
+    assert blocked_difference(trials[trials["trial_id"] != "t0B0"], objective="val_acc", knobs=KNOBS, knob="arch",
+                              value="B", baseline="A") is None
+    assert blocked_difference(trials[trials["null"] == 0], objective="val_acc", knobs={"arch": ["A", "B"], "null": [0]},
+                              knob="arch", value="B", baseline="A") is None
+
+
+def test_a_rounding_level_spread_is_no_spread_in_the_effects_and_the_claims_alike():
+    from search.results.claims import paired
+
+    # B - A is 0.1 at every seed, up to the rounding of the floats (0.3 - 0.2 is 0.09999999999999998)
+    trials = pd.DataFrame([{"trial_id": f"{a}{s}", "state": "COMPLETE", "seed": s, "arch": arch, "val_acc": a,
+                            "replicate_of": None}
+                           for s, (lo, hi) in enumerate(((0.2, 0.3), (0.6, 0.7), (0.3, 0.4)))
+                           for arch, a in (("A", lo), ("B", hi))])
+    diffs = [0.3 - 0.2, 0.7 - 0.6, 0.4 - 0.3]
+    assert len(set(diffs)) > 1  # not exactly equal: rounding's spread, not a measured one
+    row = _row(knob_effects(trials, objectives=OBJECTIVES, knobs={"arch": ["A", "B"]}, baselines={}), "arch", "B")
+    assert row["verdict"] == "inconclusive (no spread)" and math.isnan(row["p_value"])
+    assert not paired(diffs).testable and paired(diffs).diff == pytest.approx(0.1)

@@ -60,6 +60,24 @@ def test_files_round_trip_through_independent_readers(tmp_path):
     assert set(pq.read_schema(tmp_path / "epochs.parquet").names) == set(EPOCH_COLUMNS)
 
 
+def test_a_models_mechanisms_round_trip_as_a_map_per_epoch_and_survive_a_resume(tmp_path):
+    store = ResultsStore(tmp_path, space=SPACE, objectives=OBJECTIVES)
+    gates = {"gate.0.0": 0.73, "gate.0.1": 0.2}
+    store.add_epoch({"trial_id": "t0", "epoch": 1, "val_acc": 0.5, "mechanisms": gates})
+    store.add_epoch({"trial_id": "t1", "epoch": 1, "val_acc": 0.5, "mechanisms": None})  # a model without them
+    store.flush()
+    con = duckdb.connect()  # a reader that knows nothing of this project
+    rows = con.execute(f"select trial_id, mechanisms['gate.0.0'] from '{tmp_path}/epochs.parquet' order by trial_id")
+    assert rows.fetchall() == [("t0", 0.73), ("t1", None)]
+    again = ResultsStore(tmp_path, space=SPACE, objectives=OBJECTIVES)  # a resumed driver takes the rows up
+    again.load_existing()
+    again.add_epoch({"trial_id": "t0", "epoch": 2, "val_acc": 0.6, "mechanisms": {"gate.0.0": 0.5}})
+    again.flush()
+    table = pq.read_table(tmp_path / "epochs.parquet").to_pylist()
+    assert {(r["trial_id"], r["epoch"]): r["mechanisms"] for r in table} == {
+        ("t0", 1): list(gates.items()), ("t1", 1): None, ("t0", 2): [("gate.0.0", 0.5)]}
+
+
 def test_space_keys_may_not_shadow_result_columns(tmp_path):
     with pytest.raises(ValueError, match="clash"):
         ResultsStore(tmp_path, space={"params": {"type": "int", "low": 1, "high": 2}}, objectives=OBJECTIVES)

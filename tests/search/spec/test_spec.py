@@ -292,3 +292,57 @@ def test_resources_reach_ray_as_asked(tmp_path):
     path = tmp_path / "cluster.yaml"
     path.write_text(yaml.safe_dump(_with({"resources": {"cpus": 4, "gpus": 0.25, "custom": {"a100": 1}}})))
     assert load_spec(path).resources.ray_resources() == {"cpu": 4.0, "gpu": 0.25, "a100": 1.0}
+
+
+def test_full_data_epochs_scale_the_epochs_with_the_data_fraction(tmp_path, capsys):
+    """The same images seen at every fraction: 1.2 epochs of the whole split are 60 epochs of 2%
+    (1.2 / 0.02 is 59.99... in floats) and 6 of 20%; 0.5 of 30% rounds up to 2."""
+    path = tmp_path / "s.yaml"
+
+    def epochs(fraction, budget):
+        path.write_text(yaml.safe_dump(_with({"dataset.train_fraction": fraction, "budget": budget})))
+        return load_spec(path, check_model=False).budget.max_epochs
+
+    assert epochs(0.02, {"trials": 2, "full_data_epochs": 1.2}) == 60
+    assert epochs(0.2, {"trials": 2, "full_data_epochs": 1.2}) == 6
+    assert epochs(0.3, {"trials": 2, "full_data_epochs": 0.5}) == 2
+    assert epochs(0.2, {"trials": 2, "full_data_epochs": 1.2, "max_epochs": 6}) == 6  # a record read back
+    for budget, message in (({"trials": 2, "full_data_epochs": 1.2, "max_epochs": 5}, "budget.max_epochs: is 5, but"),
+                            ({"trials": 2}, "max_epochs: missing"),
+                            ({"trials": 2, "full_data_epochs": 0}, "full_data_epochs: must be above 0"),
+                            ({"trials": 2, "full_data_epochs": 1.2, "grace_epochs": 7}, "budget.grace_epochs")):
+        with pytest.raises(ConfigError, match=message):
+            epochs(0.2, budget)
+    # --max-epochs replaces the scaled count; the key is part of the study's hash (left out, it is not)
+    epochs(0.2, {"trials": 2, "full_data_epochs": 1.2})
+    scaled = load_spec(path, check_model=False)
+    assert main(["check", str(path)]) == 0
+    assert "2 trials x up to 6 epochs (1.2 of the whole split) (scheduler" in capsys.readouterr().out
+    assert scaled.with_overrides(max_epochs=3).budget.max_epochs == 3
+    epochs(0.2, {"trials": 2, "max_epochs": 6})
+    plain = load_spec(path, check_model=False)
+    assert plain.budget.max_epochs == scaled.budget.max_epochs and plain.spec_hash != scaled.spec_hash
+
+
+def test_split_seed_trial_draws_each_seeds_split_and_left_out_changes_nothing(tmp_path, capsys):
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(_with({"dataset.split_seed": "trial"})))
+    spec = load_spec(path, check_model=False)
+    assert spec.dataset.split_per_trial and spec.trial_seeds == (0,)
+    assert main(["check", str(path)]) == 0
+    assert "training images (each trial's seed draws its split), batch" in capsys.readouterr().out
+    path.write_text(yaml.safe_dump(_with({"dataset.split_seed": "study"})))
+    study = load_spec(path, check_model=False)
+    path.write_text(yaml.safe_dump(GOOD))
+    unset = load_spec(path, check_model=False)
+    assert not study.dataset.split_per_trial and not unset.dataset.split_per_trial
+    assert unset.spec_hash not in (spec.spec_hash, study.spec_hash) and spec.spec_hash != study.spec_hash
+    path.write_text(yaml.safe_dump(_with({"dataset.split_seed": "seed"})))
+    with pytest.raises(ConfigError, match="split_seed"):
+        load_spec(path, check_model=False)
+    # every seed a run trains with: a grid's, or the study's and its confirmation replicates'
+    path.write_text(yaml.safe_dump(_with({"algorithm": {"name": "grid", "seed": 4, "seeds": 3},
+                                          "space": {"locality_strength": {"type": "choice", "values": [1.0, 2.0]}}})))
+    assert load_spec(path, check_model=False).trial_seeds == (4, 5, 6)
+    path.write_text(yaml.safe_dump(_with({"algorithm": {"seed": 7}, "budget.confirm": {"seeds": 2}})))
+    assert load_spec(path, check_model=False).trial_seeds == (7, 8, 9)

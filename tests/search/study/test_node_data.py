@@ -39,3 +39,65 @@ def test_a_node_with_other_data_fails_with_the_fix(tmp_path, monkeypatch):
     other = dataclasses.replace(driver, content_hash="0" * 64)  # the driver saw different files
     with pytest.raises(ConfigError, match="differs from the driver's .* same files at the same path on every node"):
         on_this_node(_template(other))
+
+
+def test_with_a_split_per_trial_each_trial_trains_on_the_data_its_own_seed_draws(tmp_path, monkeypatch):
+    driver = {seed: prepare_dataset(dataclasses.replace(REQUEST, seed=seed), cache_dir=tmp_path / "driver")
+              for seed in (0, 1)}
+    assert driver[0].content_hash != driver[1].content_hash  # another seed, another split
+    monkeypatch.setenv("LOCALITY_SEARCH_CACHE", str(tmp_path / "node"))
+    _prepared_here.clear()
+    per_trial = _template(driver[0], seed_data=driver)
+    for seed in (0, 1):
+        here = on_this_node(per_trial, seed)
+        assert here.data.content_hash == driver[seed].content_hash and here.data.train_path.startswith(str(tmp_path / "node"))
+    assert on_this_node(per_trial).data.content_hash == driver[0].content_hash  # no seed given: the study's
+    # a seed the driver did not plan is prepared all the same, as that seed draws it
+    assert on_this_node(per_trial, 5).data.content_hash not in {d.content_hash for d in driver.values()}
+    # the default (the study's seed draws one split): every trial on the study's data, whatever its seed
+    assert on_this_node(_template(driver[0]), 1).data.content_hash == driver[0].content_hash
+    # and a node whose files differ from the driver's for that seed fails as before
+    wrong = {0: driver[0], 1: dataclasses.replace(driver[1], content_hash="0" * 64)}
+    with pytest.raises(ConfigError, match="differs from the driver's"):
+        on_this_node(_template(driver[0], seed_data=wrong), 1)
+
+
+def test_the_run_prepares_each_trial_seeds_split_before_the_first_trial(tmp_path):
+    import yaml
+
+    from search.spec import load_spec
+    from search.study.prepare import seed_datasets
+
+    raw = {"name": "t", "dataset": {"name": "synthetic", "val_fraction": 0.2, "split_seed": "trial"},
+           "model": {"name": "ls_convit_nano"}, "space": {"locality_strength": {"type": "choice", "values": [1.0]}},
+           "objectives": [{"metric": "val_acc", "mode": "max"}], "budget": {"max_epochs": 1},
+           "algorithm": {"name": "grid", "seed": 3, "seeds": 2}}
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    per_seed = seed_datasets(load_spec(path, check_model=False), tmp_path / "cache")
+    assert sorted(per_seed) == [3, 4]
+    assert per_seed[3].content_hash == prepare_dataset(dataclasses.replace(REQUEST, seed=3),
+                                                       cache_dir=tmp_path / "cache").content_hash
+    raw["dataset"].pop("split_seed")
+    path.write_text(yaml.safe_dump(raw))
+    assert seed_datasets(load_spec(path, check_model=False), tmp_path / "cache") is None
+
+
+def test_an_exported_trial_names_the_seed_that_drew_its_data(tmp_path):
+    import yaml
+
+    from search.spec import load_spec
+    from search.study.export import ExportedDataset, _dataset
+
+    raw = {"name": "t", "dataset": {"name": "synthetic", "split_seed": "trial"}, "model": {"name": "ls_convit_nano"},
+           "space": {"locality_strength": {"type": "choice", "values": [1.0]}},
+           "objectives": [{"metric": "val_acc", "mode": "max"}], "budget": {"max_epochs": 1},
+           "algorithm": {"name": "grid", "seed": 3, "seeds": 2}}
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    per_trial = _dataset(load_spec(path, check_model=False), 4)
+    assert per_trial["seed"] == 4 and ExportedDataset.model_validate(per_trial).request().seed == 4
+    raw["dataset"].pop("split_seed")
+    path.write_text(yaml.safe_dump(raw))
+    shared = _dataset(load_spec(path, check_model=False), 4)
+    assert shared["seed"] == 3 and "split_seed" not in shared  # as exported before the key existed

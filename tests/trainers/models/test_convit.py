@@ -453,3 +453,16 @@ def test_param_groups_rejects_negative_weight_decay():
     model = timm.create_model('ls_convit_nano')
     with pytest.raises(ValueError, match='weight_decay'):
         model.param_groups(-0.1)
+
+
+def test_the_gates_are_reported_as_mechanisms_per_gpsa_block_and_head():
+    from trainers.hooks import ReportsMechanisms, mechanisms
+
+    model = LocalityConViT(**NANO, embed_dim=16, num_heads=4, depth=3, local_up_to_layer=2, gate_init=0.0)
+    gates = mechanisms(model)
+    assert isinstance(model, ReportsMechanisms)
+    assert gates == {f'gate.{i}.{h}': 0.5 for i in range(2) for h in range(4)}  # sigmoid(0); block 2 is plain SA
+    with torch.no_grad():
+        model.blocks[1].attn.gating_param[3] = math.log(3.0)  # sigmoid(log 3) = 3 / 4
+    assert mechanisms(model)['gate.1.3'] == pytest.approx(0.75)
+    assert mechanisms(LocalityConViT(**NANO, embed_dim=16, num_heads=4, depth=2, local_up_to_layer=0)) is None  # a DeiT

@@ -145,6 +145,42 @@ def test_one_wide_unit_kernel_gives_plain_attention():
     assert not torch.allclose(layer(x), ref, atol=1e-4)
 
 
+
+def test_mask_off_is_plain_attention_with_or_without_the_kernels():
+    layer = _attention(H=4, dim=16, K=3, qkv_bias=True, use_mask=False)
+    with torch.no_grad():
+        layer.qkv.weight.normal_(0, 0.5)
+        layer.sigma.fill_(1.0)  # a narrow mask, were it applied
+    x = torch.randn(3, 25, 16, dtype=torch.float64)
+    torch.testing.assert_close(layer.attention_map(x), _plain_attention(layer, x), atol=1e-12, rtol=1e-12)
+    B, N, C = x.shape
+    q, k, v = layer.qkv(x).reshape(B, N, 3, 4, 4).permute(2, 0, 3, 1, 4).unbind(0)
+    ref = layer.proj(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(B, N, C))
+    torch.testing.assert_close(layer(x), ref, atol=1e-9, rtol=1e-9)
+    # the same weights with the mask on give another output (the comparison can fail)
+    layer.use_mask = True
+    assert not torch.allclose(layer(x), ref, atol=1e-4)
+
+
+def test_mask_off_shares_every_other_weight_with_the_masked_model_and_freezes_the_mask():
+    args = dict(NANO, embed_dim=32, depth=2, num_heads=4, num_kernels=3, qkv_bias=True)
+    torch.manual_seed(5)
+    on = LocalityGMMViT(**args)
+    torch.manual_seed(5)
+    off = LocalityGMMViT(**args, use_mask=False)
+    for (name, a), (_, b) in zip(on.named_parameters(), off.named_parameters()):
+        assert torch.equal(a, b), name  # one seed: both arms start from the same weights
+    frozen = {n for n, p in off.named_parameters() if not p.requires_grad}
+    assert frozen == {f'blocks.{i}.attn.{w}' for i in range(2) for w in ('alpha', 'sigma')}
+    grouped = {id(p) for g in off.param_groups(0.05) for p in g['params']}
+    assert grouped == {id(p) for n, p in off.named_parameters() if n not in frozen}
+    off(torch.randn(2, 1, 28, 28)).logsumexp(-1).sum().backward()
+    assert all(p.grad is None for n, p in off.named_parameters() if n in frozen)
+    tokens = torch.randn(2, 49, 32) * 10  # and the mask is what differs (the residual hides it at init)
+    assert not torch.allclose(on.blocks[0].attn.attention_map(tokens), off.blocks[0].attn.attention_map(tokens),
+                              atol=1e-3)
+
+
 def test_rows_sum_to_one_and_mask_gradients():
     layer = _attention(H=2, dim=12, K=3, qkv_bias=True)
     with torch.no_grad():
@@ -232,6 +268,7 @@ def test_param_groups_cover_every_parameter_once(mask_wd):
     (dict(drop_rate=1.0), 'drop_rate'),
     (dict(qkv_bias=1), 'qkv_bias'),
     (dict(use_pos_embed='no'), 'use_pos_embed'),
+    (dict(use_mask=0), 'use_mask'),
 ])
 def test_bad_arguments_name_the_argument(kwargs, arg):
     base = dict(NANO, embed_dim=32, depth=1, num_heads=4, num_kernels=2)
@@ -239,3 +276,18 @@ def test_bad_arguments_name_the_argument(kwargs, arg):
         LocalityGMMViT(**dict(base, **kwargs))
     with pytest.raises(ValueError, match='weight_decay'):
         LocalityGMMViT(**base).param_groups(-0.1)
+
+
+def test_the_kernel_widths_are_reported_as_mechanisms_and_none_with_the_mask_off():
+    from trainers.hooks import ReportsMechanisms, mechanisms
+
+    torch.manual_seed(0)
+    m = LocalityGMMViT(**NANO, embed_dim=8, depth=2, num_heads=2, num_kernels=3)
+    with torch.no_grad():
+        m.blocks[1].attn.sigma[1, 2] = -4.0  # the mask is even in sigma: its width is 4
+    widths = mechanisms(m)
+    assert isinstance(m, ReportsMechanisms) and len(widths) == 2 * 2 * 3
+    assert widths['sigma.1.1.2'] == 4.0
+    assert widths['sigma.0.1.0'] == pytest.approx(abs(float(m.blocks[0].attn.sigma[1, 0])))
+    assert mechanisms(LocalityGMMViT(**NANO, embed_dim=8, depth=1, num_heads=2, use_mask=False)) is None
+    assert mechanisms(torch.nn.Linear(2, 2)) is None  # a model without the hook
