@@ -335,6 +335,10 @@ def _trials(exp: Experiment, objective: str, epoch: int | None) -> pd.DataFrame:
         raise ConfigError(f"{exp.path}: no column {objective!r} (the claims file's `metric`, or the test's `objective`); "
                           f"its objectives are {', '.join(dict(exp.objectives))}")
     if epoch is None:
+        missing = int(rows[objective].isna().sum())
+        if missing:  # e.g. test_acc of a study run before its trials were scored on the test split
+            raise ConfigError(f"{exp.path}: {objective!r} is not recorded for {missing} of its {len(rows)} COMPLETE "
+                              "trials (a study run before it was measured); run the study again")
         return rows
     at = exp.epochs[exp.epochs["epoch"] == epoch].drop_duplicates("trial_id", keep="last")
     values = dict(zip(at["trial_id"], at[objective]))

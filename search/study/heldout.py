@@ -6,7 +6,8 @@ confirmation are done, each front member's trials are scored on the dataset's te
 nothing else reads (``trainers.heldout``):
 
 - a member without replicates: its search trial;
-- a confirmed member: its fresh seeds (the replicates its ``val_acc`` rests on).
+- a confirmed member: its fresh seeds (the replicates its ``val_acc`` rests on);
+- in a grid study (an ablation, whose claims compare every point's seeds): every COMPLETE trial.
 
 Each trial's last Tune checkpoint holds the weights of its best validation epoch (the epoch
 selection used); they are scored as a Ray task with a trial's resources, on whichever node Ray
@@ -36,9 +37,12 @@ __all__ = ["HELDOUT_FILE", "trials_to_test", "test_front", "held_out_done"]
 HELDOUT_FILE = "heldout.json"  # written when the stage has finished: what it scored and what it could not
 
 
-def trials_to_test(store: ResultsStore) -> list[dict[str, Any]]:
+def trials_to_test(store: ResultsStore, *, every: bool = False) -> list[dict[str, Any]]:
     """The rows of the trials the front's estimates rest on: each member's COMPLETE replicates
-    where it has any, else its search trial; in the front's order."""
+    where it has any, else its search trial; in the front's order. With ``every`` (a grid: an
+    ablation reports every point and seed), every COMPLETE trial."""
+    if every:
+        return [t for t in store.trials if t["state"] == "COMPLETE"]
     replicas: dict[str, list[dict[str, Any]]] = {}
     for t in store.trials:
         if t.get(REPLICATE_COLUMN) is not None and t["state"] == "COMPLETE":
@@ -62,10 +66,11 @@ def test_front(run: StudyRun) -> None:
     started = time.monotonic()
     store = run.store()
     store.load_existing()
-    rows = trials_to_test(store)
+    rows = trials_to_test(store, every=run.spec.is_grid)
     todo = [r for r in rows if r.get("test_acc") is None]
     if todo:
-        run.say(f"held-out test: {count(len(todo), 'trial')} of the front, each scored once on the "
+        which = "of the grid" if run.spec.is_grid else "of the front"
+        run.say(f"held-out test: {count(len(todo), 'trial')} {which}, each scored once on the "
                 f"{run.data.counts['test']:,} test images at its best validation epoch")
     template = run.trial_template()
     resources = run.spec.resources.ray_resources()

@@ -458,10 +458,15 @@ def test_the_claims_file_metric_is_what_every_claim_reads_unless_its_test_names_
     studies = {n: load(tmp_path / "results" / n) for n in ("small", "large", "control")}
     results = {r.claim.id: r for r in evaluate_claims(claims.claims, studies)}
     assert results["small"].diff == 0 and results["early"].diff == pytest.approx(-0.1)
-    # a column the studies lack (the held-out test accuracy before they record it) says so, naming it
+    # a column the studies lack says so, naming it; one their trials did not record (the held-out
+    # test accuracy of studies run before it was scored) says that
+    raw["metric"] = "test_loss_of_nothing"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    with pytest.raises(ConfigError, match="no column 'test_loss_of_nothing'"):
+        evaluate_claims(load_claims(path).claims, studies)
     raw["metric"] = "test_acc"
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
-    with pytest.raises(ConfigError, match="no column 'test_acc'"):
+    with pytest.raises(ConfigError, match="'test_acc' is not recorded for .* COMPLETE trials.*run the study again"):
         evaluate_claims(load_claims(path).claims, studies)
     # left out: val_acc, as before the key existed
     assert load_claims(_suite(tmp_path / "again")).claims[0].test.metric == "val_acc"
