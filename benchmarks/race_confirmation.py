@@ -13,7 +13,7 @@ Each repetition of the replay shuffles every configuration's seeds, then splits 
 replicates, in that order), the others are held out as the truth (their mean: an estimate of the
 configuration's expected accuracy that no method saw). Both methods start from the same search
 front and the same pool (``search.study.confirm.configs_to_confirm``: the front, then the configs
-tied with it, at most ``--top``) and spend the same budget, ``--top x --seeds-fixed`` replicates:
+tied with it, at most ``--top``) and the same budget, the pool's size x ``--seeds-fixed`` replicates:
 
   fixed   every pool config gets ``--seeds-fixed`` replicates;
   race    ``search.study.race.race_step`` hands them out one at a time (at most ``--available - 1``
@@ -137,7 +137,6 @@ def _outcome(search: list[dict], replicates: list[dict], truth: dict[str, float]
 def replay(table: pd.DataFrame, *, repetitions: int, available: int, top: int, seeds_fixed: int, seed: int) -> dict:
     rng = np.random.default_rng(seed)
     by_config = {f"c{cid}": group.to_dict("records") for cid, group in table.groupby("config_id")}
-    budget = top * seeds_fixed
     out: dict[str, list[dict]] = {"fixed": [], "race": []}
     for _ in range(repetitions):
         drawn = {c: [runs[i] for i in rng.permutation(len(runs))] for c, runs in by_config.items()}
@@ -151,6 +150,7 @@ def replay(table: pd.DataFrame, *, repetitions: int, available: int, top: int, s
             return _row(f"{config}-r{k}", usable[config][k]["val_acc"], usable[config][k], of=config)
 
         fixed = [replicate(r["trial_id"], k) for r in pool for k in range(1, seeds_fixed + 1)]
+        budget = len(fixed)  # equal budget: what the fixed confirmation spends on this pool
         out["fixed"].append(_outcome(search, fixed, truth))
         raced: list[dict] = []
         given: dict[str, int] = {}

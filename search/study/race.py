@@ -13,7 +13,10 @@ fresh-seed means, pooled seed SD, both noises; ``search.results.replicates``). A
 with a member on every objective, or dominated within noise: more
 seeds narrow its interval, which can separate it or drop it (dominated within noise counts only
 where it is level with a dominating config on accuracy: seeds do not move a throughput). A
-config off the front outright, or on it and separated from every member, is resolved. The next
+config off the front outright, or on it and separated from every member, is resolved; but until
+the seeds' spread is known (a pooled seed SD on ``MIN_SEED_DF`` degrees of freedom) the intervals
+hold the validation set's noise alone, and every member is raced: a race must not end separated
+because it knows least. The next
 replicate goes to the unresolved config with the fewest seeds (running ones counted), the
 better-ranked first on ties; none goes to one that has S seeds. This is racing in the sense of F-race (Birattari et al. 2002; irace,
 López-Ibáñez et al. 2016: candidates that are statistically settled stop receiving evaluations)
@@ -36,9 +39,11 @@ import pandas as pd
 
 from search.results.front import DOMINATED_COLUMN, compute_front, configs
 from search.results.pareto import DEVICE_METRICS
-from search.results.replicates import REPLICATE_COLUMN
+from search.results.replicates import REPLICATE_COLUMN, pooled_sd
 
-__all__ = ["unresolved", "race_step", "POOL_COLUMNS"]
+__all__ = ["unresolved", "race_step", "POOL_COLUMNS", "MIN_SEED_DF"]
+
+MIN_SEED_DF = 2  # degrees of freedom of the pooled seed SD before a race may call configs separated
 
 # What the front needs of a pool config's search trial (kept in confirm.json: the race decides
 # from the plan and its own replicates, the same after a resume).
@@ -71,12 +76,25 @@ def unresolved(pool: Sequence[Mapping[str, Any]], replicates: Sequence[Mapping[s
             rivals = [by_id[t.strip()] for t in row[DOMINATED_COLUMN].split(",")]
             if any(_overlap(row, rival, c) for rival in rivals for c in seeded):
                 picked.add(row["trial_id"])
+    # Until the seeds' spread is known (a pooled SD on MIN_SEED_DF degrees of freedom), intervals
+    # hold the validation set's noise alone and separate what a seed could still move: every
+    # member stays in the race until then, or a race would end "separated" by knowing least.
+    fresh = {}
+    for r in replicates:
+        fresh.setdefault(r[REPLICATE_COLUMN], []).append(r[first_column(objectives)])
+    if pooled_sd([v for v in fresh.values() if all(x == x and x is not None for x in v)])[1] < MIN_SEED_DF:
+        picked |= {m["trial_id"] for m in members}
     first, mode = objectives[0]
     order = [r["trial_id"] for r in front] + sorted(
         (t for t in by_id if t not in {r["trial_id"] for r in front}),
         key=lambda t: by_id[t][first], reverse=mode == "max")
     out = [t for t in order if t in picked]
     return out
+
+
+def first_column(objectives: Sequence[tuple[str, str]]) -> str:
+    """The accuracy whose seed spread the race needs: the first objective seeds move."""
+    return next((c for c, _ in objectives if c not in DEVICE_METRICS), objectives[0][0])
 
 
 def _overlap(a: Mapping[str, Any], b: Mapping[str, Any], column: str) -> bool:

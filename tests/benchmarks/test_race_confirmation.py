@@ -33,10 +33,11 @@ def test_both_spend_the_budget_from_one_pool_and_are_scored_on_the_held_out_seed
         assert 0.0 <= fixed["rmse"] <= 0.03 and 0.0 <= race["rmse"] <= 0.03
 
 
-def test_a_pool_with_nothing_to_settle_gets_no_race():
-    # two configs far apart on both objectives: a trade-off beyond noise; the race spends nothing
-    table = _recording({0: [0.90] * 5, 1: [0.60] * 5}, {0: 1000.0, 1: 8000.0})
-    out = replay(table, repetitions=2, available=3, top=2, seeds_fixed=2, seed=1)
-    assert [r["replicates"] for r in out["race"]] == [0, 0]
-    assert [r["replicates"] for r in out["fixed"]] == [4, 4]
+def test_a_pool_with_nothing_to_settle_races_only_until_the_seeds_spread_is_known():
+    # two configs far apart on both objectives: a trade-off beyond noise; the race spends what a
+    # pooled seed SD on 2 degrees of freedom takes (2 seeds each), then stops
+    table = _recording({0: [0.90] * 6, 1: [0.60] * 6}, {0: 1000.0, 1: 8000.0})
+    out = replay(table, repetitions=2, available=4, top=2, seeds_fixed=3, seed=1)
+    assert [r["replicates"] for r in out["race"]] == [4, 4]
+    assert [r["replicates"] for r in out["fixed"]] == [6, 6]
     assert out["race"][0]["rmse"] == pytest.approx(0.0) and out["race"][0]["separated"] == 2

@@ -30,15 +30,27 @@ POOL = [_config("a", 0.800, 1000.0), _config("b", 0.805, 1050.0), _config("c", 0
         _config("d", 0.600, 5100.0)]
 
 
+# d's three seeds agree: the seeds' spread is known (pooled SD 0 on 2 degrees of freedom), so the
+# intervals are the validation set's, and the race decides on ties alone
+SETTLED = [_seed("d1", "d", 0.60), _seed("d2", "d", 0.60), _seed("d3", "d", 0.60)]
+
+
 def test_tied_members_are_unresolved_the_separated_and_the_beaten_are_not():
-    assert unresolved(POOL, [], OBJECTIVES) == ["b", "a"]  # best first
+    assert unresolved(POOL, SETTLED, OBJECTIVES) == ["b", "a"]  # best first
+
+
+def test_until_the_seeds_spread_is_known_every_member_is_raced():
+    # no config has two fresh seeds: the intervals lack the seed's noise, so nothing counts as separated
+    assert unresolved(POOL, [], OBJECTIVES) == ["b", "c", "a"]
+    assert race_step(POOL, [], OBJECTIVES, max_seeds=3, running={}) == "b"
+    assert race_step(POOL, [], OBJECTIVES, max_seeds=3, running={"b": 1}) == "c"
 
 
 def test_the_next_seed_goes_to_the_least_seeded_unresolved_config_best_first():
-    assert race_step(POOL, [], OBJECTIVES, max_seeds=3, running={}) == "b"
-    assert race_step(POOL, [], OBJECTIVES, max_seeds=3, running={"b": 1}) == "a"
-    assert race_step(POOL, [], OBJECTIVES, max_seeds=1, running={"a": 1, "b": 1}) is None  # at the cap
-    assert race_step(POOL, [_seed("b1", "b", 0.81)], OBJECTIVES, max_seeds=3, running={}) == "a"
+    assert race_step(POOL, SETTLED, OBJECTIVES, max_seeds=3, running={}) == "b"
+    assert race_step(POOL, SETTLED, OBJECTIVES, max_seeds=3, running={"b": 1}) == "a"
+    assert race_step(POOL, SETTLED, OBJECTIVES, max_seeds=1, running={"a": 1, "b": 1}) is None  # at the cap
+    assert race_step(POOL, SETTLED + [_seed("b1", "b", 0.81)], OBJECTIVES, max_seeds=3, running={}) == "a"
 
 
 def test_seeds_that_separate_the_tie_end_the_race():
@@ -53,9 +65,10 @@ def test_seeds_that_separate_the_tie_end_the_race():
 def test_dominated_within_noise_on_accuracy_is_raced():
     # e is beaten beyond noise on throughput by f and level with it on accuracy: another seed can
     # lift e's accuracy above f's beyond noise (a trade-off again), so e stays in the race.
-    pool = [_config("e", 0.802, 1000.0), _config("f", 0.800, 3000.0)]
-    assert unresolved(pool, [], OBJECTIVES) == ["e"]
-    assert race_step(pool, [], OBJECTIVES, max_seeds=2, running={}) == "e"
+    pool = [_config("e", 0.802, 1000.0), _config("f", 0.800, 3000.0), _config("g", 0.50, 9000.0)]
+    settled = [_seed("g1", "g", 0.50), _seed("g2", "g", 0.50), _seed("g3", "g", 0.50)]
+    assert unresolved(pool, settled, OBJECTIVES) == ["e"]
+    assert race_step(pool, settled, OBJECTIVES, max_seeds=2, running={}) == "e"
 
 
 def _spec(**confirm) -> dict:
@@ -108,7 +121,8 @@ def test_the_searcher_taken_up_from_its_snapshot_decides_as_the_uninterrupted_on
     second = RaceSearcher(plan, OBJECTIVES, base_seed=0)
     second.restore(str(tmp_path / "snapshot"))
     assert head + run(second, range(2, 6), {**results, 5: None}) == whole
-    # b (0.805, best first) then a (fewest seeds); then a again: its 0.81 is now above b's 0.80, both
-    # with one seed. Each config's seeds count from the study's seed + 1.
-    assert [(c["replicate_of"], c["seed"]) for c in whole[:3]] == [("b", 1), ("a", 1), ("a", 2)]
+    # b (0.805, best first); c (the next member with no seed: the seeds' spread is unknown, every
+    # member is raced); c again: its seed scored 0.81 at 5x b's speed, so c alone is on the front,
+    # and it is raced until the seeds' spread is known. Seeds count from the study's seed + 1.
+    assert [(c["replicate_of"], c["seed"]) for c in whole[:3]] == [("b", 1), ("c", 1), ("c", 2)]
     assert whole[-1] == "FINISHED"
