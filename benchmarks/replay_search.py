@@ -59,6 +59,7 @@ import numpy as np
 import optuna
 from ray.tune.schedulers import ASHAScheduler
 
+from benchmarks import _peers
 from benchmarks._env import write_result
 from benchmarks.record_curves import DATA_DIR, GRIDS
 from search.results.hypervolume import hypervolume
@@ -72,6 +73,8 @@ MODES = ["max", "max"]
 METHODS = ("random", "tpe", "nsga2", "random+ASHA", "syne-MOASHA", "syne-MOASHA-fixed", "random+MO-ASHA",
            "tpe+MO-ASHA", "random+MO-ASHA-hvc", "tpe+MO-ASHA-hvc", "random+MO-ASHA-quota", "tpe+MO-ASHA-quota")
 OURS = ("tpe+MO-ASHA", "random+MO-ASHA")
+ALL_METHODS = (*METHODS, *_peers.STRONG)
+SLOW = ("botorch-qNEHVI", "botorch-qNEHVI+MO-ASHA")  # a proposal takes seconds to minutes: fewer seeds
 SYNE_TUNE = "syne-tune==0.16.0"
 
 
@@ -174,7 +177,10 @@ class _OptunaSearch:
         name = method.split("+")[0]
         sampler = {"random": lambda: optuna.samplers.RandomSampler(seed=seed),
                    "tpe": lambda: optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=8),
-                   "nsga2": lambda: optuna.samplers.NSGAIISampler(seed=seed, population_size=8)}[name]()
+                   "nsga2": lambda: optuna.samplers.NSGAIISampler(seed=seed, population_size=8),
+                   "gp": lambda: _peers.gp_sampler("gp", seed),
+                   "botorch-qNEHVI": lambda: _peers.gp_sampler("botorch", seed)}[name]()
+        self._by_index = name in ("gp", "botorch-qNEHVI")  # a GP proposes in a box: an ordered index per knob
         self._study = optuna.create_study(directions=["maximize", "maximize"], sampler=sampler)
         self._grid, self._epochs = grid, epochs
         if "MO-ASHA" in method:
@@ -193,6 +199,8 @@ class _OptunaSearch:
         self._handle = SimpleNamespace(trial_id=str(number))
         if self._scheduler is not None:
             self._scheduler.on_trial_add(None, self._handle)
+        if self._by_index:
+            return tuple(values[self._trial.suggest_int(k, 0, len(values) - 1)] for k, values in self._grid.items())
         return tuple(self._trial.suggest_categorical(k, values) for k, values in self._grid.items())
 
     def report(self, result: dict) -> bool:
@@ -207,31 +215,60 @@ class _OptunaSearch:
         self._study.tell(self._trial, values, state=getattr(optuna.trial.TrialState, state))
 
 
+def _search(method: str, grid: dict, epochs: int, seed: int, budget: int):
+    if method.startswith("syne"):
+        return _SyneSearch(grid, epochs, seed, fixed=method.endswith("fixed"))
+    if method.startswith("smac"):
+        return _peers.SmacSearch(method, grid, epochs, seed, budget)
+    if method == "dehb":
+        return _peers.DehbSearch(grid, epochs, seed)
+    return _OptunaSearch(method, grid, epochs, seed)
+
+
 def replay(method: str, *, curves: dict[tuple, dict], grid: dict, epochs: int, budget: int, seed: int,
-           reference: list[float]) -> list[tuple[int, float]]:
-    """(epochs spent, hypervolume of the COMPLETE trials) after every trial of one search."""
-    search = (_SyneSearch(grid, epochs, seed, fixed=method.endswith("fixed")) if method.startswith("syne")
-              else _OptunaSearch(method, grid, epochs, seed))
-    spent, front, history, number = 0, [], [], 0
-    while spent < budget:
-        curve = curves[search.ask(number)]
-        number += 1
-        result: dict = {}
-        for epoch in range(1, epochs + 1):
-            if spent >= budget:
-                break  # the budget ran out mid-trial: cut short, like the time limit
-            spent += 1
-            acc, speed = _point(curve, epoch)
-            result = {"epoch": epoch, "best_val_acc": acc, "log_throughput": speed}
-            if epoch == epochs:
-                result["stop_reason"] = "max_epochs"  # the trainer ran it to the end
-            if not search.report(result) or epoch == epochs:
+           reference: list[float], asks: list[float] | None = None) -> list[tuple[int, float]]:
+    """(epochs spent, hypervolume of the COMPLETE trials) after every trial of one search. ``asks``,
+    if given, receives the seconds each proposal took.
+
+    A search either runs each trial to the end unless its scheduler stops it (``report``), or
+    names the epoch to stop at (``fidelity``, the multi-fidelity peers); one that ``resumes`` takes
+    a configuration asked again from its furthest earlier epoch, paying only the extra epochs."""
+    search = _search(method, grid, epochs, seed, budget)
+    spent, front, history, number, trained = 0, [], [], 0, {}
+    try:
+        while spent < budget and number < budget * 20:  # a searcher that only re-asks what it has: no endless loop
+            start = time.perf_counter()
+            try:
+                key = _peers.snap(grid, curves, search.ask(number))
+            except _peers.Exhausted:
                 break
-        reached = result.get("stop_reason") == "max_epochs"
-        search.done(result, reached)
-        if reached:
-            front.append(_point(curve, epochs))
-        history.append((spent, hypervolume(front, modes=MODES, reference=reference) if front else 0.0))
+            if asks is not None:
+                asks.append(time.perf_counter() - start)
+            curve = curves[key]
+            number += 1
+            stop = getattr(search, "fidelity", None) or epochs
+            first = trained.get(key, 0) + 1 if getattr(search, "resumes", False) else 1
+            result: dict = {}
+            if first > stop:  # already trained that far: the peer gets the recorded result, no epochs
+                result = {"epoch": stop, "best_val_acc": _point(curve, stop)[0], "log_throughput": curve["log_throughput"]}
+            for epoch in range(first, stop + 1):
+                if spent >= budget:
+                    break  # the budget ran out mid-trial: cut short, like the time limit
+                spent += 1
+                trained[key] = max(trained.get(key, 0), epoch)
+                acc, speed = _point(curve, epoch)
+                result = {"epoch": epoch, "best_val_acc": acc, "log_throughput": speed}
+                if epoch == epochs:
+                    result["stop_reason"] = "max_epochs"  # the trainer ran it to the end
+                if not search.report(result) or epoch == stop:
+                    break
+            reached = result.get("epoch") == epochs and result.get("stop_reason") == "max_epochs"
+            search.done(result, reached)
+            if reached:
+                front.append(_point(curve, epochs))
+            history.append((spent, hypervolume(front, modes=MODES, reference=reference) if front else 0.0))
+    finally:
+        getattr(search, "close", lambda: None)()
     return history
 
 
@@ -249,19 +286,156 @@ def _quartiles(values: list[float]) -> dict:
     return {"median": float(median), "q1": float(q1), "q3": float(q3)}
 
 
+# --- statistics: across comparisons (Holm) and across benchmarks (ranks, Friedman) ------------------
+def holm(p_values: list[float]) -> list[float]:
+    """Holm's step-down adjusted p-values, in the order given: sorted ascending, the i-th smallest
+    (from 0) times (m - i), kept monotone, at most 1. Reject where the adjusted p < alpha."""
+    m = len(p_values)
+    adjusted, running = [0.0] * m, 0.0
+    for i, k in enumerate(sorted(range(m), key=lambda k: p_values[k])):
+        running = max(running, min(1.0, (m - i) * p_values[k]))
+        adjusted[k] = running
+    return adjusted
+
+
+def ranks(scores: dict[str, float]) -> dict[str, float]:
+    """Rank 1 for the highest score, ties sharing the mean of their ranks (Demsar 2006)."""
+    from scipy.stats import rankdata
+
+    names = list(scores)
+    return dict(zip(names, (float(r) for r in rankdata([-scores[n] for n in names], method="average"))))
+
+
+def friedman(scores_by_benchmark: dict[str, dict[str, float]]) -> dict:
+    """Mean rank per method over benchmarks and the Friedman test of equal ranks, over the methods
+    that every benchmark has (Demsar 2006: the rank-based comparison of several methods on several
+    data sets). The test needs at least two benchmarks and three methods; p is None otherwise."""
+    from scipy.stats import friedmanchisquare
+
+    common = [m for m in next(iter(scores_by_benchmark.values())) if all(m in s for s in scores_by_benchmark.values())]
+    per_benchmark = {b: ranks({m: s[m] for m in common}) for b, s in scores_by_benchmark.items()}
+    mean_rank = {m: float(np.mean([r[m] for r in per_benchmark.values()])) for m in common}
+    statistic = p = None
+    if len(scores_by_benchmark) >= 2 and len(common) >= 3:
+        result = friedmanchisquare(*[[scores_by_benchmark[b][m] for b in scores_by_benchmark] for m in common])
+        statistic, p = float(result.statistic), float(result.pvalue)
+        if math.isnan(p):  # every benchmark ranks the methods alike with ties throughout: no evidence
+            statistic, p = None, None
+    return {"methods": common, "ranks": per_benchmark, "mean_rank": mean_rank, "friedman_statistic": statistic,
+            "friedman_p": p, "benchmarks": list(scores_by_benchmark)}
+
+
+def _summarise(methods: list[str], runs: dict, budget: int, true_volume: float, seconds: dict, asks: dict) -> dict:
+    """Per method: the hypervolume fraction at 25/50/100%, the area, epochs to 90/95%, per seed;
+    the paired Wilcoxon tests of ours against each other method, Holm-corrected across them all."""
+    from scipy import stats
+
+    marks = {"25%": budget // 4, "50%": budget // 2, "100%": budget}
+    steps = list(range(1, budget + 1))
+    summary, per_seed = {}, {}
+    for method in methods:
+        fractions = {name: [at_epochs(h, spent) / true_volume for h in runs[method]] for name, spent in marks.items()}
+        area = [float(np.mean([at_epochs(h, s) for s in steps])) / true_volume for h in runs[method]]
+        per_seed[method] = {"final": fractions["100%"], "area": area}
+        reach = {}
+        for share in (0.90, 0.95):
+            hit = [e for e in (epochs_to_reach(h, share * true_volume) for h in runs[method]) if e is not None]
+            reach[f"{share:.0%}"] = {"seeds_reaching": len(hit), "median_epochs": statistics.median(hit) if hit else None}
+        summary[method] = {"seeds": len(runs[method]), "hv_fraction": {k: _quartiles(v) for k, v in fractions.items()},
+                           "area_fraction": _quartiles(area), "epochs_to": reach,
+                           "trials_median": statistics.median(len(h) for h in runs[method]), "seconds": seconds[method],
+                           "proposal_seconds_median": float(np.median(asks[method])) if asks[method] else None}
+    tests, flat = {}, []
+    for ours in [m for m in OURS if m in methods]:
+        for other in [m for m in methods if m != ours]:
+            row = {}
+            n = min(len(runs[ours]), len(runs[other]))  # paired by seed: the seeds both ran
+            for what in ("final", "area"):
+                a, b = np.array(per_seed[ours][what][:n]), np.array(per_seed[other][what][:n])
+                diffs = a - b
+                p = float(stats.wilcoxon(a, b).pvalue) if np.any(diffs != 0) else 1.0
+                row[what] = {"seeds": n, "median_difference": float(np.median(diffs)),
+                             "ours_higher": int((diffs > 0).sum()), "ours_lower": int((diffs < 0).sum()), "p_value": p}
+                flat.append(row[what])
+            tests[f"{ours} vs {other}"] = row
+    for row, adjusted in zip(flat, holm([r["p_value"] for r in flat])):
+        row["p_holm"] = adjusted
+    scores = {what: {m: summary[m][key]["median"] if what == "area" else summary[m]["hv_fraction"]["100%"]["median"]
+                     for m in methods} for what, key in (("final", None), ("area", "area_fraction"))}
+    return {"methods": summary, "per_seed": per_seed, "wilcoxon": tests, "holm_family": len(flat),
+            "ranks": {what: ranks(v) for what, v in scores.items()}}
+
+
+def _print_table(methods: list[str], result: dict) -> None:
+    summary, tests = result["methods"], result["wilcoxon"]
+    print(f"\n{'method':<22} {'seeds':>5} {'HV at 25%':>19} {'HV at 50%':>19} {'HV at 100%':>19} {'area':>19}  "
+          f"to 90% (seeds)  to 95% (seeds)  ask s")
+    for method in methods:
+        s = summary[method]
+        cells = [f"{q['median']:.3f} ({q['q1']:.3f}-{q['q3']:.3f})" for q in
+                 (*s["hv_fraction"].values(), s["area_fraction"])]
+        reach = [f"{r['median_epochs'] or '-':>6} ({r['seeds_reaching']:>2})" for r in s["epochs_to"].values()]
+        ask = s["proposal_seconds_median"]
+        print(f"{method:<22} {s['seeds']:>5} " + " ".join(f"{c:>19}" for c in cells) + "  "
+              + "  ".join(f"{r:>14}" for r in reach) + f"  {ask if ask is None else f'{ask:.3g}'}")
+    print(f"\nWilcoxon signed-rank, paired by seed (final fraction; area under the curve); p and Holm's p over "
+          f"{result['holm_family']} comparisons:")
+    for name, row in tests.items():
+        f, a = row["final"], row["area"]
+        print(f"  {name:<40} n {f['seeds']:>2}: final {f['median_difference']:+.3f} ({f['ours_higher']}/{f['ours_lower']}, "
+              f"p {f['p_value']:.2g}, Holm {f['p_holm']:.2g}); area {a['median_difference']:+.3f} ({a['ours_higher']}/"
+              f"{a['ours_lower']}, p {a['p_value']:.2g}, Holm {a['p_holm']:.2g})")
+
+
+def summary_over_benchmarks(paths: list[Path]) -> dict:
+    """Rank per benchmark (median final fraction, median area), mean rank, Friedman, from replay JSONs."""
+    import json
+
+    records = [json.loads(Path(p).read_text()) for p in paths]
+    out = {"files": [Path(p).name for p in paths]}
+    for what in ("final", "area"):
+        scores = {}
+        for r in records:
+            name = f"{r['grid']} ({r['configurations']} configurations, budget {r['budget_epochs']})"
+            scores[name] = {m: (s["area_fraction"] if what == "area" else s["hv_fraction"]["100%"])["median"]
+                            for m, s in r["methods"].items()}
+        out[what] = friedman(scores)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--grid", choices=sorted(GRIDS), default=GRID_NAME)
     parser.add_argument("--curves", type=Path, help="default: benchmarks/data/curves-GRID.parquet")
     parser.add_argument("--seeds", type=int, default=50)
+    parser.add_argument("--slow-seeds", type=int, default=5,
+                        help=f"seeds for the slowest peers ({', '.join(SLOW)}: seconds to minutes a proposal)")
     parser.add_argument("--budget", type=int, help="epochs per search (default: a sixth of the grid's epochs)")
-    parser.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated, of {', '.join(METHODS)}")
+    parser.add_argument("--peers", choices=("default", "strong", "all"), default="default",
+                        help="default: the methods that run in minutes; strong: with the strong peers "
+                             f"({', '.join(_peers.STRONG)}; pip install -e '.[bench]'); all: both")
+    parser.add_argument("--methods", help=f"comma-separated (overrides --peers), of {', '.join(ALL_METHODS)}")
+    parser.add_argument("--result-name", help="default: replay_search, or replay_search_GRID for another grid")
+    parser.add_argument("--summary", type=Path, nargs="+", metavar="JSON",
+                        help="no replay: rank the methods over these benchmarks' replay_search JSONs (Friedman)")
     args = parser.parse_args()
+    if args.summary:
+        result = summary_over_benchmarks(args.summary)
+        for what in ("final", "area"):
+            f = result[what]
+            print(f"{what}: mean rank over {len(f['benchmarks'])} benchmarks (Friedman p {f['friedman_p']}):")
+            for m in sorted(f["mean_rank"], key=f["mean_rank"].get):
+                print(f"  {m:<22} {f['mean_rank'][m]:.2f}  " + "  ".join(f"{r[m]:g}" for r in f["ranks"].values()))
+        print(f"wrote {write_result(args.result_name or 'replay_search_summary', result)}")
+        return
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    methods = [m for m in args.methods.split(",") if m]
-    unknown = [m for m in methods if m not in METHODS]
+    if args.methods:
+        methods = [m for m in args.methods.split(",") if m]
+    else:
+        methods = {"default": list(METHODS), "strong": [*_peers.STRONG, *OURS], "all": list(ALL_METHODS)}[args.peers]
+    unknown = [m for m in methods if m not in ALL_METHODS]
     if unknown:
-        raise SystemExit(f"--methods: unknown {unknown[0]!r}; use some of {', '.join(METHODS)}")
+        raise SystemExit(f"--methods: unknown {unknown[0]!r}; use some of {', '.join(ALL_METHODS)}")
     check = None
     if any(m.startswith("syne") for m in methods):
         check = syne_tune_ranking_check()  # Syne Tune missing: one line naming the install, before any replay
@@ -269,81 +443,47 @@ def main() -> None:
     grid = GRIDS[args.grid]["grid"]
     curves_file = args.curves or DATA_DIR / f"curves-{args.grid}.parquet"
     curves, epochs = load_curves(curves_file, grid)
-    # the searchers draw from the recorded points only (a recording may be a random subset of the grid)
+    # the searchers draw from the recorded values; a proposal that was not recorded (a recording
+    # may be a random subset of the grid) is mapped to the nearest recorded configuration (_peers.snap)
     grid = {k: sorted({key[i] for key in curves}) for i, k in enumerate(grid)}
-    missing = math.prod(len(v) for v in grid.values()) - len(curves)
-    if missing:
-        raise SystemExit(f"{curves_file}: {len(curves)} configurations recorded, {missing} of the grid's points "
-                         "missing; record the rest (python -m benchmarks.record_curves resumes) or give a full grid")
+    unrecorded = math.prod(len(v) for v in grid.values()) - len(curves)
     finals = [_point(c, epochs) for c in curves.values()]
     reference = [min(p[0] for p in finals), min(p[1] for p in finals)]
     true_volume = hypervolume(finals, modes=MODES, reference=reference)
     best_single = max(hypervolume([p], modes=MODES, reference=reference) for p in finals)
     budget = args.budget or len(curves) * epochs // 6
-    print(f"{len(curves)} configurations x {epochs} epochs ({curves_file.name}); reference point "
-          f"val_acc {reference[0]:.4f}, throughput {10 ** reference[1]:,.0f} img/s; the best single configuration "
-          f"holds {best_single / true_volume:.3f} of the true front's hypervolume; budget {budget} epochs "
-          f"({budget / epochs:.0f} full trials) per search; {args.seeds} seeds", flush=True)
+    print(f"{len(curves)} configurations x {epochs} epochs ({curves_file.name}; {unrecorded} grid points not recorded, "
+          f"proposals of those go to the nearest recorded one); reference point val_acc {reference[0]:.4f}, throughput "
+          f"{10 ** reference[1]:,.0f} img/s; the best single configuration holds {best_single / true_volume:.3f} of the "
+          f"true front's hypervolume; budget {budget} epochs ({budget / epochs:.0f} full trials) per search; "
+          f"{args.seeds} seeds ({args.slow_seeds} for {', '.join(m for m in methods if m in SLOW) or 'no slow peer'})",
+          flush=True)
+    name = args.result_name or ("replay_search" if args.grid == GRID_NAME else f"replay_search_{args.grid}")
+    peers = {m: _peers.settings(budget // epochs, budget, epochs).get(m.split("+MO-ASHA")[0]) for m in methods
+             if m.split("+MO-ASHA")[0] in _peers.settings(budget // epochs, budget, epochs)}
 
-    runs: dict[str, list[list[tuple[int, float]]]] = {m: [] for m in methods}
-    seconds = {}
+    runs: dict[str, list] = {}
+    seconds, asks = {}, {}
     for method in methods:
         start = time.perf_counter()
-        for seed in range(args.seeds):
+        runs[method], asks[method] = [], []
+        for seed in range(args.slow_seeds if method in SLOW else args.seeds):
             runs[method].append(replay(method, curves=curves, grid=grid, epochs=epochs, budget=budget, seed=seed,
-                                       reference=reference))
+                                       reference=reference, asks=asks[method]))
         seconds[method] = time.perf_counter() - start
-        print(f"  {method}: {args.seeds} searches in {seconds[method]:.0f} s", flush=True)
-
-    from scipy import stats
-
-    marks = {"25%": budget // 4, "50%": budget // 2, "100%": budget}
-    steps = list(range(1, budget + 1))
-    summary, finals_by, area_by = {}, {}, {}
-    for method in methods:
-        fractions = {name: [at_epochs(h, spent) / true_volume for h in runs[method]] for name, spent in marks.items()}
-        area_by[method] = [float(np.mean([at_epochs(h, s) for s in steps])) / true_volume for h in runs[method]]
-        finals_by[method] = fractions["100%"]
-        reach = {}
-        for share in (0.90, 0.95):
-            hit = [e for e in (epochs_to_reach(h, share * true_volume) for h in runs[method]) if e is not None]
-            reach[f"{share:.0%}"] = {"seeds_reaching": len(hit), "median_epochs": statistics.median(hit) if hit else None}
-        summary[method] = {"hv_fraction": {k: _quartiles(v) for k, v in fractions.items()},
-                           "area_fraction": _quartiles(area_by[method]), "epochs_to": reach,
-                           "trials_median": statistics.median(len(h) for h in runs[method]), "seconds": seconds[method]}
-    tests = {}
-    for ours in [m for m in OURS if m in methods]:
-        for other in [m for m in methods if m != ours]:
-            row = {}
-            for what, values in (("final", finals_by), ("area", area_by)):
-                diffs = np.array(values[ours]) - np.array(values[other])
-                p = float(stats.wilcoxon(values[ours], values[other]).pvalue) if np.any(diffs != 0) else 1.0
-                row[what] = {"median_difference": float(np.median(diffs)), "ours_higher": int((diffs > 0).sum()),
-                             "ours_lower": int((diffs < 0).sum()), "p_value": p}
-            tests[f"{ours} vs {other}"] = row
-
-    print(f"\n{'method':<18} {'HV at 25%':>19} {'HV at 50%':>19} {'HV at 100%':>19} {'area':>19}  to 90% (seeds)  "
-          f"to 95% (seeds)")
-    for method in methods:
-        s = summary[method]
-        cells = [f"{q['median']:.3f} ({q['q1']:.3f}-{q['q3']:.3f})" for q in
-                 (*s["hv_fraction"].values(), s["area_fraction"])]
-        reach = [f"{r['median_epochs'] or '-':>6} ({r['seeds_reaching']:>2})" for r in s["epochs_to"].values()]
-        print(f"{method:<18} " + " ".join(f"{c:>19}" for c in cells) + "  " + "  ".join(f"{r:>14}" for r in reach))
-    print("\nWilcoxon signed-rank, paired by seed (final fraction; area under the curve):")
-    for name, row in tests.items():
-        f, a = row["final"], row["area"]
-        print(f"  {name:<36} final {f['median_difference']:+.3f} (higher {f['ours_higher']}, lower {f['ours_lower']}, "
-              f"p {f['p_value']:.2g}); area {a['median_difference']:+.3f} (higher {a['ours_higher']}, lower "
-              f"{a['ours_lower']}, p {a['p_value']:.2g})")
-
-    path = write_result("replay_search", {
-        "curves_file": curves_file.name, "grid": args.grid, "configurations": len(curves), "epochs": epochs,
-        "budget_epochs": budget, "seeds": args.seeds, "reference_point": {"val_acc": reference[0],
-                                                                         "log10_throughput": reference[1]},
-        "true_front_hypervolume": true_volume, "best_single_config_share": best_single / true_volume,
-        "methods": summary, "wilcoxon": tests, "syne_tune": SYNE_TUNE, "syne_tune_ranking_check": check,
-    })
+        print(f"  {method}: {len(runs[method])} searches in {seconds[method]:.0f} s", flush=True)
+        done = [m for m in methods if m in runs and len(runs[m])]
+        result = _summarise(done, runs, budget, true_volume, seconds, asks)
+        path = write_result(name, {  # after every method: a long run stopped early keeps what it has
+            "curves_file": curves_file.name, "grid": args.grid, "configurations": len(curves),
+            "unrecorded_grid_points": unrecorded, "epochs": epochs, "budget_epochs": budget, "seeds": args.seeds,
+            "slow_seeds": args.slow_seeds, "reference_point": {"val_acc": reference[0], "log10_throughput": reference[1]},
+            "true_front_hypervolume": true_volume, "best_single_config_share": best_single / true_volume,
+            "mapping": "every method's proposal goes to the nearest recorded configuration (benchmarks._peers.snap)",
+            **result, "peer_settings": peers, "syne_tune": SYNE_TUNE, "syne_tune_ranking_check": check,
+            "complete": done == methods,
+        })
+    _print_table(methods, result)
     print(f"wrote {path}")
 
 
