@@ -40,7 +40,7 @@ import tempfile
 import warnings
 from importlib import metadata
 
-INSTALL = "pip install -e '.[bench]' (or: pip install optuna-integration botorch smac; pip install --no-deps dehb loguru)"
+INSTALL = ("pip install -e '.[bench]' and pip install --no-deps dehb==0.1.2 syne-tune==0.16.0 (see pyproject.toml)")
 STRONG = ("botorch-qNEHVI", "botorch-qNEHVI+MO-ASHA", "gp", "gp+MO-ASHA", "smac-ParEGO", "smac-ParEGO+HB", "dehb")
 
 

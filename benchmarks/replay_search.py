@@ -61,20 +61,22 @@ from ray.tune.schedulers import ASHAScheduler
 
 from benchmarks import _peers
 from benchmarks._env import write_result
-from benchmarks.record_curves import DATA_DIR, GRIDS
+from benchmarks._lcbench import GRIDS as LCBENCH_GRIDS
+from benchmarks.record_curves import DATA_DIR, GRIDS as RECORDED_GRIDS
 from search.results.hypervolume import hypervolume
 from search.results.store import read_table
 from search.study.mo_asha import MOASHAScheduler
 from search.study.searcher import optuna_state_for
 
 GRID_NAME = "convit-wide"
+GRIDS = {**RECORDED_GRIDS, **LCBENCH_GRIDS}  # recorded here by training; LCBench from YAHPO Gym's surrogate
 OBJECTIVES = [("best_val_acc", "max"), ("log_throughput", "max")]
 MODES = ["max", "max"]
 METHODS = ("random", "tpe", "nsga2", "random+ASHA", "syne-MOASHA", "syne-MOASHA-fixed", "random+MO-ASHA",
            "tpe+MO-ASHA", "random+MO-ASHA-hvc", "tpe+MO-ASHA-hvc", "random+MO-ASHA-quota", "tpe+MO-ASHA-quota")
 OURS = ("tpe+MO-ASHA", "random+MO-ASHA")
 ALL_METHODS = (*METHODS, *_peers.STRONG)
-SLOW = ("botorch-qNEHVI", "botorch-qNEHVI+MO-ASHA")  # a proposal takes seconds to minutes: fewer seeds
+SLOW = ("botorch-qNEHVI", "botorch-qNEHVI+MO-ASHA", "gp", "gp+MO-ASHA")  # a GP proposal takes seconds: fewer seeds
 SYNE_TUNE = "syne-tune==0.16.0"
 
 
@@ -277,6 +279,14 @@ def at_epochs(history: list[tuple[int, float]], spent: int) -> float:
     return max([v for s, v in history if s <= spent], default=0.0)
 
 
+def curve(history: list[tuple[int, float]], steps: np.ndarray) -> np.ndarray:
+    """``at_epochs`` at every step at once."""
+    spent = np.array([s for s, _ in history] or [0])
+    best = np.maximum.accumulate(np.array([v for _, v in history] or [0.0]))
+    index = np.searchsorted(spent, steps, side="right") - 1
+    return np.where(index >= 0, best[np.clip(index, 0, None)], 0.0)
+
+
 def epochs_to_reach(history: list[tuple[int, float]], target: float) -> int | None:
     return next((spent for spent, volume in history if volume >= target - 1e-12), None)
 
@@ -325,31 +335,83 @@ def friedman(scores_by_benchmark: dict[str, dict[str, float]]) -> dict:
             "friedman_p": p, "benchmarks": list(scores_by_benchmark)}
 
 
-def _summarise(methods: list[str], runs: dict, budget: int, true_volume: float, seconds: dict, asks: dict) -> dict:
-    """Per method: the hypervolume fraction at 25/50/100%, the area, epochs to 90/95%, per seed;
-    the paired Wilcoxon tests of ours against each other method, Holm-corrected across them all."""
+PROPOSERS = ("random", "tpe", "nsga2", "gp", "botorch-qNEHVI", "smac-ParEGO", "smac-ParEGO+HB", "dehb", "syne-MOASHA")
+
+
+def proposal_seconds(method: str, *, curves: dict, grid: dict, epochs: int, at: int, repeats: int,
+                     seed: int = 0) -> list[float]:
+    """Seconds each of ``repeats`` proposals takes once the search holds ``at`` trials. An Optuna
+    sampler reads the study's trials, so the study is given ``at`` recorded configurations run to
+    the end (random, COMPLETE) and then asked; every other searcher runs its own asks and tells on
+    the recording (no budget) up to ``at`` trials, since what it proposes next depends on its state."""
+    keys = list(curves)
+    rng = np.random.default_rng(seed)
+    times: list[float] = []
+    search = _search(method, grid, epochs, seed, budget=10 * at * epochs)
+    try:
+        if isinstance(search, _OptunaSearch):
+            from optuna.distributions import CategoricalDistribution, IntDistribution
+
+            for i in rng.integers(len(keys), size=at):
+                key = keys[i]
+                if search._by_index:
+                    params = {k: values.index(v) for (k, values), v in zip(grid.items(), key)}
+                    dists = {k: IntDistribution(0, len(values) - 1) for k, values in grid.items()}
+                else:
+                    params = dict(zip(grid, key))
+                    dists = {k: CategoricalDistribution(values) for k, values in grid.items()}
+                search._study.add_trial(optuna.trial.create_trial(params=params, distributions=dists,
+                                                                  values=_point(curves[key], epochs)))
+            fed = at
+        else:
+            fed = 0
+        number, trained = 0, {}
+        while len(times) < repeats:
+            start = time.perf_counter()
+            try:
+                key = _peers.snap(grid, curves, search.ask(fed + number))
+            except _peers.Exhausted:
+                break
+            if fed + number >= at:
+                times.append(time.perf_counter() - start)
+            number += 1
+            stop = getattr(search, "fidelity", None) or epochs
+            result = {"epoch": stop, "best_val_acc": _point(curves[key], stop)[0],
+                      "log_throughput": curves[key]["log_throughput"]}
+            if stop == epochs:
+                result["stop_reason"] = "max_epochs"
+            search.done(result, stop == epochs)
+    finally:
+        getattr(search, "close", lambda: None)()
+    return times
+
+
+def proposal_table(methods: list[str], at: list[int], repeats: int, slow_repeats: int, **replay_args) -> dict:
+    table = {}
+    for method in methods:
+        table[method] = {}
+        for n in at:
+            start = time.perf_counter()
+            seconds = proposal_seconds(method, at=n, repeats=slow_repeats if method in SLOW else repeats, **replay_args)
+            table[method][str(n)] = {"median_s": float(np.median(seconds)) if seconds else None,
+                                     "max_s": max(seconds, default=None), "proposals": len(seconds),
+                                     "wall_s": time.perf_counter() - start}
+            print(f"  {method} at {n} trials: median {table[method][str(n)]['median_s']} s over {len(seconds)} "
+                  f"proposals", flush=True)
+    return table
+
+
+def wilcoxon_holm(methods: list[str], per_seed: dict) -> tuple[dict, int]:
+    """Ours against each other method, paired by seed (the seeds both ran), on the final fraction
+    and the area: Wilcoxon's signed-rank p, and Holm's over all these comparisons together."""
     from scipy import stats
 
-    marks = {"25%": budget // 4, "50%": budget // 2, "100%": budget}
-    steps = list(range(1, budget + 1))
-    summary, per_seed = {}, {}
-    for method in methods:
-        fractions = {name: [at_epochs(h, spent) / true_volume for h in runs[method]] for name, spent in marks.items()}
-        area = [float(np.mean([at_epochs(h, s) for s in steps])) / true_volume for h in runs[method]]
-        per_seed[method] = {"final": fractions["100%"], "area": area}
-        reach = {}
-        for share in (0.90, 0.95):
-            hit = [e for e in (epochs_to_reach(h, share * true_volume) for h in runs[method]) if e is not None]
-            reach[f"{share:.0%}"] = {"seeds_reaching": len(hit), "median_epochs": statistics.median(hit) if hit else None}
-        summary[method] = {"seeds": len(runs[method]), "hv_fraction": {k: _quartiles(v) for k, v in fractions.items()},
-                           "area_fraction": _quartiles(area), "epochs_to": reach,
-                           "trials_median": statistics.median(len(h) for h in runs[method]), "seconds": seconds[method],
-                           "proposal_seconds_median": float(np.median(asks[method])) if asks[method] else None}
-    tests, flat = {}, []
+    tests, flat, pairs = {}, [], set()
     for ours in [m for m in OURS if m in methods]:
-        for other in [m for m in methods if m != ours]:
+        for other in [m for m in methods if m != ours and frozenset((m, ours)) not in pairs]:
+            pairs.add(frozenset((ours, other)))  # one test per pair: ours against ours once
             row = {}
-            n = min(len(runs[ours]), len(runs[other]))  # paired by seed: the seeds both ran
+            n = min(len(per_seed[ours]["final"]), len(per_seed[other]["final"]))
             for what in ("final", "area"):
                 a, b = np.array(per_seed[ours][what][:n]), np.array(per_seed[other][what][:n])
                 diffs = a - b
@@ -360,9 +422,31 @@ def _summarise(methods: list[str], runs: dict, budget: int, true_volume: float, 
             tests[f"{ours} vs {other}"] = row
     for row, adjusted in zip(flat, holm([r["p_value"] for r in flat])):
         row["p_holm"] = adjusted
+    return tests, len(flat)
+
+
+def _summarise(methods: list[str], runs: dict, budget: int, true_volume: float, seconds: dict, asks: dict) -> dict:
+    """Per method: the hypervolume fraction at 25/50/100%, the area, epochs to 90/95%, per seed;
+    the paired Wilcoxon tests of ours against each other method, Holm-corrected across them all."""
+    marks = {"25%": budget // 4, "50%": budget // 2, "100%": budget}
+    steps = np.arange(1, budget + 1)
+    summary, per_seed = {}, {}
+    for method in methods:
+        fractions = {name: [at_epochs(h, spent) / true_volume for h in runs[method]] for name, spent in marks.items()}
+        area = [float(np.mean(curve(h, steps))) / true_volume for h in runs[method]]
+        per_seed[method] = {"final": fractions["100%"], "area": area}
+        reach = {}
+        for share in (0.90, 0.95):
+            hit = [e for e in (epochs_to_reach(h, share * true_volume) for h in runs[method]) if e is not None]
+            reach[f"{share:.0%}"] = {"seeds_reaching": len(hit), "median_epochs": statistics.median(hit) if hit else None}
+        summary[method] = {"seeds": len(runs[method]), "hv_fraction": {k: _quartiles(v) for k, v in fractions.items()},
+                           "area_fraction": _quartiles(area), "epochs_to": reach,
+                           "trials_median": statistics.median(len(h) for h in runs[method]), "seconds": seconds[method],
+                           "proposal_seconds_median": float(np.median(asks[method])) if asks[method] else None}
+    tests, holm_family = wilcoxon_holm(methods, per_seed)
     scores = {what: {m: summary[m][key]["median"] if what == "area" else summary[m]["hv_fraction"]["100%"]["median"]
                      for m in methods} for what, key in (("final", None), ("area", "area_fraction"))}
-    return {"methods": summary, "per_seed": per_seed, "wilcoxon": tests, "holm_family": len(flat),
+    return {"methods": summary, "per_seed": per_seed, "wilcoxon": tests, "holm_family": holm_family,
             "ranks": {what: ranks(v) for what, v in scores.items()}}
 
 
@@ -388,18 +472,29 @@ def _print_table(methods: list[str], result: dict) -> None:
 
 
 def summary_over_benchmarks(paths: list[Path]) -> dict:
-    """Rank per benchmark (median final fraction, median area), mean rank, Friedman, from replay JSONs."""
+    """From replay JSONs: the files of one benchmark (grid and budget) merged, method by method (a
+    method in two files: the first; the seeds are the same searches), the Wilcoxon tests and Holm
+    redone over the merged methods; then rank per benchmark (median final fraction, median area),
+    mean rank and Friedman's test."""
     import json
 
-    records = [json.loads(Path(p).read_text()) for p in paths]
-    out = {"files": [Path(p).name for p in paths]}
+    benchmarks: dict[str, dict] = {}
+    for path in paths:
+        r = json.loads(Path(path).read_text())
+        name = f"{r['grid']} ({r['configurations']} configurations, budget {r['budget_epochs']} epochs)"
+        b = benchmarks.setdefault(name, {"files": [], "methods": {}, "per_seed": {}})
+        b["files"].append(Path(path).name)
+        for m, s in r["methods"].items():
+            if m not in b["methods"]:
+                b["methods"][m], b["per_seed"][m] = s, r["per_seed"][m]
+    out: dict = {"benchmarks": {}}
+    for name, b in benchmarks.items():
+        tests, family = wilcoxon_holm(list(b["methods"]), b["per_seed"])
+        out["benchmarks"][name] = {"files": b["files"], "seeds": {m: s["seeds"] for m, s in b["methods"].items()},
+                                   "wilcoxon": tests, "holm_family": family}
     for what in ("final", "area"):
-        scores = {}
-        for r in records:
-            name = f"{r['grid']} ({r['configurations']} configurations, budget {r['budget_epochs']})"
-            scores[name] = {m: (s["area_fraction"] if what == "area" else s["hv_fraction"]["100%"])["median"]
-                            for m, s in r["methods"].items()}
-        out[what] = friedman(scores)
+        out[what] = friedman({name: {m: (s["area_fraction"] if what == "area" else s["hv_fraction"]["100%"])["median"]
+                                     for m, s in b["methods"].items()} for name, b in benchmarks.items()})
     return out
 
 
@@ -418,6 +513,9 @@ def main() -> None:
     parser.add_argument("--result-name", help="default: replay_search, or replay_search_GRID for another grid")
     parser.add_argument("--summary", type=Path, nargs="+", metavar="JSON",
                         help="no replay: rank the methods over these benchmarks' replay_search JSONs (Friedman)")
+    parser.add_argument("--proposal-times", metavar="N,N", help="no replay: the seconds each method spends proposing "
+                        f"once a search holds N trials (e.g. 50,400), for {', '.join(PROPOSERS)} or --methods")
+    parser.add_argument("--proposal-repeats", type=int, default=5, help="proposals timed per method and N (slow: 2)")
     args = parser.parse_args()
     if args.summary:
         result = summary_over_benchmarks(args.summary)
@@ -459,32 +557,55 @@ def main() -> None:
           f"{args.seeds} seeds ({args.slow_seeds} for {', '.join(m for m in methods if m in SLOW) or 'no slow peer'})",
           flush=True)
     name = args.result_name or ("replay_search" if args.grid == GRID_NAME else f"replay_search_{args.grid}")
+    if args.proposal_times:
+        at = [int(n) for n in args.proposal_times.split(",")]
+        chosen = methods if args.methods else list(PROPOSERS)
+        table = proposal_table(chosen, at, args.proposal_repeats, min(2, args.proposal_repeats), curves=curves,
+                               grid=grid, epochs=epochs)
+        versions = {d: _peers.version(d) for d in ("optuna", "optuna-integration", "botorch", "gpytorch", "smac",
+                                                   "DEHB", "syne-tune", "torch")}
+        import torch
+
+        path = write_result(f"{name}_proposals", {"curves_file": curves_file.name, "at_trials": at,
+                                                  "seconds": table, "versions": versions,
+                                                  "torch_threads": torch.get_num_threads()})
+        print(f"wrote {path}")
+        return
     peers = {m: _peers.settings(budget // epochs, budget, epochs).get(m.split("+MO-ASHA")[0]) for m in methods
              if m.split("+MO-ASHA")[0] in _peers.settings(budget // epochs, budget, epochs)}
 
+    write = _writer(name, {
+        "curves_file": curves_file.name, "grid": args.grid, "configurations": len(curves),
+        "unrecorded_grid_points": unrecorded, "epochs": epochs, "budget_epochs": budget, "seeds": args.seeds,
+        "slow_seeds": args.slow_seeds, "reference_point": {"val_acc": reference[0], "log10_throughput": reference[1]},
+        "true_front_hypervolume": true_volume, "best_single_config_share": best_single / true_volume,
+        "mapping": "every method's proposal goes to the nearest recorded configuration (benchmarks._peers.snap)",
+        "peer_settings": peers, "syne_tune": SYNE_TUNE, "syne_tune_ranking_check": check}, budget, true_volume)
     runs: dict[str, list] = {}
     seconds, asks = {}, {}
     for method in methods:
         start = time.perf_counter()
         runs[method], asks[method] = [], []
-        for seed in range(args.slow_seeds if method in SLOW else args.seeds):
+        seeds = args.slow_seeds if method in SLOW else args.seeds
+        for seed in range(seeds):
             runs[method].append(replay(method, curves=curves, grid=grid, epochs=epochs, budget=budget, seed=seed,
                                        reference=reference, asks=asks[method]))
-        seconds[method] = time.perf_counter() - start
+            seconds[method] = time.perf_counter() - start
+            if method in SLOW or seed == seeds - 1:
+                path, result = write(methods, runs, seconds, asks)  # a long run stopped early keeps what it has
         print(f"  {method}: {len(runs[method])} searches in {seconds[method]:.0f} s", flush=True)
-        done = [m for m in methods if m in runs and len(runs[m])]
-        result = _summarise(done, runs, budget, true_volume, seconds, asks)
-        path = write_result(name, {  # after every method: a long run stopped early keeps what it has
-            "curves_file": curves_file.name, "grid": args.grid, "configurations": len(curves),
-            "unrecorded_grid_points": unrecorded, "epochs": epochs, "budget_epochs": budget, "seeds": args.seeds,
-            "slow_seeds": args.slow_seeds, "reference_point": {"val_acc": reference[0], "log10_throughput": reference[1]},
-            "true_front_hypervolume": true_volume, "best_single_config_share": best_single / true_volume,
-            "mapping": "every method's proposal goes to the nearest recorded configuration (benchmarks._peers.snap)",
-            **result, "peer_settings": peers, "syne_tune": SYNE_TUNE, "syne_tune_ranking_check": check,
-            "complete": done == methods,
-        })
     _print_table(methods, result)
     print(f"wrote {path}")
+
+
+def _writer(name: str, payload: dict, budget: int, true_volume: float):
+    """write(methods, runs, seconds, asks): the JSON so far, from the methods that have run."""
+    def write(methods: list[str], runs: dict, seconds: dict, asks: dict) -> tuple[Path, dict]:
+        done = [m for m in methods if runs.get(m)]
+        result = _summarise(done, runs, budget, true_volume, seconds, asks)
+        return write_result(name, {**payload, **result, "complete": done == methods and all(
+            len(runs[m]) == (payload["slow_seeds"] if m in SLOW else payload["seeds"]) for m in methods)}), result
+    return write
 
 
 if __name__ == "__main__":

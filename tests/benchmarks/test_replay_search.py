@@ -127,3 +127,21 @@ def test_friedman_ranks_only_the_methods_every_benchmark_has_and_needs_three():
     out = friedman({"b1": {"A": 0.9, "B": 0.8, "C": 0.1}, "b2": {"A": 0.7, "B": 0.9}})
     assert out["methods"] == ["A", "B"] and out["mean_rank"] == {"A": 1.5, "B": 1.5}
     assert out["friedman_p"] is None
+
+
+@pytest.mark.parametrize("method", ["tpe", "gp", "random+MO-ASHA"])
+def test_proposal_seconds_times_the_asks_once_the_search_holds_that_many_trials(tmp_path, method):
+    from benchmarks.replay_search import proposal_seconds
+
+    curves, epochs = load_curves(_recording(tmp_path), GRID)
+    seconds = proposal_seconds(method, curves=curves, grid=GRID, epochs=epochs, at=11, repeats=2)
+    assert len(seconds) == 2 and all(s >= 0 for s in seconds)
+
+
+def test_the_curve_at_every_step_is_at_epochs_at_each():
+    from benchmarks.replay_search import curve
+
+    history = [(3, 0.0), (5, 0.2), (5, 0.3), (9, 0.3), (12, 0.5)]
+    steps = list(range(0, 15))
+    assert list(curve(history, steps)) == [at_epochs(history, s) for s in steps]
+    assert list(curve([], [1, 2])) == [0.0, 0.0]
