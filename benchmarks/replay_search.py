@@ -3,6 +3,10 @@
     python -m benchmarks.record_curves --grid convit-wide   # once (resumable): trains the grid for real
     python -m benchmarks.replay_search                      # then: replays searches, no training
     python -m benchmarks.replay_search --seeds 50 --budget 400
+    python -m benchmarks.replay_search --peers strong         # BoTorch, Optuna's GP, SMAC3, DEHB (.[bench])
+    python -m benchmarks.replay_search --grid lcbench-126025  # LCBench (record_lcbench), or convit-fashion_mnist
+    python -m benchmarks.replay_search --proposal-times 50,400  # seconds per proposal, no replay
+    python -m benchmarks.replay_search --summary benchmarks/results/replay_search*-<device>.json
 
 Every trial of a replayed search reads its learning curve and throughput from the recording
 (``benchmarks/data/curves-*.parquet``) instead of training. Trials run one after another, so
@@ -27,6 +31,13 @@ Methods (ours last):
                      the same without rule 4 (a trial on its rung's front always goes on): the
                      quota of the rung's order alone decides (keep_front=False), as published
 
+The strong peers (``--peers strong``; ``benchmarks._peers`` has their settings): BoTorch's
+qNEHVI through Optuna's BoTorchSampler and Optuna's own GPSampler, each without stopping and with
+our MO-ASHA; SMAC3's ParEGO, alone and with Hyperband; DEHB. A GP proposal takes seconds to
+minutes on a CPU, so the GP peers run ``--slow-seeds`` seeds (paired tests use the seeds both
+methods ran). Every method's proposal goes to the nearest recorded configuration
+(``_peers.snap``: itself on a full grid).
+
 Syne Tune's ``Bracket.on_result`` reads what ``MOPriority`` returns as one priority per trial
 (lower is better), but ``NonDominatedPriority`` returns the rung's trials' *indices* in their
 order, best first. The rank it then computes for the new trial is the index of whichever trial is
@@ -42,8 +53,11 @@ that finds one point already has); per method the median and IQR of the hypervol
 25/50/100% of the budget, the epochs to reach 90% and 95% of the true front (median over the
 seeds that do, and how many), and, paired by seed, Wilcoxon's signed-rank test of tpe+MO-ASHA
 and random+MO-ASHA against each other method on the final fraction and on the mean fraction over
-the budget (the area under the curve: how early a method gets there). Written to
-benchmarks/results/replay_search-<device>.json.
+the budget (the area under the curve: how early a method gets there), with Holm's correction
+over all of a benchmark's comparisons. Written to benchmarks/results/replay_search-<device>.json
+(replay_search_<grid>-<device>.json for another grid). ``--summary`` ranks the methods on each
+benchmark (by the median final fraction and by the median area) and tests the mean ranks with
+Friedman's test, as Demsar (2006) sets out for comparing methods over several data sets.
 """
 
 from __future__ import annotations
@@ -504,7 +518,8 @@ def main() -> None:
     parser.add_argument("--curves", type=Path, help="default: benchmarks/data/curves-GRID.parquet")
     parser.add_argument("--seeds", type=int, default=50)
     parser.add_argument("--slow-seeds", type=int, default=5,
-                        help=f"seeds for the slowest peers ({', '.join(SLOW)}: seconds to minutes a proposal)")
+                        help="seeds for the slow methods (--slow-methods; GP peers by default: seconds to minutes a proposal)")
+    parser.add_argument("--slow-methods", default=",".join(SLOW), help="the methods that get --slow-seeds")
     parser.add_argument("--budget", type=int, help="epochs per search (default: a sixth of the grid's epochs)")
     parser.add_argument("--peers", choices=("default", "strong", "all"), default="default",
                         help="default: the methods that run in minutes; strong: with the strong peers "
@@ -531,7 +546,8 @@ def main() -> None:
         methods = [m for m in args.methods.split(",") if m]
     else:
         methods = {"default": list(METHODS), "strong": [*_peers.STRONG, *OURS], "all": list(ALL_METHODS)}[args.peers]
-    unknown = [m for m in methods if m not in ALL_METHODS]
+    slow = [m for m in args.slow_methods.split(",") if m]
+    unknown = [m for m in methods + slow if m not in ALL_METHODS]
     if unknown:
         raise SystemExit(f"--methods: unknown {unknown[0]!r}; use some of {', '.join(ALL_METHODS)}")
     check = None
@@ -552,9 +568,9 @@ def main() -> None:
     budget = args.budget or len(curves) * epochs // 6
     print(f"{len(curves)} configurations x {epochs} epochs ({curves_file.name}; {unrecorded} grid points not recorded, "
           f"proposals of those go to the nearest recorded one); reference point val_acc {reference[0]:.4f}, throughput "
-          f"{10 ** reference[1]:,.0f} img/s; the best single configuration holds {best_single / true_volume:.3f} of the "
+          f"{10 ** reference[1]:,.4g}; the best single configuration holds {best_single / true_volume:.3f} of the "
           f"true front's hypervolume; budget {budget} epochs ({budget / epochs:.0f} full trials) per search; "
-          f"{args.seeds} seeds ({args.slow_seeds} for {', '.join(m for m in methods if m in SLOW) or 'no slow peer'})",
+          f"{args.seeds} seeds ({args.slow_seeds} for {', '.join(m for m in methods if m in slow) or 'no slow peer'})",
           flush=True)
     name = args.result_name or ("replay_search" if args.grid == GRID_NAME else f"replay_search_{args.grid}")
     if args.proposal_times:
@@ -577,7 +593,8 @@ def main() -> None:
     write = _writer(name, {
         "curves_file": curves_file.name, "grid": args.grid, "configurations": len(curves),
         "unrecorded_grid_points": unrecorded, "epochs": epochs, "budget_epochs": budget, "seeds": args.seeds,
-        "slow_seeds": args.slow_seeds, "reference_point": {"val_acc": reference[0], "log10_throughput": reference[1]},
+        "slow_seeds": args.slow_seeds, "slow_methods": [m for m in methods if m in slow],
+        "reference_point": {"val_acc": reference[0], "log10_throughput": reference[1]},
         "true_front_hypervolume": true_volume, "best_single_config_share": best_single / true_volume,
         "mapping": "every method's proposal goes to the nearest recorded configuration (benchmarks._peers.snap)",
         "peer_settings": peers, "syne_tune": SYNE_TUNE, "syne_tune_ranking_check": check}, budget, true_volume)
@@ -586,12 +603,12 @@ def main() -> None:
     for method in methods:
         start = time.perf_counter()
         runs[method], asks[method] = [], []
-        seeds = args.slow_seeds if method in SLOW else args.seeds
+        seeds = args.slow_seeds if method in slow else args.seeds
         for seed in range(seeds):
             runs[method].append(replay(method, curves=curves, grid=grid, epochs=epochs, budget=budget, seed=seed,
                                        reference=reference, asks=asks[method]))
             seconds[method] = time.perf_counter() - start
-            if method in SLOW or seed == seeds - 1:
+            if method in slow or seed == seeds - 1:
                 path, result = write(methods, runs, seconds, asks)  # a long run stopped early keeps what it has
         print(f"  {method}: {len(runs[method])} searches in {seconds[method]:.0f} s", flush=True)
     _print_table(methods, result)
@@ -604,7 +621,8 @@ def _writer(name: str, payload: dict, budget: int, true_volume: float):
         done = [m for m in methods if runs.get(m)]
         result = _summarise(done, runs, budget, true_volume, seconds, asks)
         return write_result(name, {**payload, **result, "complete": done == methods and all(
-            len(runs[m]) == (payload["slow_seeds"] if m in SLOW else payload["seeds"]) for m in methods)}), result
+            len(runs[m]) == (payload["slow_seeds"] if m in payload["slow_methods"] else payload["seeds"])
+            for m in methods)}), result
     return write
 
 
