@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import statistics
 import time
 from pathlib import Path
@@ -353,14 +354,15 @@ PROPOSERS = ("random", "tpe", "nsga2", "gp", "botorch-qNEHVI", "smac-ParEGO", "s
 
 
 def proposal_seconds(method: str, *, curves: dict, grid: dict, epochs: int, at: int, repeats: int,
-                     seed: int = 0) -> list[float]:
-    """Seconds each of ``repeats`` proposals takes once the search holds ``at`` trials. An Optuna
+                     seed: int = 0) -> list[tuple[float, float]]:
+    """(wall, CPU) seconds of each of ``repeats`` proposals once the search holds ``at`` trials (CPU:
+    this process's, all its threads: on a shared machine the wall time is also the others'). An Optuna
     sampler reads the study's trials, so the study is given ``at`` recorded configurations run to
     the end (random, COMPLETE) and then asked; every other searcher runs its own asks and tells on
     the recording (no budget) up to ``at`` trials, since what it proposes next depends on its state."""
     keys = list(curves)
     rng = np.random.default_rng(seed)
-    times: list[float] = []
+    times: list[tuple[float, float]] = []
     search = _search(method, grid, epochs, seed, budget=10 * at * epochs)
     try:
         if isinstance(search, _OptunaSearch):
@@ -381,13 +383,13 @@ def proposal_seconds(method: str, *, curves: dict, grid: dict, epochs: int, at: 
             fed = 0
         number, trained = 0, {}
         while len(times) < repeats:
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             try:
                 key = _peers.snap(grid, curves, search.ask(fed + number))
             except _peers.Exhausted:
                 break
             if fed + number >= at:
-                times.append(time.perf_counter() - start)
+                times.append((time.perf_counter() - start, time.process_time() - cpu))
             number += 1
             stop = getattr(search, "fidelity", None) or epochs
             result = {"epoch": stop, "best_val_acc": _point(curves[key], stop)[0],
@@ -407,11 +409,15 @@ def proposal_table(methods: list[str], at: list[int], repeats: int, slow_repeats
         for n in at:
             start = time.perf_counter()
             seconds = proposal_seconds(method, at=n, repeats=slow_repeats if method in SLOW else repeats, **replay_args)
-            table[method][str(n)] = {"median_s": float(np.median(seconds)) if seconds else None,
-                                     "max_s": max(seconds, default=None), "proposals": len(seconds),
-                                     "wall_s": time.perf_counter() - start}
-            print(f"  {method} at {n} trials: median {table[method][str(n)]['median_s']} s over {len(seconds)} "
-                  f"proposals", flush=True)
+            wall, cpu = [w for w, _ in seconds], [c for _, c in seconds]
+            table[method][str(n)] = {"median_wall_s": float(np.median(wall)) if wall else None,
+                                     "median_cpu_s": float(np.median(cpu)) if cpu else None,
+                                     "max_wall_s": max(wall, default=None), "proposals": len(seconds),
+                                     "measuring_s": time.perf_counter() - start,
+                                     "load_average_1min": os.getloadavg()[0]}
+            row = table[method][str(n)]
+            print(f"  {method} at {n} trials: median {row['median_wall_s']} s wall, {row['median_cpu_s']} s CPU over "
+                  f"{len(seconds)} proposals (load {row['load_average_1min']:.1f})", flush=True)
     return table
 
 
