@@ -402,7 +402,10 @@ def proposal_seconds(method: str, *, curves: dict, grid: dict, epochs: int, at: 
     return times
 
 
-def proposal_table(methods: list[str], at: list[int], repeats: int, slow_repeats: int, **replay_args) -> dict:
+def proposal_table(methods: list[str], at: list[int], repeats: int, slow_repeats: int, *, write=lambda table: None,
+                   **replay_args) -> dict:
+    """The proposal seconds of each method at each N; ``write(table)`` after each (a long run stopped
+    early keeps what it has)."""
     table = {}
     for method in methods:
         table[method] = {}
@@ -418,6 +421,7 @@ def proposal_table(methods: list[str], at: list[int], repeats: int, slow_repeats
             row = table[method][str(n)]
             print(f"  {method} at {n} trials: median {row['median_wall_s']} s wall, {row['median_cpu_s']} s CPU over "
                   f"{len(seconds)} proposals (load {row['load_average_1min']:.1f})", flush=True)
+            write(table)
     return table
 
 
@@ -582,16 +586,20 @@ def main() -> None:
     if args.proposal_times:
         at = [int(n) for n in args.proposal_times.split(",")]
         chosen = methods if args.methods else list(PROPOSERS)
-        table = proposal_table(chosen, at, args.proposal_repeats, min(2, args.proposal_repeats), curves=curves,
-                               grid=grid, epochs=epochs)
-        versions = {d: _peers.version(d) for d in ("optuna", "optuna-integration", "botorch", "gpytorch", "smac",
-                                                   "DEHB", "syne-tune", "torch")}
         import torch
 
-        path = write_result(f"{name}_proposals", {"curves_file": curves_file.name, "at_trials": at,
-                                                  "seconds": table, "versions": versions,
-                                                  "torch_threads": torch.get_num_threads()})
-        print(f"wrote {path}")
+        versions = {d: _peers.version(d) for d in ("optuna", "optuna-integration", "botorch", "gpytorch", "smac",
+                                                   "DEHB", "syne-tune", "torch")}
+
+        def write(table: dict) -> Path:
+            return write_result(f"{name}_proposals", {
+                "curves_file": curves_file.name, "at_trials": at, "seconds": table, "versions": versions,
+                "torch_threads": torch.get_num_threads(), "complete": list(table) == chosen and all(
+                    len(v) == len(at) for v in table.values())})
+
+        table = proposal_table(chosen, at, args.proposal_repeats, min(2, args.proposal_repeats), write=write,
+                               curves=curves, grid=grid, epochs=epochs)
+        print(f"wrote {write(table)}")
         return
     peers = {m: _peers.settings(budget // epochs, budget, epochs).get(m.split("+MO-ASHA")[0]) for m in methods
              if m.split("+MO-ASHA")[0] in _peers.settings(budget // epochs, budget, epochs)}
