@@ -415,6 +415,9 @@ def proposal_table(methods: list[str], at: list[int], repeats: int, slow_repeats
             wall, cpu = [w for w, _ in seconds], [c for _, c in seconds]
             table[method][str(n)] = {"median_wall_s": float(np.median(wall)) if wall else None,
                                      "median_cpu_s": float(np.median(cpu)) if cpu else None,
+                                     # SMAC refits every few proposals and pops the rest: the mean is its cost
+                                     "mean_wall_s": float(np.mean(wall)) if wall else None,
+                                     "mean_cpu_s": float(np.mean(cpu)) if cpu else None,
                                      "max_wall_s": max(wall, default=None), "proposals": len(seconds),
                                      "measuring_s": time.perf_counter() - start,
                                      "load_average_1min": os.getloadavg()[0]}
@@ -466,7 +469,8 @@ def _summarise(methods: list[str], runs: dict, budget: int, true_volume: float, 
         summary[method] = {"seeds": len(runs[method]), "hv_fraction": {k: _quartiles(v) for k, v in fractions.items()},
                            "area_fraction": _quartiles(area), "epochs_to": reach,
                            "trials_median": statistics.median(len(h) for h in runs[method]), "seconds": seconds[method],
-                           "proposal_seconds_median": float(np.median(asks[method])) if asks[method] else None}
+                           "proposal_seconds_median": float(np.median(asks[method])) if asks[method] else None,
+                           "proposal_seconds_mean": float(np.mean(asks[method])) if asks[method] else None}
     tests, holm_family = wilcoxon_holm(methods, per_seed)
     scores = {what: {m: summary[m][key]["median"] if what == "area" else summary[m]["hv_fraction"]["100%"]["median"]
                      for m in methods} for what, key in (("final", None), ("area", "area_fraction"))}
@@ -495,11 +499,11 @@ def _print_table(methods: list[str], result: dict) -> None:
               f"{a['ours_lower']}, p {a['p_value']:.2g}, Holm {a['p_holm']:.2g})")
 
 
-def summary_over_benchmarks(paths: list[Path]) -> dict:
+def summary_over_benchmarks(paths: list[Path], min_seeds: int = 10) -> dict:
     """From replay JSONs: the files of one benchmark (grid and budget) merged, method by method (a
     method in two files: the first; the seeds are the same searches), the Wilcoxon tests and Holm
     redone over the merged methods; then rank per benchmark (median final fraction, median area),
-    mean rank and Friedman's test."""
+    mean rank and Friedman's test, over the methods with at least ``min_seeds`` seeds there."""
     import json
 
     benchmarks: dict[str, dict] = {}
@@ -516,9 +520,11 @@ def summary_over_benchmarks(paths: list[Path]) -> dict:
         tests, family = wilcoxon_holm(list(b["methods"]), b["per_seed"])
         out["benchmarks"][name] = {"files": b["files"], "seeds": {m: s["seeds"] for m, s in b["methods"].items()},
                                    "wilcoxon": tests, "holm_family": family}
+    out["min_seeds"] = min_seeds
     for what in ("final", "area"):
         out[what] = friedman({name: {m: (s["area_fraction"] if what == "area" else s["hv_fraction"]["100%"])["median"]
-                                     for m, s in b["methods"].items()} for name, b in benchmarks.items()})
+                                     for m, s in b["methods"].items() if s["seeds"] >= min_seeds}
+                              for name, b in benchmarks.items()})
     return out
 
 
@@ -538,12 +544,13 @@ def main() -> None:
     parser.add_argument("--result-name", help="default: replay_search, or replay_search_GRID for another grid")
     parser.add_argument("--summary", type=Path, nargs="+", metavar="JSON",
                         help="no replay: rank the methods over these benchmarks' replay_search JSONs (Friedman)")
+    parser.add_argument("--min-seeds", type=int, default=10, help="--summary ranks the methods with this many seeds")
     parser.add_argument("--proposal-times", metavar="N,N", help="no replay: the seconds each method spends proposing "
                         f"once a search holds N trials (e.g. 50,400), for {', '.join(PROPOSERS)} or --methods")
     parser.add_argument("--proposal-repeats", type=int, default=5, help="proposals timed per method and N (slow: 2)")
     args = parser.parse_args()
     if args.summary:
-        result = summary_over_benchmarks(args.summary)
+        result = summary_over_benchmarks(args.summary, args.min_seeds)
         for what in ("final", "area"):
             f = result[what]
             print(f"{what}: mean rank over {len(f['benchmarks'])} benchmarks (Friedman p {f['friedman_p']}):")
