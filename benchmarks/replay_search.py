@@ -3,6 +3,10 @@
     python -m benchmarks.record_curves --grid convit-wide   # once (resumable): trains the grid for real
     python -m benchmarks.replay_search                      # then: replays searches, no training
     python -m benchmarks.replay_search --seeds 50 --budget 400
+    python -m benchmarks.replay_search --peers strong         # BoTorch, Optuna's GP, SMAC3, DEHB (.[bench])
+    python -m benchmarks.replay_search --grid lcbench-126025  # LCBench (record_lcbench), or convit-fashion_mnist
+    python -m benchmarks.replay_search --proposal-times 50,400  # seconds per proposal, no replay
+    python -m benchmarks.replay_search --summary benchmarks/results/replay_search*-<device>.json
 
 Every trial of a replayed search reads its learning curve and throughput from the recording
 (``benchmarks/data/curves-*.parquet``) instead of training. Trials run one after another, so
@@ -27,6 +31,13 @@ Methods (ours last):
                      the same without rule 4 (a trial on its rung's front always goes on): the
                      quota of the rung's order alone decides (keep_front=False), as published
 
+The strong peers (``--peers strong``; ``benchmarks._peers`` has their settings): BoTorch's
+qNEHVI through Optuna's BoTorchSampler and Optuna's own GPSampler, each without stopping and with
+our MO-ASHA; SMAC3's ParEGO, alone and with Hyperband; DEHB. A GP proposal takes seconds to
+minutes on a CPU, so the GP peers run ``--slow-seeds`` seeds (paired tests use the seeds both
+methods ran). Every method's proposal goes to the nearest recorded configuration
+(``_peers.snap``: itself on a full grid).
+
 Syne Tune's ``Bracket.on_result`` reads what ``MOPriority`` returns as one priority per trial
 (lower is better), but ``NonDominatedPriority`` returns the rung's trials' *indices* in their
 order, best first. The rank it then computes for the new trial is the index of whichever trial is
@@ -42,14 +53,18 @@ that finds one point already has); per method the median and IQR of the hypervol
 25/50/100% of the budget, the epochs to reach 90% and 95% of the true front (median over the
 seeds that do, and how many), and, paired by seed, Wilcoxon's signed-rank test of tpe+MO-ASHA
 and random+MO-ASHA against each other method on the final fraction and on the mean fraction over
-the budget (the area under the curve: how early a method gets there). Written to
-benchmarks/results/replay_search-<device>.json.
+the budget (the area under the curve: how early a method gets there), with Holm's correction
+over all of a benchmark's comparisons. Written to benchmarks/results/replay_search-<device>.json
+(replay_search_<grid>-<device>.json for another grid). ``--summary`` ranks the methods on each
+benchmark (by the median final fraction and by the median area) and tests the mean ranks with
+Friedman's test, as Demsar (2006) sets out for comparing methods over several data sets.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import os
 import statistics
 import time
 from pathlib import Path
@@ -59,19 +74,24 @@ import numpy as np
 import optuna
 from ray.tune.schedulers import ASHAScheduler
 
+from benchmarks import _peers
 from benchmarks._env import write_result
-from benchmarks.record_curves import DATA_DIR, GRIDS
+from benchmarks._lcbench import GRIDS as LCBENCH_GRIDS
+from benchmarks.record_curves import DATA_DIR, GRIDS as RECORDED_GRIDS
 from search.results.hypervolume import hypervolume
 from search.results.store import read_table
 from search.study.mo_asha import MOASHAScheduler
 from search.study.searcher import optuna_state_for
 
 GRID_NAME = "convit-wide"
+GRIDS = {**RECORDED_GRIDS, **LCBENCH_GRIDS}  # recorded here by training; LCBench from YAHPO Gym's surrogate
 OBJECTIVES = [("best_val_acc", "max"), ("log_throughput", "max")]
 MODES = ["max", "max"]
 METHODS = ("random", "tpe", "nsga2", "random+ASHA", "syne-MOASHA", "syne-MOASHA-fixed", "random+MO-ASHA",
            "tpe+MO-ASHA", "random+MO-ASHA-hvc", "tpe+MO-ASHA-hvc", "random+MO-ASHA-quota", "tpe+MO-ASHA-quota")
 OURS = ("tpe+MO-ASHA", "random+MO-ASHA")
+ALL_METHODS = (*METHODS, *_peers.STRONG)
+SLOW = ("botorch-qNEHVI", "botorch-qNEHVI+MO-ASHA", "gp", "gp+MO-ASHA")  # a GP proposal takes seconds: fewer seeds
 SYNE_TUNE = "syne-tune==0.16.0"
 
 
@@ -174,7 +194,10 @@ class _OptunaSearch:
         name = method.split("+")[0]
         sampler = {"random": lambda: optuna.samplers.RandomSampler(seed=seed),
                    "tpe": lambda: optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=8),
-                   "nsga2": lambda: optuna.samplers.NSGAIISampler(seed=seed, population_size=8)}[name]()
+                   "nsga2": lambda: optuna.samplers.NSGAIISampler(seed=seed, population_size=8),
+                   "gp": lambda: _peers.gp_sampler("gp", seed),
+                   "botorch-qNEHVI": lambda: _peers.gp_sampler("botorch", seed)}[name]()
+        self._by_index = name in ("gp", "botorch-qNEHVI")  # a GP proposes in a box: an ordered index per knob
         self._study = optuna.create_study(directions=["maximize", "maximize"], sampler=sampler)
         self._grid, self._epochs = grid, epochs
         if "MO-ASHA" in method:
@@ -193,6 +216,8 @@ class _OptunaSearch:
         self._handle = SimpleNamespace(trial_id=str(number))
         if self._scheduler is not None:
             self._scheduler.on_trial_add(None, self._handle)
+        if self._by_index:
+            return tuple(values[self._trial.suggest_int(k, 0, len(values) - 1)] for k, values in self._grid.items())
         return tuple(self._trial.suggest_categorical(k, values) for k, values in self._grid.items())
 
     def report(self, result: dict) -> bool:
@@ -207,37 +232,74 @@ class _OptunaSearch:
         self._study.tell(self._trial, values, state=getattr(optuna.trial.TrialState, state))
 
 
+def _search(method: str, grid: dict, epochs: int, seed: int, budget: int):
+    if method.startswith("syne"):
+        return _SyneSearch(grid, epochs, seed, fixed=method.endswith("fixed"))
+    if method.startswith("smac"):
+        return _peers.SmacSearch(method, grid, epochs, seed, budget)
+    if method == "dehb":
+        return _peers.DehbSearch(grid, epochs, seed)
+    return _OptunaSearch(method, grid, epochs, seed)
+
+
 def replay(method: str, *, curves: dict[tuple, dict], grid: dict, epochs: int, budget: int, seed: int,
-           reference: list[float]) -> list[tuple[int, float]]:
-    """(epochs spent, hypervolume of the COMPLETE trials) after every trial of one search."""
-    search = (_SyneSearch(grid, epochs, seed, fixed=method.endswith("fixed")) if method.startswith("syne")
-              else _OptunaSearch(method, grid, epochs, seed))
-    spent, front, history, number = 0, [], [], 0
-    while spent < budget:
-        curve = curves[search.ask(number)]
-        number += 1
-        result: dict = {}
-        for epoch in range(1, epochs + 1):
-            if spent >= budget:
-                break  # the budget ran out mid-trial: cut short, like the time limit
-            spent += 1
-            acc, speed = _point(curve, epoch)
-            result = {"epoch": epoch, "best_val_acc": acc, "log_throughput": speed}
-            if epoch == epochs:
-                result["stop_reason"] = "max_epochs"  # the trainer ran it to the end
-            if not search.report(result) or epoch == epochs:
+           reference: list[float], asks: list[float] | None = None) -> list[tuple[int, float]]:
+    """(epochs spent, hypervolume of the COMPLETE trials) after every trial of one search. ``asks``,
+    if given, receives the seconds each proposal took.
+
+    A search either runs each trial to the end unless its scheduler stops it (``report``), or
+    names the epoch to stop at (``fidelity``, the multi-fidelity peers); one that ``resumes`` takes
+    a configuration asked again from its furthest earlier epoch, paying only the extra epochs."""
+    search = _search(method, grid, epochs, seed, budget)
+    spent, front, history, number, trained = 0, [], [], 0, {}
+    try:
+        while spent < budget and number < budget * 20:  # a searcher that only re-asks what it has: no endless loop
+            start = time.perf_counter()
+            try:
+                key = _peers.snap(grid, curves, search.ask(number))
+            except _peers.Exhausted:
                 break
-        reached = result.get("stop_reason") == "max_epochs"
-        search.done(result, reached)
-        if reached:
-            front.append(_point(curve, epochs))
-        history.append((spent, hypervolume(front, modes=MODES, reference=reference) if front else 0.0))
+            if asks is not None:
+                asks.append(time.perf_counter() - start)
+            curve = curves[key]
+            number += 1
+            stop = getattr(search, "fidelity", None) or epochs
+            first = trained.get(key, 0) + 1 if getattr(search, "resumes", False) else 1
+            result: dict = {}
+            if first > stop:  # already trained that far: the peer gets the recorded result, no epochs
+                result = {"epoch": stop, "best_val_acc": _point(curve, stop)[0], "log_throughput": curve["log_throughput"]}
+            for epoch in range(first, stop + 1):
+                if spent >= budget:
+                    break  # the budget ran out mid-trial: cut short, like the time limit
+                spent += 1
+                trained[key] = max(trained.get(key, 0), epoch)
+                acc, speed = _point(curve, epoch)
+                result = {"epoch": epoch, "best_val_acc": acc, "log_throughput": speed}
+                if epoch == epochs:
+                    result["stop_reason"] = "max_epochs"  # the trainer ran it to the end
+                if not search.report(result) or epoch == stop:
+                    break
+            reached = result.get("epoch") == epochs and result.get("stop_reason") == "max_epochs"
+            search.done(result, reached)
+            if reached:
+                front.append(_point(curve, epochs))
+            history.append((spent, hypervolume(front, modes=MODES, reference=reference) if front else 0.0))
+    finally:
+        getattr(search, "close", lambda: None)()
     return history
 
 
 def at_epochs(history: list[tuple[int, float]], spent: int) -> float:
     """The hypervolume a search had when it had spent ``spent`` epochs."""
     return max([v for s, v in history if s <= spent], default=0.0)
+
+
+def curve(history: list[tuple[int, float]], steps: np.ndarray) -> np.ndarray:
+    """``at_epochs`` at every step at once."""
+    spent = np.array([s for s, _ in history] or [0])
+    best = np.maximum.accumulate(np.array([v for _, v in history] or [0.0]))
+    index = np.searchsorted(spent, steps, side="right") - 1
+    return np.where(index >= 0, best[np.clip(index, 0, None)], 0.0)
 
 
 def epochs_to_reach(history: list[tuple[int, float]], target: float) -> int | None:
@@ -249,19 +311,262 @@ def _quartiles(values: list[float]) -> dict:
     return {"median": float(median), "q1": float(q1), "q3": float(q3)}
 
 
+# --- statistics: across comparisons (Holm) and across benchmarks (ranks, Friedman) ------------------
+def holm(p_values: list[float]) -> list[float]:
+    """Holm's step-down adjusted p-values, in the order given: sorted ascending, the i-th smallest
+    (from 0) times (m - i), kept monotone, at most 1. Reject where the adjusted p < alpha."""
+    m = len(p_values)
+    adjusted, running = [0.0] * m, 0.0
+    for i, k in enumerate(sorted(range(m), key=lambda k: p_values[k])):
+        running = max(running, min(1.0, (m - i) * p_values[k]))
+        adjusted[k] = running
+    return adjusted
+
+
+def ranks(scores: dict[str, float]) -> dict[str, float]:
+    """Rank 1 for the highest score, ties sharing the mean of their ranks (Demsar 2006)."""
+    from scipy.stats import rankdata
+
+    names = list(scores)
+    return dict(zip(names, (float(r) for r in rankdata([-scores[n] for n in names], method="average"))))
+
+
+def friedman(scores_by_benchmark: dict[str, dict[str, float]]) -> dict:
+    """Mean rank per method over benchmarks and the Friedman test of equal ranks, over the methods
+    that every benchmark has (Demsar 2006: the rank-based comparison of several methods on several
+    data sets). The test needs at least two benchmarks and three methods; p is None otherwise."""
+    from scipy.stats import friedmanchisquare
+
+    common = [m for m in next(iter(scores_by_benchmark.values())) if all(m in s for s in scores_by_benchmark.values())]
+    per_benchmark = {b: ranks({m: s[m] for m in common}) for b, s in scores_by_benchmark.items()}
+    mean_rank = {m: float(np.mean([r[m] for r in per_benchmark.values()])) for m in common}
+    statistic = p = None
+    if len(scores_by_benchmark) >= 2 and len(common) >= 3:
+        result = friedmanchisquare(*[[scores_by_benchmark[b][m] for b in scores_by_benchmark] for m in common])
+        statistic, p = float(result.statistic), float(result.pvalue)
+        if math.isnan(p):  # every benchmark ranks the methods alike with ties throughout: no evidence
+            statistic, p = None, None
+    return {"methods": common, "ranks": per_benchmark, "mean_rank": mean_rank, "friedman_statistic": statistic,
+            "friedman_p": p, "benchmarks": list(scores_by_benchmark)}
+
+
+PROPOSERS = ("random", "tpe", "nsga2", "gp", "botorch-qNEHVI", "smac-ParEGO", "smac-ParEGO+HB", "dehb", "syne-MOASHA")
+
+
+def proposal_seconds(method: str, *, curves: dict, grid: dict, epochs: int, at: int, repeats: int,
+                     seed: int = 0) -> list[tuple[float, float]]:
+    """(wall, CPU) seconds of each of ``repeats`` proposals once the search holds ``at`` trials (CPU:
+    this process's, all its threads: on a shared machine the wall time is also the others'). An Optuna
+    sampler reads the study's trials, so the study is given ``at`` recorded configurations run to
+    the end (random, COMPLETE) and then asked; every other searcher runs its own asks and tells on
+    the recording (no budget) up to ``at`` trials, since what it proposes next depends on its state."""
+    keys = list(curves)
+    rng = np.random.default_rng(seed)
+    times: list[tuple[float, float]] = []
+    search = _search(method, grid, epochs, seed, budget=10 * at * epochs)
+    try:
+        if isinstance(search, _OptunaSearch):
+            from optuna.distributions import CategoricalDistribution, IntDistribution
+
+            for i in rng.integers(len(keys), size=at):
+                key = keys[i]
+                if search._by_index:
+                    params = {k: values.index(v) for (k, values), v in zip(grid.items(), key)}
+                    dists = {k: IntDistribution(0, len(values) - 1) for k, values in grid.items()}
+                else:
+                    params = dict(zip(grid, key))
+                    dists = {k: CategoricalDistribution(values) for k, values in grid.items()}
+                search._study.add_trial(optuna.trial.create_trial(params=params, distributions=dists,
+                                                                  values=_point(curves[key], epochs)))
+            fed = at
+        else:
+            fed = 0
+        number, trained = 0, {}
+        while len(times) < repeats:
+            start, cpu = time.perf_counter(), time.process_time()
+            try:
+                key = _peers.snap(grid, curves, search.ask(fed + number))
+            except _peers.Exhausted:
+                break
+            if fed + number >= at:
+                times.append((time.perf_counter() - start, time.process_time() - cpu))
+            number += 1
+            stop = getattr(search, "fidelity", None) or epochs
+            result = {"epoch": stop, "best_val_acc": _point(curves[key], stop)[0],
+                      "log_throughput": curves[key]["log_throughput"]}
+            if stop == epochs:
+                result["stop_reason"] = "max_epochs"
+            search.done(result, stop == epochs)
+    finally:
+        getattr(search, "close", lambda: None)()
+    return times
+
+
+def proposal_table(methods: list[str], at: list[int], repeats: int, slow_repeats: int, *, write=lambda table: None,
+                   **replay_args) -> dict:
+    """The proposal seconds of each method at each N; ``write(table)`` after each (a long run stopped
+    early keeps what it has)."""
+    table = {}
+    for method in methods:
+        table[method] = {}
+        for n in at:
+            start = time.perf_counter()
+            seconds = proposal_seconds(method, at=n, repeats=slow_repeats if method in SLOW else repeats, **replay_args)
+            wall, cpu = [w for w, _ in seconds], [c for _, c in seconds]
+            table[method][str(n)] = {"median_wall_s": float(np.median(wall)) if wall else None,
+                                     "median_cpu_s": float(np.median(cpu)) if cpu else None,
+                                     # SMAC refits every few proposals and pops the rest: the mean is its cost
+                                     "mean_wall_s": float(np.mean(wall)) if wall else None,
+                                     "mean_cpu_s": float(np.mean(cpu)) if cpu else None,
+                                     "max_wall_s": max(wall, default=None), "proposals": len(seconds),
+                                     "measuring_s": time.perf_counter() - start,
+                                     "load_average_1min": os.getloadavg()[0]}
+            row = table[method][str(n)]
+            print(f"  {method} at {n} trials: median {row['median_wall_s']} s wall, {row['median_cpu_s']} s CPU over "
+                  f"{len(seconds)} proposals (load {row['load_average_1min']:.1f})", flush=True)
+            write(table)
+    return table
+
+
+def wilcoxon_holm(methods: list[str], per_seed: dict) -> tuple[dict, int]:
+    """Ours against each other method, paired by seed (the seeds both ran), on the final fraction
+    and the area: Wilcoxon's signed-rank p, and Holm's over all these comparisons together."""
+    from scipy import stats
+
+    tests, flat, pairs = {}, [], set()
+    for ours in [m for m in OURS if m in methods]:
+        for other in [m for m in methods if m != ours and frozenset((m, ours)) not in pairs]:
+            pairs.add(frozenset((ours, other)))  # one test per pair: ours against ours once
+            row = {}
+            n = min(len(per_seed[ours]["final"]), len(per_seed[other]["final"]))
+            for what in ("final", "area"):
+                a, b = np.array(per_seed[ours][what][:n]), np.array(per_seed[other][what][:n])
+                diffs = a - b
+                p = float(stats.wilcoxon(a, b).pvalue) if np.any(diffs != 0) else 1.0
+                row[what] = {"seeds": n, "median_difference": float(np.median(diffs)),
+                             "ours_higher": int((diffs > 0).sum()), "ours_lower": int((diffs < 0).sum()), "p_value": p}
+                flat.append(row[what])
+            tests[f"{ours} vs {other}"] = row
+    for row, adjusted in zip(flat, holm([r["p_value"] for r in flat])):
+        row["p_holm"] = adjusted
+    return tests, len(flat)
+
+
+def _summarise(methods: list[str], runs: dict, budget: int, true_volume: float, seconds: dict, asks: dict) -> dict:
+    """Per method: the hypervolume fraction at 25/50/100%, the area, epochs to 90/95%, per seed;
+    the paired Wilcoxon tests of ours against each other method, Holm-corrected across them all."""
+    marks = {"25%": budget // 4, "50%": budget // 2, "100%": budget}
+    steps = np.arange(1, budget + 1)
+    summary, per_seed = {}, {}
+    for method in methods:
+        fractions = {name: [at_epochs(h, spent) / true_volume for h in runs[method]] for name, spent in marks.items()}
+        area = [float(np.mean(curve(h, steps))) / true_volume for h in runs[method]]
+        per_seed[method] = {"final": fractions["100%"], "area": area}
+        reach = {}
+        for share in (0.90, 0.95):
+            hit = [e for e in (epochs_to_reach(h, share * true_volume) for h in runs[method]) if e is not None]
+            reach[f"{share:.0%}"] = {"seeds_reaching": len(hit), "median_epochs": statistics.median(hit) if hit else None}
+        summary[method] = {"seeds": len(runs[method]), "hv_fraction": {k: _quartiles(v) for k, v in fractions.items()},
+                           "area_fraction": _quartiles(area), "epochs_to": reach,
+                           "trials_median": statistics.median(len(h) for h in runs[method]), "seconds": seconds[method],
+                           "proposal_seconds_median": float(np.median(asks[method])) if asks[method] else None,
+                           "proposal_seconds_mean": float(np.mean(asks[method])) if asks[method] else None}
+    tests, holm_family = wilcoxon_holm(methods, per_seed)
+    scores = {what: {m: summary[m][key]["median"] if what == "area" else summary[m]["hv_fraction"]["100%"]["median"]
+                     for m in methods} for what, key in (("final", None), ("area", "area_fraction"))}
+    return {"methods": summary, "per_seed": per_seed, "wilcoxon": tests, "holm_family": holm_family,
+            "ranks": {what: ranks(v) for what, v in scores.items()}}
+
+
+def _print_table(methods: list[str], result: dict) -> None:
+    summary, tests = result["methods"], result["wilcoxon"]
+    print(f"\n{'method':<22} {'seeds':>5} {'HV at 25%':>19} {'HV at 50%':>19} {'HV at 100%':>19} {'area':>19}  "
+          f"to 90% (seeds)  to 95% (seeds)  ask s")
+    for method in methods:
+        s = summary[method]
+        cells = [f"{q['median']:.3f} ({q['q1']:.3f}-{q['q3']:.3f})" for q in
+                 (*s["hv_fraction"].values(), s["area_fraction"])]
+        reach = [f"{r['median_epochs'] or '-':>6} ({r['seeds_reaching']:>2})" for r in s["epochs_to"].values()]
+        ask = s["proposal_seconds_median"]
+        print(f"{method:<22} {s['seeds']:>5} " + " ".join(f"{c:>19}" for c in cells) + "  "
+              + "  ".join(f"{r:>14}" for r in reach) + f"  {ask if ask is None else f'{ask:.3g}'}")
+    print(f"\nWilcoxon signed-rank, paired by seed (final fraction; area under the curve); p and Holm's p over "
+          f"{result['holm_family']} comparisons:")
+    for name, row in tests.items():
+        f, a = row["final"], row["area"]
+        print(f"  {name:<40} n {f['seeds']:>2}: final {f['median_difference']:+.3f} ({f['ours_higher']}/{f['ours_lower']}, "
+              f"p {f['p_value']:.2g}, Holm {f['p_holm']:.2g}); area {a['median_difference']:+.3f} ({a['ours_higher']}/"
+              f"{a['ours_lower']}, p {a['p_value']:.2g}, Holm {a['p_holm']:.2g})")
+
+
+def summary_over_benchmarks(paths: list[Path], min_seeds: int = 10) -> dict:
+    """From replay JSONs: the files of one benchmark (grid and budget) merged, method by method (a
+    method in two files: the first; the seeds are the same searches), the Wilcoxon tests and Holm
+    redone over the merged methods; then rank per benchmark (median final fraction, median area),
+    mean rank and Friedman's test, over the methods with at least ``min_seeds`` seeds there."""
+    import json
+
+    benchmarks: dict[str, dict] = {}
+    for path in paths:
+        r = json.loads(Path(path).read_text())
+        name = f"{r['grid']} ({r['configurations']} configurations, budget {r['budget_epochs']} epochs)"
+        b = benchmarks.setdefault(name, {"files": [], "methods": {}, "per_seed": {}})
+        b["files"].append(Path(path).name)
+        for m, s in r["methods"].items():
+            if m not in b["methods"]:
+                b["methods"][m], b["per_seed"][m] = s, r["per_seed"][m]
+    out: dict = {"benchmarks": {}}
+    for name, b in benchmarks.items():
+        tests, family = wilcoxon_holm(list(b["methods"]), b["per_seed"])
+        out["benchmarks"][name] = {"files": b["files"], "seeds": {m: s["seeds"] for m, s in b["methods"].items()},
+                                   "wilcoxon": tests, "holm_family": family}
+    out["min_seeds"] = min_seeds
+    for what in ("final", "area"):
+        out[what] = friedman({name: {m: (s["area_fraction"] if what == "area" else s["hv_fraction"]["100%"])["median"]
+                                     for m, s in b["methods"].items() if s["seeds"] >= min_seeds}
+                              for name, b in benchmarks.items()})
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--grid", choices=sorted(GRIDS), default=GRID_NAME)
     parser.add_argument("--curves", type=Path, help="default: benchmarks/data/curves-GRID.parquet")
     parser.add_argument("--seeds", type=int, default=50)
+    parser.add_argument("--slow-seeds", type=int, default=5,
+                        help="seeds for the slow methods (--slow-methods; GP peers by default: seconds to minutes a proposal)")
+    parser.add_argument("--slow-methods", default=",".join(SLOW), help="the methods that get --slow-seeds")
     parser.add_argument("--budget", type=int, help="epochs per search (default: a sixth of the grid's epochs)")
-    parser.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated, of {', '.join(METHODS)}")
+    parser.add_argument("--peers", choices=("default", "strong", "all"), default="default",
+                        help="default: the methods that run in minutes; strong: with the strong peers "
+                             f"({', '.join(_peers.STRONG)}; pip install -e '.[bench]'); all: both")
+    parser.add_argument("--methods", help=f"comma-separated (overrides --peers), of {', '.join(ALL_METHODS)}")
+    parser.add_argument("--result-name", help="default: replay_search, or replay_search_GRID for another grid")
+    parser.add_argument("--summary", type=Path, nargs="+", metavar="JSON",
+                        help="no replay: rank the methods over these benchmarks' replay_search JSONs (Friedman)")
+    parser.add_argument("--min-seeds", type=int, default=10, help="--summary ranks the methods with this many seeds")
+    parser.add_argument("--proposal-times", metavar="N,N", help="no replay: the seconds each method spends proposing "
+                        f"once a search holds N trials (e.g. 50,400), for {', '.join(PROPOSERS)} or --methods")
+    parser.add_argument("--proposal-repeats", type=int, default=5, help="proposals timed per method and N (slow: 2)")
     args = parser.parse_args()
+    if args.summary:
+        result = summary_over_benchmarks(args.summary, args.min_seeds)
+        for what in ("final", "area"):
+            f = result[what]
+            print(f"{what}: mean rank over {len(f['benchmarks'])} benchmarks (Friedman p {f['friedman_p']}):")
+            for m in sorted(f["mean_rank"], key=f["mean_rank"].get):
+                print(f"  {m:<22} {f['mean_rank'][m]:.2f}  " + "  ".join(f"{r[m]:g}" for r in f["ranks"].values()))
+        print(f"wrote {write_result(args.result_name or 'replay_search_summary', result)}")
+        return
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    methods = [m for m in args.methods.split(",") if m]
-    unknown = [m for m in methods if m not in METHODS]
+    if args.methods:
+        methods = [m for m in args.methods.split(",") if m]
+    else:
+        methods = {"default": list(METHODS), "strong": [*_peers.STRONG, *OURS], "all": list(ALL_METHODS)}[args.peers]
+    slow = [m for m in args.slow_methods.split(",") if m]
+    unknown = [m for m in methods + slow if m not in ALL_METHODS]
     if unknown:
-        raise SystemExit(f"--methods: unknown {unknown[0]!r}; use some of {', '.join(METHODS)}")
+        raise SystemExit(f"--methods: unknown {unknown[0]!r}; use some of {', '.join(ALL_METHODS)}")
     check = None
     if any(m.startswith("syne") for m in methods):
         check = syne_tune_ranking_check()  # Syne Tune missing: one line naming the install, before any replay
@@ -269,82 +574,77 @@ def main() -> None:
     grid = GRIDS[args.grid]["grid"]
     curves_file = args.curves or DATA_DIR / f"curves-{args.grid}.parquet"
     curves, epochs = load_curves(curves_file, grid)
-    # the searchers draw from the recorded points only (a recording may be a random subset of the grid)
+    # the searchers draw from the recorded values; a proposal that was not recorded (a recording
+    # may be a random subset of the grid) is mapped to the nearest recorded configuration (_peers.snap)
     grid = {k: sorted({key[i] for key in curves}) for i, k in enumerate(grid)}
-    missing = math.prod(len(v) for v in grid.values()) - len(curves)
-    if missing:
-        raise SystemExit(f"{curves_file}: {len(curves)} configurations recorded, {missing} of the grid's points "
-                         "missing; record the rest (python -m benchmarks.record_curves resumes) or give a full grid")
+    unrecorded = math.prod(len(v) for v in grid.values()) - len(curves)
     finals = [_point(c, epochs) for c in curves.values()]
     reference = [min(p[0] for p in finals), min(p[1] for p in finals)]
     true_volume = hypervolume(finals, modes=MODES, reference=reference)
     best_single = max(hypervolume([p], modes=MODES, reference=reference) for p in finals)
     budget = args.budget or len(curves) * epochs // 6
-    print(f"{len(curves)} configurations x {epochs} epochs ({curves_file.name}); reference point "
-          f"val_acc {reference[0]:.4f}, throughput {10 ** reference[1]:,.0f} img/s; the best single configuration "
-          f"holds {best_single / true_volume:.3f} of the true front's hypervolume; budget {budget} epochs "
-          f"({budget / epochs:.0f} full trials) per search; {args.seeds} seeds", flush=True)
+    print(f"{len(curves)} configurations x {epochs} epochs ({curves_file.name}; {unrecorded} grid points not recorded, "
+          f"proposals of those go to the nearest recorded one); reference point val_acc {reference[0]:.4f}, throughput "
+          f"{10 ** reference[1]:,.4g}; the best single configuration holds {best_single / true_volume:.3f} of the "
+          f"true front's hypervolume; budget {budget} epochs ({budget / epochs:.0f} full trials) per search; "
+          f"{args.seeds} seeds ({args.slow_seeds} for {', '.join(m for m in methods if m in slow) or 'no slow peer'})",
+          flush=True)
+    name = args.result_name or ("replay_search" if args.grid == GRID_NAME else f"replay_search_{args.grid}")
+    if args.proposal_times:
+        at = [int(n) for n in args.proposal_times.split(",")]
+        chosen = methods if args.methods else list(PROPOSERS)
+        import torch
 
-    runs: dict[str, list[list[tuple[int, float]]]] = {m: [] for m in methods}
-    seconds = {}
+        versions = {d: _peers.version(d) for d in ("optuna", "optuna-integration", "botorch", "gpytorch", "smac",
+                                                   "DEHB", "syne-tune", "torch")}
+
+        def write(table: dict) -> Path:
+            return write_result(f"{name}_proposals", {
+                "curves_file": curves_file.name, "at_trials": at, "seconds": table, "versions": versions,
+                "torch_threads": torch.get_num_threads(), "complete": list(table) == chosen and all(
+                    len(v) == len(at) for v in table.values())})
+
+        table = proposal_table(chosen, at, args.proposal_repeats, min(2, args.proposal_repeats), write=write,
+                               curves=curves, grid=grid, epochs=epochs)
+        print(f"wrote {write(table)}")
+        return
+    peers = {m: _peers.settings(budget // epochs, budget, epochs).get(m.split("+MO-ASHA")[0]) for m in methods
+             if m.split("+MO-ASHA")[0] in _peers.settings(budget // epochs, budget, epochs)}
+
+    write = _writer(name, {
+        "curves_file": curves_file.name, "grid": args.grid, "configurations": len(curves),
+        "unrecorded_grid_points": unrecorded, "epochs": epochs, "budget_epochs": budget, "seeds": args.seeds,
+        "slow_seeds": args.slow_seeds, "slow_methods": [m for m in methods if m in slow],
+        "reference_point": {"val_acc": reference[0], "log10_throughput": reference[1]},
+        "true_front_hypervolume": true_volume, "best_single_config_share": best_single / true_volume,
+        "mapping": "every method's proposal goes to the nearest recorded configuration (benchmarks._peers.snap)",
+        "peer_settings": peers, "syne_tune": SYNE_TUNE, "syne_tune_ranking_check": check}, budget, true_volume)
+    runs: dict[str, list] = {}
+    seconds, asks = {}, {}
     for method in methods:
         start = time.perf_counter()
-        for seed in range(args.seeds):
+        runs[method], asks[method] = [], []
+        seeds = args.slow_seeds if method in slow else args.seeds
+        for seed in range(seeds):
             runs[method].append(replay(method, curves=curves, grid=grid, epochs=epochs, budget=budget, seed=seed,
-                                       reference=reference))
-        seconds[method] = time.perf_counter() - start
-        print(f"  {method}: {args.seeds} searches in {seconds[method]:.0f} s", flush=True)
-
-    from scipy import stats
-
-    marks = {"25%": budget // 4, "50%": budget // 2, "100%": budget}
-    steps = list(range(1, budget + 1))
-    summary, finals_by, area_by = {}, {}, {}
-    for method in methods:
-        fractions = {name: [at_epochs(h, spent) / true_volume for h in runs[method]] for name, spent in marks.items()}
-        area_by[method] = [float(np.mean([at_epochs(h, s) for s in steps])) / true_volume for h in runs[method]]
-        finals_by[method] = fractions["100%"]
-        reach = {}
-        for share in (0.90, 0.95):
-            hit = [e for e in (epochs_to_reach(h, share * true_volume) for h in runs[method]) if e is not None]
-            reach[f"{share:.0%}"] = {"seeds_reaching": len(hit), "median_epochs": statistics.median(hit) if hit else None}
-        summary[method] = {"hv_fraction": {k: _quartiles(v) for k, v in fractions.items()},
-                           "area_fraction": _quartiles(area_by[method]), "epochs_to": reach,
-                           "trials_median": statistics.median(len(h) for h in runs[method]), "seconds": seconds[method]}
-    tests = {}
-    for ours in [m for m in OURS if m in methods]:
-        for other in [m for m in methods if m != ours]:
-            row = {}
-            for what, values in (("final", finals_by), ("area", area_by)):
-                diffs = np.array(values[ours]) - np.array(values[other])
-                p = float(stats.wilcoxon(values[ours], values[other]).pvalue) if np.any(diffs != 0) else 1.0
-                row[what] = {"median_difference": float(np.median(diffs)), "ours_higher": int((diffs > 0).sum()),
-                             "ours_lower": int((diffs < 0).sum()), "p_value": p}
-            tests[f"{ours} vs {other}"] = row
-
-    print(f"\n{'method':<18} {'HV at 25%':>19} {'HV at 50%':>19} {'HV at 100%':>19} {'area':>19}  to 90% (seeds)  "
-          f"to 95% (seeds)")
-    for method in methods:
-        s = summary[method]
-        cells = [f"{q['median']:.3f} ({q['q1']:.3f}-{q['q3']:.3f})" for q in
-                 (*s["hv_fraction"].values(), s["area_fraction"])]
-        reach = [f"{r['median_epochs'] or '-':>6} ({r['seeds_reaching']:>2})" for r in s["epochs_to"].values()]
-        print(f"{method:<18} " + " ".join(f"{c:>19}" for c in cells) + "  " + "  ".join(f"{r:>14}" for r in reach))
-    print("\nWilcoxon signed-rank, paired by seed (final fraction; area under the curve):")
-    for name, row in tests.items():
-        f, a = row["final"], row["area"]
-        print(f"  {name:<36} final {f['median_difference']:+.3f} (higher {f['ours_higher']}, lower {f['ours_lower']}, "
-              f"p {f['p_value']:.2g}); area {a['median_difference']:+.3f} (higher {a['ours_higher']}, lower "
-              f"{a['ours_lower']}, p {a['p_value']:.2g})")
-
-    path = write_result("replay_search", {
-        "curves_file": curves_file.name, "grid": args.grid, "configurations": len(curves), "epochs": epochs,
-        "budget_epochs": budget, "seeds": args.seeds, "reference_point": {"val_acc": reference[0],
-                                                                         "log10_throughput": reference[1]},
-        "true_front_hypervolume": true_volume, "best_single_config_share": best_single / true_volume,
-        "methods": summary, "wilcoxon": tests, "syne_tune": SYNE_TUNE, "syne_tune_ranking_check": check,
-    })
+                                       reference=reference, asks=asks[method]))
+            seconds[method] = time.perf_counter() - start
+            if method in slow or seed == seeds - 1:
+                path, result = write(methods, runs, seconds, asks)  # a long run stopped early keeps what it has
+        print(f"  {method}: {len(runs[method])} searches in {seconds[method]:.0f} s", flush=True)
+    _print_table(methods, result)
     print(f"wrote {path}")
+
+
+def _writer(name: str, payload: dict, budget: int, true_volume: float):
+    """write(methods, runs, seconds, asks): the JSON so far, from the methods that have run."""
+    def write(methods: list[str], runs: dict, seconds: dict, asks: dict) -> tuple[Path, dict]:
+        done = [m for m in methods if runs.get(m)]
+        result = _summarise(done, runs, budget, true_volume, seconds, asks)
+        return write_result(name, {**payload, **result, "complete": done == methods and all(
+            len(runs[m]) == (payload["slow_seeds"] if m in payload["slow_methods"] else payload["seeds"])
+            for m in methods)}), result
+    return write
 
 
 if __name__ == "__main__":

@@ -1,15 +1,19 @@
 """The search-efficiency replay (benchmarks.replay_search) on a small made-up recording: budgets
-are kept, fronts hold only full-budget trials, and the recording's points are what is searched."""
+are kept, fronts hold only full-budget trials, and the recording's points are what is searched;
+its statistics (Holm, ranks, Friedman) on numbers worked out by hand."""
 
 from __future__ import annotations
 
 import itertools
+import math
 
 import pyarrow as pa
 import pytest
 
 from benchmarks.record_curves import schema
-from benchmarks.replay_search import METHODS, at_epochs, epochs_to_reach, load_curves, replay
+from benchmarks import _peers
+from benchmarks.replay_search import (METHODS, at_epochs, epochs_to_reach, friedman, holm, load_curves, ranks,
+                                      replay)
 from search.results.hypervolume import hypervolume
 from search.results.store import write_atomic
 
@@ -17,9 +21,11 @@ GRID = {"depth": [1, 2, 3], "embed_dim": [16, 32], "lr": [0.001, 0.004]}
 EPOCHS = 4
 
 
-def _recording(tmp_path):
+def _recording(tmp_path, skip=()):
     rows = []
     for config_id, (depth, width, lr) in enumerate(itertools.product(*GRID.values())):
+        if (depth, width, lr) in skip:
+            continue
         final = 0.5 + 0.05 * depth + 0.001 * width + (0.02 if lr > 0.002 else 0.0)
         for epoch in range(1, EPOCHS + 1):
             acc = final * epoch / EPOCHS
@@ -32,8 +38,14 @@ def _recording(tmp_path):
     return path
 
 
-@pytest.mark.parametrize("method", [m for m in METHODS if not m.startswith("syne")])
+_NEEDS = {"botorch": "botorch", "smac": "smac", "dehb": "dehb"}
+
+
+@pytest.mark.parametrize("method", [m for m in (*METHODS, *_peers.STRONG) if not m.startswith("syne")])
 def test_every_method_keeps_the_budget_and_fronts_hold_full_budget_trials_only(tmp_path, method):
+    for prefix, module in _NEEDS.items():
+        if method.startswith(prefix):
+            pytest.importorskip(module)
     curves, epochs = load_curves(_recording(tmp_path), GRID)
     assert len(curves) == 12 and epochs == EPOCHS
     finals = [[c["best"][-1], c["log_throughput"]] for c in curves.values()]
@@ -43,7 +55,7 @@ def test_every_method_keeps_the_budget_and_fronts_hold_full_budget_trials_only(t
     spent = [s for s, _ in history]
     assert spent == sorted(spent) and spent[-1] == 6 * EPOCHS  # the budget, all of it, no more
     assert all(0.0 <= v <= true * (1 + 1e-9) for _, v in history)
-    if "ASHA" not in method:  # no early stopping: every trial runs the full budget
+    if "ASHA" not in method and method not in ("smac-ParEGO+HB", "dehb"):  # no stopping: every trial runs in full
         assert spent == [EPOCHS * (i + 1) for i in range(6)]
     assert at_epochs(history, 0) == 0.0 and at_epochs(history, spent[-1]) == history[-1][1]
     assert epochs_to_reach(history, history[-1][1]) <= spent[-1] and epochs_to_reach(history, 2 * true) is None
@@ -61,3 +73,75 @@ def test_syne_tune_reads_its_rung_ranking_as_indices_and_the_fix_as_ranks():
     from benchmarks.replay_search import syne_tune_ranking_check
 
     assert syne_tune_ranking_check() == {"as shipped": "STOP", "fixed": "CONTINUE"}
+
+
+def test_a_multi_fidelity_peer_resumes_a_configuration_asked_again_at_a_higher_fidelity(tmp_path):
+    pytest.importorskip("dehb")
+    curves, epochs = load_curves(_recording(tmp_path), GRID)
+    history = replay("dehb", curves=curves, grid=GRID, epochs=epochs, budget=60, seed=0, reference=[0.0, 0.0])
+    # twelve configurations of four epochs hold 48 epochs in all: a search that resumes never pays more
+    assert history[-1][0] <= 48 and len(history) > 12
+
+
+def test_a_gp_sampler_proposes_recorded_points_after_its_start_up_trials(tmp_path):
+    curves, epochs = load_curves(_recording(tmp_path), GRID)
+    asks: list[float] = []
+    history = replay("gp", curves=curves, grid=GRID, epochs=epochs, budget=12 * EPOCHS, seed=0, reference=[0.0, 0.0],
+                     asks=asks)
+    assert len(history) == 12 and len(asks) == 12  # 10 start-up trials, then two GP proposals
+
+
+def test_a_proposal_that_was_not_recorded_goes_to_the_nearest_recorded_configuration(tmp_path):
+    curves, _ = load_curves(_recording(tmp_path, skip={(2, 32, 0.004)}), GRID)
+    assert _peers.snap(GRID, curves, (1, 16, 0.001)) == (1, 16, 0.001)  # recorded: itself
+    # (2, 32, 0.004) is missing; its neighbours at distance 1/2 (depth 1 or 3) and 1 (width, lr):
+    # depth 1 and 3 tie at a half, and the first recorded of them wins
+    assert _peers.snap(GRID, curves, (2, 32, 0.004)) == (1, 32, 0.004)
+    assert _peers.snap(GRID, curves, (3, 30, 0.0035)) == (3, 32, 0.004)  # off the grid: each knob to its nearest
+
+
+def test_holm_adjusts_the_sorted_p_values_by_the_tests_left_and_keeps_them_monotone():
+    # sorted: 0.005 x 4 = 0.02, 0.01 x 3 = 0.03, 0.03 x 2 = 0.06, 0.04 x 1 = 0.04 -> 0.06 (monotone)
+    assert holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert holm([0.5, 0.9]) == pytest.approx([1.0, 1.0])  # capped at 1
+    assert holm([]) == []
+
+
+def test_ranks_put_the_highest_score_first_and_share_ties():
+    assert ranks({"a": 0.9, "b": 0.8, "c": 0.9, "d": 0.5}) == {"a": 1.5, "b": 3.0, "c": 1.5, "d": 4.0}
+
+
+def test_friedman_on_four_benchmarks_of_three_methods():
+    # ranks (A, B, C): (1, 2, 3), (1, 3, 2), (1, 2, 3), (2, 1, 3); sums 5, 8, 11 of N = 4, k = 3:
+    # chi2 = 12 / (N k (k + 1)) * (25 + 64 + 121) - 3 N (k + 1) = 52.5 - 48 = 4.5, p = exp(-4.5 / 2)
+    scores = {"b1": {"A": 0.9, "B": 0.8, "C": 0.7}, "b2": {"A": 0.9, "B": 0.5, "C": 0.6},
+              "b3": {"A": 0.95, "B": 0.9, "C": 0.1}, "b4": {"A": 0.8, "B": 0.85, "C": 0.2}}
+    out = friedman(scores)
+    assert out["mean_rank"] == pytest.approx({"A": 1.25, "B": 2.0, "C": 2.75})
+    assert out["ranks"]["b2"] == {"A": 1.0, "B": 3.0, "C": 2.0}
+    assert out["friedman_statistic"] == pytest.approx(4.5)
+    assert out["friedman_p"] == pytest.approx(math.exp(-2.25))
+
+
+def test_friedman_ranks_only_the_methods_every_benchmark_has_and_needs_three():
+    out = friedman({"b1": {"A": 0.9, "B": 0.8, "C": 0.1}, "b2": {"A": 0.7, "B": 0.9}})
+    assert out["methods"] == ["A", "B"] and out["mean_rank"] == {"A": 1.5, "B": 1.5}
+    assert out["friedman_p"] is None
+
+
+@pytest.mark.parametrize("method", ["tpe", "gp", "random+MO-ASHA"])
+def test_proposal_seconds_times_the_asks_once_the_search_holds_that_many_trials(tmp_path, method):
+    from benchmarks.replay_search import proposal_seconds
+
+    curves, epochs = load_curves(_recording(tmp_path), GRID)
+    seconds = proposal_seconds(method, curves=curves, grid=GRID, epochs=epochs, at=11, repeats=2)
+    assert len(seconds) == 2 and all(wall >= 0 and cpu >= 0 for wall, cpu in seconds)
+
+
+def test_the_curve_at_every_step_is_at_epochs_at_each():
+    from benchmarks.replay_search import curve
+
+    history = [(3, 0.0), (5, 0.2), (5, 0.3), (9, 0.3), (12, 0.5)]
+    steps = list(range(0, 15))
+    assert list(curve(history, steps)) == [at_epochs(history, s) for s in steps]
+    assert list(curve([], [1, 2])) == [0.0, 0.0]

@@ -1,0 +1,222 @@
+"""The strong peers of ``benchmarks.replay_search`` (``--peers strong``): model-based and multi-fidelity
+optimisers from other libraries, each driven through its own ask/tell interface as its authors
+document it, on the recording's discrete points.
+
+  botorch-qNEHVI, botorch-qNEHVI+MO-ASHA
+      Optuna's BoTorchSampler (optuna-integration) with ``candidates_func=qnehvi_candidates_func``
+      (BoTorch's qLogNEHVI: a SingleTaskGP, 256 quasi-MC samples, 20 restarts, 1024 raw samples,
+      the sampler's settings), 10 start-up trials (its default); without stopping, and with this
+      project's MO-ASHA stopping the trials it proposes.
+  gp, gp+MO-ASHA
+      Optuna's own GPSampler (LogEHVI for two objectives; Optuna's maintained GP path), the same two ways.
+  smac-ParEGO
+      SMAC3's HyperparameterOptimizationFacade (random forest, log EI) with ParEGO for the two
+      objectives and ``max_config_calls=1``, as SMAC's multi-objective example sets it.
+  smac-ParEGO+HB
+      SMAC3's MultiFidelityFacade (Hyperband, eta 2 from 1 to the full epochs: the same rungs as
+      the ASHA methods) with ParEGO.
+  dehb
+      DEHB (Awad et al. 2021) with eta 2 from 1 to the full epochs. DEHB is single-objective: it
+      minimises 1 - best val_acc (as Ray's ASHA peer ranks by val_acc); its full-budget trials
+      make its front like every other method's.
+
+The recording's knobs are discrete and ordered. GP-based peers (BoTorch, Optuna's GP) propose one
+integer per knob, the index into that knob's recorded values (Optuna rounds the continuous
+candidate to the nearest index); SMAC and DEHB see ConfigSpace ordinal hyperparameters; the
+others choose among each knob's values. Every method's proposal then passes through ``snap``: the
+nearest *recorded* configuration (each knob by its position among its values). On a recording of
+the full grid every proposal is recorded and it changes nothing; on a partial recording (a
+random subset of the grid) it is the one mapping, the same for every method.
+
+Multi-fidelity peers (SMAC with Hyperband, DEHB) ask for a configuration *at a fidelity*. A
+configuration asked again at a higher fidelity resumes from its furthest earlier epoch (a
+checkpoint), so only the extra epochs are paid: the same cost model as ASHA's promotions.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import warnings
+from importlib import metadata
+
+INSTALL = ("pip install -e '.[bench]' and pip install --no-deps dehb==0.1.2 syne-tune==0.16.0 (see pyproject.toml)")
+STRONG = ("botorch-qNEHVI", "botorch-qNEHVI+MO-ASHA", "gp", "gp+MO-ASHA", "smac-ParEGO", "smac-ParEGO+HB", "dehb")
+
+
+class Exhausted(Exception):
+    """The peer has nothing left to propose (SMAC on a small grid): the search ends there."""
+
+
+def version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def settings(budget_full_trials: int, budget_epochs: int, epochs: int) -> dict[str, dict]:
+    """Each strong peer's library, version and settings, for the JSON."""
+    return {
+        "botorch-qNEHVI": {"library": f"optuna-integration {version('optuna-integration')}, botorch "
+                                      f"{version('botorch')}, gpytorch {version('gpytorch')}",
+                           "sampler": "optuna_integration.BoTorchSampler(candidates_func=qnehvi_candidates_func, "
+                                      "n_startup_trials=10, seed=seed)",
+                           "encoding": "one integer per knob: the index into its recorded values"},
+        "gp": {"library": f"optuna {version('optuna')}", "sampler": "optuna.samplers.GPSampler(seed=seed) "
+               "(n_startup_trials=10, LogEHVI for 2 objectives)",
+               "encoding": "one integer per knob: the index into its recorded values"},
+        "smac-ParEGO": {"library": f"smac {version('smac')}, ConfigSpace {version('ConfigSpace')}",
+                        "facade": "HyperparameterOptimizationFacade", "multi_objective": "ParEGO (default rho)",
+                        "intensifier": "max_config_calls=1", "scenario": f"deterministic, n_trials="
+                        f"{budget_full_trials} (the full trials the budget buys)",
+                        "objectives": ["1 - best val_acc", "-log10 throughput"], "encoding": "ordinal"},
+        "smac-ParEGO+HB": {"library": f"smac {version('smac')}", "facade": "MultiFidelityFacade",
+                           "multi_objective": "ParEGO", "intensifier": "Hyperband(eta=2)",
+                           "scenario": f"deterministic, min_budget 1, max_budget {epochs}, n_trials "
+                                       f"{budget_epochs} (each trial costs at least one epoch)",
+                           "encoding": "ordinal", "resumes": "from the furthest earlier epoch of that configuration"},
+        "dehb": {"library": f"DEHB {version('DEHB')} (installed --no-deps: it pins numpy<2)",
+                 "settings": f"eta=2, min_fidelity=1, max_fidelity={epochs}, n_workers=1, mutation_factor 0.5, "
+                             "crossover_prob 0.5, strategy rand1_bin (defaults)",
+                 "objective": "1 - best val_acc (single-objective)", "encoding": "ordinal",
+                 "resumes": "from the furthest earlier epoch of that configuration"},
+    }
+
+
+def snap(grid: dict, recorded, proposal: tuple) -> tuple:
+    """The recorded configuration nearest to a proposal: each knob as its position among its
+    values (0 to 1, so every knob weighs the same), Euclidean distance, ties to the first in the
+    recording's order. A recorded proposal is itself."""
+    if proposal in recorded:
+        return proposal
+    position = [{v: i / max(len(values) - 1, 1) for i, v in enumerate(values)} for values in grid.values()]
+
+    def where(config: tuple) -> list[float]:
+        out = []
+        for index, values, v in zip(position, grid.values(), config):
+            if v not in index:  # between recorded values: its place on the line through them
+                v = min(values, key=lambda x: abs(x - v))
+            out.append(index[v])
+        return out
+
+    target = where(proposal)
+    return min(recorded, key=lambda c: sum((a - b) ** 2 for a, b in zip(where(c), target)))
+
+
+def _missing(what: str) -> SystemExit:
+    return SystemExit(f"the strong peers need {what}: {INSTALL}; or leave them out with --methods")
+
+
+def gp_sampler(name: str, seed: int):
+    import optuna
+
+    if name == "gp":
+        return optuna.samplers.GPSampler(seed=seed)
+    try:
+        from optuna_integration import BoTorchSampler
+        from optuna_integration.botorch import qnehvi_candidates_func
+    except ImportError:
+        raise _missing("optuna-integration and botorch") from None
+    warnings.filterwarnings("ignore", module="botorch|linear_operator|gpytorch|optuna_integration")
+    return BoTorchSampler(candidates_func=qnehvi_candidates_func, seed=seed)
+
+
+def _config_space(grid: dict, seed: int):
+    try:
+        from ConfigSpace import ConfigurationSpace, OrdinalHyperparameter
+    except ImportError:
+        raise _missing("ConfigSpace (with smac or DEHB)") from None
+    space = ConfigurationSpace(seed=seed)
+    space.add([OrdinalHyperparameter(k, list(v)) for k, v in grid.items()])
+    return space
+
+
+class _Fidelity:
+    """What the replay asks of a peer that picks a trial's epochs: ``fidelity`` (the epoch it stops
+    at) and ``resumes`` (a configuration asked again continues from its checkpoint)."""
+
+    resumes = True
+    fidelity: int | None = None
+
+    def report(self, result: dict) -> bool:
+        return True  # the peer decided the epochs up front
+
+
+class SmacSearch(_Fidelity):
+    def __init__(self, method: str, grid: dict, epochs: int, seed: int, budget: int):
+        try:
+            from smac import HyperparameterOptimizationFacade as HPO, MultiFidelityFacade as MF, Scenario
+            from smac.runhistory.dataclasses import TrialValue
+        except ImportError:
+            raise _missing("SMAC3") from None
+        self._value, self._grid, self._epochs = TrialValue, grid, epochs
+        self._dir = tempfile.mkdtemp(prefix="smac-replay-")
+        hyperband = method.endswith("+HB")
+        self.resumes = hyperband
+        common = dict(objectives=["error", "neg_log_throughput"], deterministic=True, seed=seed,
+                      output_directory=f"{self._dir}/run")
+        if hyperband:
+            scenario = Scenario(_config_space(grid, seed), n_trials=budget, min_budget=1, max_budget=epochs, **common)
+            facade = MF
+            intensifier = MF.get_intensifier(scenario, eta=2, incumbent_selection="highest_budget")
+        else:
+            scenario = Scenario(_config_space(grid, seed), n_trials=budget // epochs, **common)
+            facade = HPO
+            intensifier = HPO.get_intensifier(scenario, max_config_calls=1)
+        self._smac = facade(scenario, self._never_called, multi_objective_algorithm=facade.get_multi_objective_algorithm(
+            scenario), intensifier=intensifier, overwrite=True, logging_level=40)
+        self._info = None
+
+    @staticmethod
+    def _never_called(config, seed: int = 0, budget: float = 0.0):  # ask/tell: SMAC never runs it
+        raise AssertionError("the replay evaluates SMAC's trials")
+
+    def ask(self, number: int) -> tuple:
+        from smac.main.exceptions import ConfigurationSpaceExhaustedException
+
+        try:
+            self._info = self._smac.ask()
+        except ConfigurationSpaceExhaustedException:
+            raise Exhausted from None
+        self.fidelity = int(round(self._info.budget)) if self._info.budget is not None else self._epochs
+        return tuple(self._info.config[k] for k in self._grid)
+
+    def done(self, result: dict, reached_max: bool) -> None:
+        if result:
+            self._smac.tell(self._info, self._value(cost=[1.0 - result["best_val_acc"], -result["log_throughput"]]))
+
+    def close(self) -> None:
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+
+class DehbSearch(_Fidelity):
+    def __init__(self, grid: dict, epochs: int, seed: int):
+        try:
+            from dehb import DEHB
+        except ImportError:
+            raise _missing("DEHB") from None
+        self._dir = tempfile.mkdtemp(prefix="dehb-replay-")
+        self._grid = grid
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            self._dehb = DEHB(cs=_config_space(grid, seed), dimensions=len(grid), min_fidelity=1, max_fidelity=epochs,
+                              eta=2, n_workers=1, seed=seed, output_path=self._dir, log_level="ERROR")
+        self._job = None
+
+    def ask(self, number: int) -> tuple:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            self._job = self._dehb.ask()
+            config = self._job["config"]  # a ConfigSpace configuration (DEHB converts its vector)
+        self.fidelity = int(round(self._job["fidelity"]))
+        return tuple(config[k] for k in self._grid)
+
+    def done(self, result: dict, reached_max: bool) -> None:
+        if result:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                self._dehb.tell(self._job, {"fitness": 1.0 - result["best_val_acc"], "cost": float(result["epoch"])})
+
+    def close(self) -> None:
+        shutil.rmtree(self._dir, ignore_errors=True)
