@@ -25,18 +25,17 @@ __all__ = ["nothing_left", "check_restorable", "resume_search"]
 
 def nothing_left(spec: SearchSpec, location: StudyLocation) -> str:
     """Why there is nothing left to resume of the study at ``location``, in one line: it ran its
-    time limit, or every planned trial and replicate is recorded and the front's held-out test
-    done (Tune would restore and stop at once); "" when there is."""
+    time limit, or every planned trial and replicate is recorded and the front's held-out test is
+    done (a study finished before the test existed is taken up to score its front); "" when there
+    is something left."""
     store = store_for(spec, location)
     store.load_existing()
     limit = spec.budget.time_limit_s
-    if not held_out_done(location):
-        return ""
     if limit is not None and store.elapsed_s >= limit:
         return (f"study {spec.name} ran its time limit ({store.elapsed_s:.0f} s of budget.time_limit_s: {limit:g}); "
                 f"nothing left to resume in {location}")
     finished = _finished(spec, store, location.local)
-    if finished:
+    if finished and held_out_done(location):
         return f"study {spec.name} is finished ({finished}); nothing left to resume in {location}"
     return ""
 
