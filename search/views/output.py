@@ -133,7 +133,7 @@ def _rows_table(view: pd.DataFrame, objectives: Sequence[tuple[str, str]], empty
     config_columns = [c for c in view.columns if c not in TRIAL_COLUMNS]
     for column in config_columns + [c for c in ("val_acc", "val_loss", "val_acc_sd", "selection_val_acc", "test_acc") if c in shown]:
         if column in shown and shown[column].dtype.kind == "f":
-            shown[column] = shown[column].map(lambda v: f"{v:.4g}")
+            shown[column] = shown[column].map(lambda v: "-" if v != v else f"{v:.4g}")  # NaN: not measured (e.g. not scored)
     return shown.to_string(index=False)
 
 
