@@ -38,6 +38,7 @@ from typing import Any
 import pandas as pd
 
 from search.results.front import DOMINATED_COLUMN, compute_front, configs
+from search.results.intervals import bounds
 from search.results.pareto import DEVICE_METRICS
 from search.results.replicates import REPLICATE_COLUMN, pooled_sd
 
@@ -88,8 +89,7 @@ def unresolved(pool: Sequence[Mapping[str, Any]], replicates: Sequence[Mapping[s
     order = [r["trial_id"] for r in front] + sorted(
         (t for t in by_id if t not in {r["trial_id"] for r in front}),
         key=lambda t: by_id[t][first], reverse=mode == "max")
-    out = [t for t in order if t in picked]
-    return out
+    return [t for t in order if t in picked]
 
 
 def first_column(objectives: Sequence[tuple[str, str]]) -> str:
@@ -99,13 +99,8 @@ def first_column(objectives: Sequence[tuple[str, str]]) -> str:
 
 def _overlap(a: Mapping[str, Any], b: Mapping[str, Any], column: str) -> bool:
     """Whether ``a``'s and ``b``'s intervals of ``column`` overlap (a value without one: the point)."""
-    def ends(r):
-        lo, hi = r.get(f"{column}_low"), r.get(f"{column}_high")
-        value = r[column]
-        return (value if lo is None or lo != lo else lo), (value if hi is None or hi != hi else hi)
-
-    (lo_a, hi_a), (lo_b, hi_b) = ends(a), ends(b)
-    return lo_a <= hi_b and lo_b <= hi_a
+    low, high = bounds([a, b], column)
+    return bool(low[0] <= high[1] and low[1] <= high[0])
 
 
 def race_step(pool: Sequence[Mapping[str, Any]], replicates: Sequence[Mapping[str, Any]],
