@@ -57,7 +57,8 @@ def test_every_method_keeps_the_budget_and_fronts_hold_full_budget_trials_only(t
     assert all(0.0 <= v <= true * (1 + 1e-9) for _, v in history)
     if "ASHA" not in method and method not in ("smac-ParEGO+HB", "dehb"):  # no stopping: every trial runs in full
         assert spent == [EPOCHS * (i + 1) for i in range(6)]
-    assert at_epochs(history, 0) == 0.0 and at_epochs(history, spent[-1]) == history[-1][1]
+    # the best so far, not the last value: one front's volume summed in another order differs in the last bit
+    assert at_epochs(history, 0) == 0.0 and at_epochs(history, spent[-1]) == max(v for _, v in history)
     assert epochs_to_reach(history, history[-1][1]) <= spent[-1] and epochs_to_reach(history, 2 * true) is None
 
 
