@@ -7,8 +7,9 @@ specially. A plain timm model implements neither and trains as it is.
                             rate for the gates); otherwise `param_groups`' rule applies, with
                             no weight decay on what the model's ``no_weight_decay()`` lists
     ReportsMechanisms       says after each epoch what its mechanism has become (ConViT: each
-                            gate sigma(lambda); GMM: each kernel's width), recorded with the
-                            epoch's metrics (`mechanisms`)
+                            gate sigma(lambda) and, on a few validation images, each head's
+                            nonlocality; GMM: each kernel's width), recorded with the epoch's
+                            metrics (`mechanisms`)
 
 `param_groups` is the one rule every model's groups follow (the families pick out their own
 parameters for it).
@@ -22,6 +23,7 @@ from numbers import Real
 from typing import TYPE_CHECKING, Any, Callable, Literal, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
+    import torch
     from torch import nn
 
 __all__ = ["ConvertsDuringTraining", "HasParamGroups", "ReportsMechanisms", "mechanisms", "param_groups"]
@@ -69,15 +71,17 @@ class ReportsMechanisms(Protocol):
     the gates open with depth and training; GMM: the kernels' widths), and that reports it: names
     of its own choosing, each a float, read from the parameters after an epoch."""
 
-    def mechanism_metrics(self) -> dict[str, float]:
-        """{name: value} as the model stands now (no input needed)."""
+    def mechanism_metrics(self, probe: "torch.Tensor | None" = None) -> dict[str, float]:
+        """{name: value} as the model stands now: read from its parameters, and with ``probe``
+        images (the same few validation images after every epoch) also what it does on them
+        (ConViT: each head's nonlocality)."""
 
 
-def mechanisms(model: Any) -> dict[str, float] | None:
+def mechanisms(model: Any, probe: "torch.Tensor | None" = None) -> dict[str, float] | None:
     """``model``'s `ReportsMechanisms` metrics (None for a model without them, or with none to give)."""
     if not isinstance(model, ReportsMechanisms):
         return None
-    return {str(k): float(v) for k, v in model.mechanism_metrics().items()} or None
+    return {str(k): float(v) for k, v in model.mechanism_metrics(probe).items()} or None
 
 
 def _never(name: str, param: Any) -> bool:

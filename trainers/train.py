@@ -42,7 +42,7 @@ from trainers._malloc import retain_freed_memory
 from trainers._memory_format import place_model
 from trainers.config import TrainSettings, TrialConfig
 from trainers.data import make_loader
-from trainers.hooks import ConvertsDuringTraining, HasParamGroups, mechanisms, param_groups
+from trainers.hooks import ConvertsDuringTraining, HasParamGroups, ReportsMechanisms, mechanisms, param_groups
 from trainers.precision import autocast_dtype, autocast_for, resolve_precision
 from trainers.throughput import measure_model, with_noise_floor
 
@@ -230,14 +230,20 @@ def _waited_for(batches: Iterable[Any], waited: list[float]) -> Iterator[Any]:
         yield item
 
 
+PROBE_IMAGES = 256  # the validation images a model's mechanisms are read on after each epoch (hooks)
+
+
 @torch.inference_mode()
-def evaluate(model: nn.Module, loader, *, autocast) -> tuple[float, float]:
-    """(mean cross-entropy, accuracy) over every image of ``loader``."""
+def evaluate(model: nn.Module, loader, *, autocast, probe: list | None = None) -> tuple[float, float]:
+    """(mean cross-entropy, accuracy) over every image of ``loader``. An empty ``probe`` list gets a
+    copy of the first `PROBE_IMAGES` images (the loader's order is fixed: the same ones each epoch)."""
     model.eval()
     loss_sum = torch.zeros((), dtype=torch.float64)
     correct = 0
     count = 0
     for images, labels in loader:  # images (B, C, H, W) float, labels (B,) int64
+        if probe is not None and not probe:
+            probe.append(images[:PROBE_IMAGES].float().clone())
         with autocast():
             logits = model(images)  # (B, num_classes)
         loss_sum += nn.functional.cross_entropy(logits.float(), labels, reduction="sum").double().cpu()
@@ -325,7 +331,8 @@ def train_trial(
                                                  steps_per_epoch=steps_per_epoch, share=share, device=device)
             train_time = time.perf_counter() - epoch_start
             # mean cross-entropy, accuracy
-            val_loss, val_acc = evaluate(train_step.runner, val_loader, autocast=train_step.autocast)
+            probe: list = [] if isinstance(model, ReportsMechanisms) else None
+            val_loss, val_acc = evaluate(train_step.runner, val_loader, autocast=train_step.autocast, probe=probe)
         epoch_time = time.perf_counter() - epoch_start
         if measurement is None:  # after the first epoch (see _measured_before_training), not holding the device
             measurement = measure(model)
@@ -354,7 +361,7 @@ def train_trial(
             "train_loader_wait_s": loader_wait,
             "train_precision": train_precision,
             "val_images": cfg.data.counts["val"],  # what val_acc's binomial interval rests on
-            "mechanisms": mechanisms(model),  # hooks.ReportsMechanisms (None for other models)
+            "mechanisms": mechanisms(model, probe[0] if probe else None),  # hooks.ReportsMechanisms (None for other models)
             **measurement,
         }
         if convert_at is not None:

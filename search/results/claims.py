@@ -91,6 +91,7 @@ class ClaimTest(Record):
     # first (training), or after the last epoch its deepest block's mean minus its first block's (depth)
     mechanism: str | None = None
     contrast: Literal["training", "depth"] | None = None
+    blocks: list[int] | None = None  # mechanism: only these blocks' values (e.g. ConViT's GPSA blocks)
 
     @model_validator(mode="after")
     def _check(self) -> "ClaimTest":
@@ -105,6 +106,8 @@ class ClaimTest(Record):
         if self.kind == "mechanism" and (not self.mechanism or self.contrast is None):
             raise FieldError("mechanism", "a mechanism test names mechanism: NAME (e.g. gate) and contrast: training "
                                           "or depth")
+        if self.blocks is not None and (self.kind != "mechanism" or not self.blocks):
+            raise FieldError("blocks", "only a mechanism test reads some blocks: blocks: [0, 1, ...], not empty")
         if self.epoch is not None and self.epoch < 1:
             raise FieldError("epoch", f"must be at least 1, got {self.epoch}")
         return self
@@ -401,7 +404,7 @@ def _mechanism(exp: Experiment, test: ClaimTest) -> tuple[list[float], list[floa
     prefix = f"{test.mechanism}."
     later, earlier = [], []
     for _, trial in epochs.groupby("trial_id", sort=True):
-        first, last = (_named(trial["mechanisms"].iloc[k], prefix) for k in (0, -1))
+        first, last = (_named(trial["mechanisms"].iloc[k], prefix, test.blocks) for k in (0, -1))
         if test.contrast == "training":
             pair = (last, first)
         else:  # depth: a name's block is what follows the mechanism's name (gate.BLOCK.HEAD)
@@ -415,12 +418,14 @@ def _mechanism(exp: Experiment, test: ClaimTest) -> tuple[list[float], list[floa
     return later, earlier
 
 
-def _named(cell: Any, prefix: str) -> dict[str, float]:
+def _named(cell: Any, prefix: str, blocks: Sequence[int] | None = None) -> dict[str, float]:
     """A `mechanisms` cell ({name: value}, as Parquet's map reads back: (name, value) pairs; or
-    null) narrowed to the names starting with ``prefix``."""
+    null) narrowed to the names starting with ``prefix`` (and then one of ``blocks``, where given)."""
     if cell is None or (isinstance(cell, float) and math.isnan(cell)):
         return {}
-    return {str(n): float(v) for n, v in (cell.items() if isinstance(cell, Mapping) else cell) if str(n).startswith(prefix)}
+    wanted = None if blocks is None else {f"{prefix}{b}." for b in blocks}
+    return {str(n): float(v) for n, v in (cell.items() if isinstance(cell, Mapping) else cell)
+            if str(n).startswith(prefix) and (wanted is None or any(str(n).startswith(w) for w in wanted))}
 
 
 def _check_at(exp: Experiment, at: Mapping[str, Any]) -> None:

@@ -20,9 +20,10 @@ is **better beyond noise** when its interval lies wholly on the better side of t
   b ~ c with a, c apart), so each member lists the members it is tied with.
 - A member is **dominated within noise** by another when the other is at least level on every
   objective and better beyond noise on at least one: nothing measured favours it, so it is no
-  trade-off and leaves the front (``dominated_by`` names who beat it). A member that overlaps
-  another on one objective and is beaten beyond noise on the other is dominated, not a trade-off;
-  a real trade-off is each member better beyond noise on a different objective.
+  trade-off. A member that overlaps another on one objective and is beaten beyond noise on the
+  other is dominated, not a trade-off; a real trade-off is each member better beyond noise on a
+  different objective. The relation does not chain, so a member leaves the front when a member
+  that *stays* dominates it (the relation's kernel, `kernel`; ``dominated_by`` names those).
 - The front's **separated groups**: its members with tied members chained into one group; the
   number of points the measurements tell apart.
 
@@ -39,8 +40,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-__all__ = ["Z_95", "wilson_interval", "bounds", "tied_pairs", "tied_with", "mark_ties", "noise_dominance", "dominated_by",
-           "separated_groups", "INTERVAL_METRICS"]
+__all__ = ["Z_95", "wilson_interval", "bounds", "tied_pairs", "tied_with", "mark_ties", "noise_dominance", "kernel",
+           "dominated_by", "separated_groups", "INTERVAL_METRICS"]
 
 Z_95 = 1.959963984540054  # the standard normal's 97.5% quantile
 INTERVAL_METRICS = ("val_acc", "throughput")  # the objectives a trial stores an interval for
@@ -119,15 +120,46 @@ def _ids(front, ids: str) -> list[str]:
     return [str(r.get(ids)) for r in front] if isinstance(front, Sequence) else [str(v) for v in front[ids].tolist()]
 
 
+def kernel(beaten: np.ndarray) -> np.ndarray:
+    """(m,) boolean: the rows that stay, given ``beaten[i, j]`` (row j dominates row i within noise,
+    `noise_dominance`): the relation's kernel, the one set whose rows no staying row dominates and
+    whose every other row a staying row dominates (von Neumann & Morgenstern 1944's stable set;
+    unique when the relation has no cycle, Richardson 1953). Decided from the undominated rows on:
+    a row leaves once a staying row dominates it, and stays once every row that dominates it has
+    left. The relation can have cycles (random interval sets of 7 rows on 2 objectives show
+    some): one that leaves rows undecided is broken at its first row (a front's order: best on the
+    first objective first), which stays."""
+    beaten = np.asarray(beaten, dtype=bool)
+    stays: list[bool | None] = [None] * len(beaten)
+    while None in stays:
+        progress = False
+        for i in (i for i, s in enumerate(stays) if s is None):
+            over = [stays[j] for j in np.flatnonzero(beaten[i])]
+            if True in over:
+                stays[i], progress = False, True
+            elif all(s is False for s in over):
+                stays[i], progress = True, True
+        if not progress:  # a cycle among the undecided: broken at its first row
+            stays[stays.index(None)] = True
+    return np.array(stays, dtype=bool)
+
+
 def dominated_by(front, objectives: Sequence[tuple[str, str]], *, ids: str = "trial_id") -> list[str | None]:
-    """For each row of ``front`` (a DataFrame or a list of row dicts), the ``ids`` of the rows that
-    dominate it within noise, comma-separated, or None when none does (it stays on the front)."""
+    """For each row of ``front`` (a DataFrame or a list of row dicts), None when it stays on the
+    front, else the ``ids`` of the staying rows that dominate it within noise, comma-separated.
+
+    Dominance within noise does not chain (level within noise does not), so a row dominated only
+    by rows that are themselves dominated stays: the front is the relation's `kernel`. Without
+    that, a chain a > b > c > d, each step level on accuracy and faster beyond noise, would empty
+    the front down to its fastest, least accurate end."""
     if not objectives or not len(front):
         return [None] * len(front)
     lows, highs = _bounds_matrix(front, [c for c, _ in objectives])
     beaten = noise_dominance(lows, highs, [m for _, m in objectives])
+    stays = kernel(beaten)
     names = _ids(front, ids)
-    return [", ".join(names[j] for j in np.flatnonzero(row)) or None for row in beaten]
+    return [None if stays[i] else ", ".join(names[j] for j in np.flatnonzero(row & stays))
+            for i, row in enumerate(beaten)]
 
 
 def separated_groups(front, objectives: Sequence[tuple[str, str]]) -> int:

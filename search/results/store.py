@@ -128,8 +128,9 @@ EPOCH_COLUMNS: dict[str, tuple[pa.DataType, str]] = {
                                           "(a large share: the trial is input-bound; more train.num_workers or resources.cpus)"),
     "converted": (pa.bool_(), "T-CNN: the epoch trained the converted model (the first true row is the conversion epoch)"),
     "mechanisms": (pa.map_(pa.string(), pa.float64()), "what the model reports of its own mechanism after the epoch "
-                   "(trainers.hooks.ReportsMechanisms): ConViT's gates sigma(lambda) as gate.BLOCK.HEAD, GMM's kernel "
-                   "widths abs(sigma) as sigma.BLOCK.HEAD.KERNEL; null for other models"),
+                   "(trainers.hooks.ReportsMechanisms): ConViT's gates sigma(lambda) as gate.BLOCK.HEAD and each head's "
+                   "nonlocality (the paper's Eq. 8, on the first 256 validation images) as nonlocality.BLOCK.HEAD, "
+                   "GMM's kernel widths abs(sigma) as sigma.BLOCK.HEAD.KERNEL; null for other models"),
     "node_id": (pa.string(), "Ray node that trained the epoch (null: taken from a restored checkpoint's history)"),
     "reported_at": (pa.timestamp("us", tz="UTC"), "when the epoch was reported (null: as node_id)"),
 }

@@ -22,6 +22,9 @@ MEANING = {
     "gate": "ConViT's gates sigma(lambda): the share of each GPSA head's attention paid to position "
             "(the paper's Fig. 6 sees their mean fall in training, to near 0 in the later blocks)",
     "sigma": "GMM's kernel widths abs(sigma): how far each Gaussian of the mask reaches, in patches",
+    "nonlocality": "ConViT's nonlocality (the paper's Eq. 8) on the same validation images after each epoch: "
+                   "how far, in patches, each block's heads look from the query (the paper's Fig. 5 sees it "
+                   "grow in training in every GPSA block)",
 }
 COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2")
 WIDTH, HEIGHT, LEFT, RIGHT, TOP, BOTTOM = 520, 240, 48, 110, 12, 34

@@ -115,12 +115,14 @@ def _rows_table(view: pd.DataFrame, objectives: Sequence[tuple[str, str]], empty
         return f"(the front is empty: {empty})"
     shown = view.copy()
     objective_columns = [c for c, _ in objectives]
-    for column in objective_columns + ["test_acc"]:  # the interval beside its value, as "low-high" ('?': not recorded)
-        if f"{column}_low" in shown and f"{column}_high" in shown:
+    for column in objective_columns + ["test_acc"]:  # the interval beside its value, as "low-high"
+        if f"{column}_low" in shown and f"{column}_high" in shown:  # '?': not recorded; '-': no value to bound
             spec = ",.0f" if column == "throughput" else ".4f"
+            values = shown[column].astype(float) if column in shown else pd.Series(0.0, index=shown.index)
             shown.insert(shown.columns.get_loc(f"{column}_low"), f"{column} 95%", [
-                "?" if lo != lo or hi != hi else f"{lo:{spec}}-{hi:{spec}}"
-                for lo, hi in zip(shown.pop(f"{column}_low").astype(float), shown.pop(f"{column}_high").astype(float))])
+                "-" if v != v else "?" if lo != lo or hi != hi else f"{lo:{spec}}-{hi:{spec}}"
+                for v, lo, hi in zip(values, shown.pop(f"{column}_low").astype(float),
+                                     shown.pop(f"{column}_high").astype(float))])
     for column in ("tied_with", DOMINATED_COLUMN):
         if column in shown:
             shown[column] = shown[column].map(lambda v: v if isinstance(v, str) and v else "-")

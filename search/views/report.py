@@ -250,8 +250,9 @@ def _front_table(front: pd.DataFrame, objectives: Sequence[tuple[str, str]]) -> 
                                       for a, b in zip(front[f"{column}_low"], front[f"{column}_high"])]
             columns.append(f"{column} 95%")
     if "test_acc" in front and front["test_acc"].notna().any():  # the held-out score, selected on nothing
-        front["test_acc 95%"] = [f"{_cell(a, 'test_acc')}-{_cell(b, 'test_acc')}" if a == a and b == b else "?"
-                                 for a, b in zip(front["test_acc_low"], front["test_acc_high"])]
+        front["test_acc 95%"] = [f"{_cell(a, 'test_acc')}-{_cell(b, 'test_acc')}" if a == a and b == b
+                                 else "-" if v != v else "?"  # '-': not scored (set apart)
+                                 for v, a, b in zip(front["test_acc"], front["test_acc_low"], front["test_acc_high"])]
         columns += ["test_acc", "test_acc 95%"]
     columns += [c for c in ("tied_with", "dominated_by", "params", "flops", "epochs_run") if c not in columns] + knobs
     columns = [c for c in columns if c in front.columns and front[c].notna().any()]

@@ -79,9 +79,16 @@ def test_reports_once_per_epoch(synthetic):
     assert outcome.best_val_acc == max(m["val_acc"] for m in reports)
     assert reports[0]["lr"] > reports[1]["lr"]  # cosine decay
     # ls_convit_nano's one GPSA block reports its 4 gates after each epoch: moved from sigmoid(1) by training
-    gates = [m["mechanisms"] for m in reports]
+    reported = [m["mechanisms"] for m in reports]
+    gates = [{k: v for k, v in r.items() if k.startswith("gate.")} for r in reported]
     assert all(set(g) == {f"gate.0.{h}" for h in range(4)} for g in gates)
     assert all(0 < v < 1 for g in gates for v in g.values())
+    # and each block's heads' nonlocality on the first validation images (at most the grid's diagonal)
+    depth = len(timm.create_model("ls_convit_nano").blocks)
+    for r in reported:
+        nonlocality = {k: v for k, v in r.items() if k.startswith("nonlocality.")}
+        assert {k.split(".")[1] for k in nonlocality} == {str(b) for b in range(depth)}
+        assert all(0 < v < math.hypot(6, 6) for v in nonlocality.values())
     assert any(abs(v - 1 / (1 + math.exp(-1))) > 1e-6 for v in gates[-1].values()) and gates[0] != gates[1]
 
 

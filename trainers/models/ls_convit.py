@@ -326,12 +326,49 @@ class LocalityConViT(nn.Module):
         return {'pos_embed', 'cls_token'}
 
     @torch.no_grad()
-    def mechanism_metrics(self) -> Dict[str, float]:
-        """Each GPSA head's gate sigma(lambda), `gate.BLOCK.HEAD` (trainers.hooks.ReportsMechanisms):
+    def mechanism_metrics(self, probe: Optional[torch.Tensor] = None) -> Dict[str, float]:
+        """(trainers.hooks.ReportsMechanisms) Each GPSA head's gate sigma(lambda), `gate.BLOCK.HEAD`:
         the share of its attention paid to position; the paper's Fig. 6 follows its mean over the
-        heads falling in training, to near 0 in the later layers."""
-        return {f'gate.{i}.{h}': float(g) for i, blk in enumerate(self.blocks) if blk.use_gpsa
-                for h, g in enumerate(torch.sigmoid(blk.attn.gating_param.float()).tolist())}
+        heads falling in training, to near 0 in the later layers.
+
+        With ``probe`` images (B, C, H, W), also each head's nonlocality on them,
+        `nonlocality.BLOCK.HEAD` (the paper's Eq. 8, its Fig. 5: averaged over the images and the
+        query patches, the distance in patches to each key weighted by its attention). A plain
+        block after the class token is measured among the patches (its class-token column left
+        out, each row renormalised): the class token has no position."""
+        metrics = {f'gate.{i}.{h}': float(g) for i, blk in enumerate(self.blocks) if blk.use_gpsa
+                   for h, g in enumerate(torch.sigmoid(blk.attn.gating_param.float()).tolist())}
+        if probe is not None:
+            metrics.update(self._nonlocality(probe))
+        return metrics
+
+    def _nonlocality(self, images: torch.Tensor) -> Dict[str, float]:
+        inputs: Dict[int, torch.Tensor] = {}
+        hooks = [blk.attn.register_forward_pre_hook(lambda m, args, i=i: inputs.__setitem__(i, args[0].float()))
+                 for i, blk in enumerate(self.blocks)]
+        was_training = self.training
+        try:
+            self.eval()
+            self.forward_features(images)  # whichever path is selected: only the blocks' inputs are kept
+        finally:
+            self.train(was_training)
+            for hook in hooks:
+                hook.remove()
+        dx, dy = _grid_offsets(self.grid_size)
+        distance = (dx ** 2 + dy ** 2).sqrt().to(images.device)  # (N, N): [query, key], in patches
+        metrics = {}
+        for i, blk in enumerate(self.blocks):
+            x = inputs[i]  # (B, T, C): the block's attention input (after its norm)
+            if blk.use_gpsa:
+                attn = blk.attn.get_attention_map(x)  # (B, H, N, N)
+            else:
+                attn = _plain_attention_map(blk.attn, x)  # (B, H, T, T)
+                prefix = attn.shape[-1] - distance.shape[0]  # the class token, where it is there
+                attn = attn[..., prefix:, prefix:]
+                attn = attn / attn.sum(dim=-1, keepdim=True)
+            per_head = (attn * distance).sum(dim=-1).mean(dim=(0, 2))  # (H,)
+            metrics.update({f'nonlocality.{i}.{h}': float(d) for h, d in enumerate(per_head.tolist())})
+        return metrics
 
     def param_groups(self, weight_decay: float) -> List[Dict[str, Any]]:
         """AdamW parameter groups, each {'params', 'weight_decay', 'lr_scale'} (lr = base lr * lr_scale).
@@ -382,6 +419,13 @@ class LocalityConViT(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward_head(self.forward_features(x))
+
+
+def _plain_attention_map(attn: MHSA, x: torch.Tensor) -> torch.Tensor:
+    """A plain MHSA block's attention softmax(Q K^T / sqrt(d)) (B, H, T, T), by the explicit formula."""
+    B, T, C = x.shape
+    q, k, _ = attn.qkv(x).reshape(B, T, 3, attn.num_heads, attn.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+    return ((q @ k.transpose(-2, -1)) * attn.head_dim ** -0.5).softmax(dim=-1)
 
 
 def _create_ls_convit(variant: str, pretrained: bool = False, **kwargs) -> LocalityConViT:

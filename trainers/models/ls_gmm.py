@@ -324,9 +324,9 @@ class LocalityGMMViT(nn.Module):
         return skip
 
     @torch.no_grad()
-    def mechanism_metrics(self) -> Dict[str, float]:
+    def mechanism_metrics(self, probe: Optional[torch.Tensor] = None) -> Dict[str, float]:
         """Each Gaussian's width |sigma|, `sigma.BLOCK.HEAD.KERNEL` (trainers.hooks.ReportsMechanisms;
-        the mask is even in sigma); none with the mask off."""
+        the mask is even in sigma; read from the parameters, ``probe`` unused); none with the mask off."""
         if not self.use_mask:
             return {}
         return {f'sigma.{i}.{h}.{k}': float(s) for i, blk in enumerate(self.blocks)

@@ -106,6 +106,14 @@ def test_mechanism_claims_on_the_gates_against_the_numbers_worked_out_by_hand(tm
     depth = evaluate_claim(_claim("d", expect="lower", test={**test, "contrast": "depth"}), studies)
     assert depth.diff == pytest.approx(-0.41) and depth.estimate.se == pytest.approx(0.01)
     assert depth.arms == "0.2500 vs 0.6600" and depth.verdict == "reproduced"
+    # block 0 alone (blocks: [0]): 0.65 0.68 0.65 minus 0.73 = -0.08 -0.05 -0.08: mean -0.07, sd
+    # sqrt(6e-4 / 2), se 0.01
+    first = evaluate_claim(_claim("b", expect="lower", test={**test, "contrast": "training", "blocks": [0]}), studies)
+    assert first.diff == pytest.approx(-0.07) and first.estimate.se == pytest.approx(0.01)
+    assert first.arms == "0.6600 vs 0.7300"
+    with pytest.raises(Exception, match="blocks"):
+        _claim("x", expect="higher", test={"kind": "effect", "study": "gates", "knob": "local_up_to_layer", "value": 1,
+                                           "baseline": 0, "blocks": [0]})
     from search.views.claims_page import claims_table
 
     rows = claims_table([training, depth])

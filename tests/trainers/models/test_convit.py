@@ -466,3 +466,24 @@ def test_the_gates_are_reported_as_mechanisms_per_gpsa_block_and_head():
         model.blocks[1].attn.gating_param[3] = math.log(3.0)  # sigmoid(log 3) = 3 / 4
     assert mechanisms(model)['gate.1.3'] == pytest.approx(0.75)
     assert mechanisms(LocalityConViT(**NANO, embed_dim=16, num_heads=4, depth=2, local_up_to_layer=0)) is None  # a DeiT
+
+
+def test_nonlocality_on_probe_images_is_the_papers_eq_8():
+    """Uniform attention on a 2 x 2 patch grid (queries and keys zeroed, GPSA's gate shut): from any
+    query the keys lie 0, 1, 1 and sqrt(2) patches away, so Eq. 8 gives (2 + sqrt 2) / 4 for every
+    head; the plain block after the class token, its class-token column left out, gives the same."""
+    from trainers.hooks import mechanisms
+
+    model = LocalityConViT(img_size=8, patch_size=4, in_chans=1, num_classes=3, embed_dim=8, num_heads=2, depth=2,
+                           local_up_to_layer=1)
+    with torch.no_grad():
+        model.blocks[0].attn.qk.weight.zero_()
+        model.blocks[0].attn.gating_param.fill_(-60.0)  # sigmoid(-60): no positional attention
+        model.blocks[1].attn.qkv.weight[:16].zero_()  # q and k
+    model.train()
+    reported = mechanisms(model, torch.randn(5, 1, 8, 8))
+    expected = (2 + math.sqrt(2)) / 4
+    assert {k: round(v, 6) for k, v in reported.items() if k.startswith('nonlocality.')} == {
+        f'nonlocality.{b}.{h}': round(expected, 6) for b in range(2) for h in range(2)}
+    assert model.training  # left as it was
+    assert set(mechanisms(model)) == {'gate.0.0', 'gate.0.1'}  # without images: the gates alone
