@@ -27,6 +27,9 @@ class HeldOutScore:
     test_loss: float  # mean cross-entropy
     test_images: int  # what test_acc's binomial interval rests on
     test_epoch: int | None  # the epoch whose weights were scored (None: not known)
+    # accuracy on corrupted copies of the test split, {KIND.SEVERITY: acc} (trainers.corruptions);
+    # None: not asked for
+    test_corrupted: dict[str, float] | None = None
 
 
 def selection_in(state: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -42,10 +45,11 @@ def selection_in(state: Mapping[str, Any]) -> dict[str, Any] | None:
 
 
 def score_held_out(cfg: TrialConfig, weights: Mapping[str, Any], *, reparametrised: bool = False,
-                 epoch: int | None = None) -> HeldOutScore:
+                   epoch: int | None = None, corruptions: bool = False) -> HeldOutScore:
     """``weights`` (a state_dict of ``cfg``'s model; converted first where ``reparametrised``)
     scored on ``cfg.data``'s test split, as validation scored the trial: the same loader settings,
-    the same precision."""
+    the same precision. With ``corruptions``, also on each of `trainers.corruptions`' corrupted
+    copies of it (9 more passes)."""
     from trainers._memory_format import place_model
     from trainers.precision import autocast_for
     from trainers.train import build_model, eval_loader, evaluate, pick_device
@@ -57,5 +61,23 @@ def score_held_out(cfg: TrialConfig, weights: Mapping[str, Any], *, reparametris
     model.load_state_dict(weights)
     channels_last = place_model(model, device)  # as train_trial ran it
     loader = eval_loader(cfg, cfg.data.test_path, device=device, channels_last=channels_last)
-    loss, acc = evaluate(model, loader, autocast=autocast_for(cfg.train.precision, device))
-    return HeldOutScore(test_acc=acc, test_loss=loss, test_images=int(cfg.data.counts["test"]), test_epoch=epoch)
+    autocast = autocast_for(cfg.train.precision, device)
+    loss, acc = evaluate(model, loader, autocast=autocast)
+    corrupted = None
+    if corruptions:
+        from trainers.corruptions import CORRUPTIONS
+
+        corrupted = {f"{kind}.{severity}": evaluate(model, _corrupted(loader, kind, severity, cfg.data), autocast=autocast)[1]
+                     for kind in CORRUPTIONS for severity in (1, 2, 3)}
+    return HeldOutScore(test_acc=acc, test_loss=loss, test_images=int(cfg.data.counts["test"]), test_epoch=epoch,
+                        test_corrupted=corrupted)
+
+
+def _corrupted(loader, kind: str, severity: int, data):
+    """``loader``'s batches, corrupted (trainers.corruptions.corrupt), each image seeded by its index."""
+    from trainers.corruptions import corrupt
+
+    seen = 0
+    for images, labels in loader:
+        yield corrupt(images, kind, severity, mean=data.mean, std=data.std, first_index=seen), labels
+        seen += labels.numel()

@@ -68,6 +68,7 @@ __all__ = ["Claim", "ClaimTest", "ClaimsFile", "ClaimResult", "Estimate", "load_
 
 CONFIDENCE = 0.95
 DEFAULT_METRIC = "val_acc"  # what a claim reads where neither it nor its claims file names a column
+CORRUPTED = "corrupted_minus_clean@"  # + severity: the column a robustness effect reads (ClaimTest.severity)
 POWER = 0.8  # the power at which the smallest detectable effect is stated
 VERDICTS = ("reproduced", "contradicted", "smaller than the paper's", "inconclusive", "not run")
 
@@ -92,6 +93,10 @@ class ClaimTest(Record):
     mechanism: str | None = None
     contrast: Literal["training", "depth"] | None = None
     blocks: list[int] | None = None  # mechanism: only these blocks' values (e.g. ConViT's GPSA blocks)
+    # effect: instead of the metric, each trial's accuracy under corruption at this severity (1-3; the
+    # mean over trainers.corruptions' kinds of `test_corrupted`) minus its clean test_acc: how much it
+    # loses; a knob that raises it makes the gain over the baseline grow with severity
+    severity: Whole | None = None
 
     @model_validator(mode="after")
     def _check(self) -> "ClaimTest":
@@ -108,6 +113,8 @@ class ClaimTest(Record):
                                           "or depth")
         if self.blocks is not None and (self.kind != "mechanism" or not self.blocks):
             raise FieldError("blocks", "only a mechanism test reads some blocks: blocks: [0, 1, ...], not empty")
+        if self.severity is not None and (self.kind != "effect" or not 1 <= self.severity <= 3):
+            raise FieldError("severity", "only an effect test reads a corruption's severity, 1, 2 or 3")
         if self.epoch is not None and self.epoch < 1:
             raise FieldError("epoch", f"must be at least 1, got {self.epoch}")
         return self
@@ -122,6 +129,8 @@ class ClaimTest(Record):
         mechanism test's: the mechanism."""
         if self.kind == "mechanism":
             return str(self.mechanism)
+        if self.severity is not None:
+            return f"{CORRUPTED}{self.severity}"
         return self.objective or DEFAULT_METRIC
 
 
@@ -334,6 +343,8 @@ def _trials(exp: Experiment, objective: str, epoch: int | None) -> pd.DataFrame:
     rows = rows[rows["state"] == "COMPLETE"]
     if REPLICATE_COLUMN in rows:
         rows = rows[rows[REPLICATE_COLUMN].isna()]
+    if objective.startswith(CORRUPTED):
+        rows = _with_corruption_loss(exp, rows, int(objective[len(CORRUPTED):]))
     if objective not in rows:
         raise ConfigError(f"{exp.path}: no column {objective!r} (the claims file's `metric`, or the test's `objective`); "
                           f"its objectives are {', '.join(dict(exp.objectives))}")
@@ -348,6 +359,19 @@ def _trials(exp: Experiment, objective: str, epoch: int | None) -> pd.DataFrame:
     rows = rows.copy()
     rows[objective] = [values.get(t, math.nan) for t in rows["trial_id"]]
     return rows
+
+
+def _with_corruption_loss(exp: Experiment, rows: pd.DataFrame, severity: int) -> pd.DataFrame:
+    """``rows`` with the column ``CORRUPTED + severity``: the mean accuracy over the corruptions at
+    that severity (``test_corrupted``) minus the clean ``test_acc``."""
+    if "test_corrupted" not in rows or rows["test_corrupted"].isna().all():
+        raise ConfigError(f"{exp.path}: no test_corrupted column; the study must set dataset.corruptions: true")
+    loss = []
+    for cell, clean in zip(rows["test_corrupted"], rows["test_acc"]):
+        pairs = dict(cell.items() if isinstance(cell, Mapping) else (cell if cell is not None else []))
+        at = [float(v) for name, v in pairs.items() if str(name).endswith(f".{severity}")]
+        loss.append(statistics.fmean(at) - float(clean) if at and not pd.isna(clean) else math.nan)
+    return rows.assign(**{f"{CORRUPTED}{severity}": loss})
 
 
 def _effect(exp: Experiment, test: ClaimTest) -> tuple[list[float], Estimate, bool]:

@@ -136,6 +136,7 @@ def fold_replicates(rows: Sequence[Mapping[str, Any]], objectives: Sequence[tupl
                 folded["test_acc"] = statistics.fmean(float(r["test_acc"]) for r in scores) if scores else None
                 folded["test_loss"] = statistics.fmean(float(r["test_loss"]) for r in scores) if scores else None
                 folded["test_epoch"] = None  # one per seed
+                folded["test_corrupted"] = None
                 folded["test_images"] = scores[0]["test_images"] if scores else None
             _accuracy_interval(folded, "test_acc", "test_images", seeds=len(scores) if fresh else 1,
                                pooled=pooled["test_acc"], confirmed=bool(fresh))

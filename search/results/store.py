@@ -87,8 +87,9 @@ TRIAL_COLUMNS: dict[str, tuple[pa.DataType, str]] = {
     "test_loss": (pa.float64(), "mean test-split cross-entropy of the weights test_acc scored"),
     "test_images": (pa.int64(), "test images test_acc was measured on"),
     "test_epoch": (pa.int64(), "the epoch whose weights test_acc scored (the trial's best validation epoch)"),
+    "test_corrupted": (pa.map_(pa.string(), pa.float64()), "where the spec asks (dataset.corruptions): the same weights' accuracy on corrupted copies of the test split, KIND.SEVERITY (trainers.corruptions: gaussian_noise, gaussian_blur, contrast at severities 1-3) -> accuracy; null: not asked, or a confirmed config's (one per seed)"),
     "tied_with": (pa.string(), "on the Pareto front: the other front members whose intervals overlap this one's on every objective (comma-separated trial ids; null: separated from all, or not on the front)"),
-    "dominated_by": (pa.string(), "a Pareto-optimal config that left the front because others dominate it within noise: at least level within noise on every objective and better beyond noise on one (comma-separated trial ids; null: on the front, or dominated outright); see search.results.intervals"),
+    "dominated_by": (pa.string(), "a Pareto-optimal config that left the front because members that stay on it dominate it within noise: at least level within noise on every objective and better beyond noise on one (comma-separated trial ids; null: on the front, or dominated outright); see search.results.intervals"),
     "throughput_timed": (pa.float64(), "inference images/s as the architecture's own fastest round read (CPU: throughput is the reference's number over the cost ratio timed beside it)"),
     "throughput_reference": (pa.string(), "architecture fingerprint of the reference the CPU measurement was timed beside (the model as named, default arguments); null on GPUs"),
     "throughput_device": (pa.string(), "device that measured throughput"),
@@ -271,9 +272,10 @@ class ResultsStore:
 
     def add_test(self, trial_id: str, score: Mapping[str, Any]) -> None:
         """The held-out score of ``trial_id`` (search.study.heldout): ``test_acc``, ``test_loss``,
-        ``test_images``, ``test_epoch``, with test_acc's Wilson interval."""
+        ``test_images``, ``test_epoch`` (and ``test_corrupted`` where asked), with test_acc's Wilson
+        interval."""
         row = self._trials[trial_id]
-        row.update({k: score.get(k) for k in ("test_acc", "test_loss", "test_images", "test_epoch")})
+        row.update({k: score.get(k) for k in ("test_acc", "test_loss", "test_images", "test_epoch", "test_corrupted")})
         row["test_acc_low"], row["test_acc_high"] = wilson_interval(row["test_acc"], row["test_images"])
         self._front_rows = None
 

@@ -55,6 +55,8 @@ class DatasetSpec(Record):
     image_size: Whole | None = None
     data_dir: str | None = None
     split_seed: one_of(*SPLIT_SEEDS) | None = None  # type: ignore[valid-type]  # None: "study", as before the key
+    # the held-out test also on corrupted copies of the test split (trainers.corruptions); None: no
+    corruptions: Flag | None = None
 
     @property
     def split_per_trial(self) -> bool:

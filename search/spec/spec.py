@@ -64,6 +64,7 @@ ADDED_KEYS = (
     ("scheduler", "keep_front"),
     ("budget", "full_data_epochs"),  # epochs scaled by the data fraction
     ("dataset", "split_seed"),  # the subset drawn per trial
+    ("dataset", "corruptions"),  # the held-out test on corrupted copies too
 )
 
 

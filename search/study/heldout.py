@@ -84,7 +84,7 @@ def test_front(run: StudyRun) -> None:
             missing[row["trial_id"]] = "no checkpoint in Tune's folder"
             continue
         config = sampled_config(run.spec, row, where=f"trial {row['trial_id']}")
-        pending[task.remote(template, config, checkpoint)] = row["trial_id"]
+        pending[task.remote(template, config, checkpoint, bool(run.spec.dataset.corruptions))] = row["trial_id"]
     while pending:
         [ready], _ = ray.wait(list(pending))
         trial_id = pending.pop(ready)
@@ -123,8 +123,9 @@ def _last_checkpoint(run: StudyRun, row: Mapping[str, Any]):
     return tune.Checkpoint(checkpoints[-1], filesystem=fs) if checkpoints else None
 
 
-def _score(template, config: dict[str, Any], checkpoint) -> dict[str, Any] | None:
-    """On a Ray worker: the checkpoint's selected weights scored on the test split (None: it has none)."""
+def _score(template, config: dict[str, Any], checkpoint, corruptions: bool = False) -> dict[str, Any] | None:
+    """On a Ray worker: the checkpoint's selected weights scored on the test split, and on its
+    corrupted copies where asked (None: it has no selected weights)."""
     import dataclasses
     import os
 
@@ -139,6 +140,7 @@ def _score(template, config: dict[str, Any], checkpoint) -> dict[str, Any] | Non
     selected = selection_in(state)
     if selected is None:
         return None
-    score = score_held_out(cfg, selected["model"], reparametrised=selected["reparametrised"], epoch=selected["epoch"])
+    score = score_held_out(cfg, selected["model"], reparametrised=selected["reparametrised"], epoch=selected["epoch"],
+                           corruptions=corruptions)
     return dataclasses.asdict(score)
 

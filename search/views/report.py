@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from search.results.effects import TEST, study_effects
+from search.results.effects import TEST, grid_knobs, study_effects
 from search.results.front import DOMINATED_COLUMN, front_groups
 from search.results.importance import MIN_COMPLETE_TRIALS, MIN_TRIALS_PER_KNOB, VIEW_MAX_TRIALS, by_family, knob_importance
 from search.results.intervals import bounds
@@ -36,6 +36,7 @@ from search.results.store import TRIAL_COLUMNS
 from search.text import count
 from search.views.dashboard.server import render_page, studies_payload
 from search.views.mechanisms import mechanisms_section
+from search.views.robustness import robustness_section
 from search.views.output import effect_lines
 from trainers import atomic_write, check_output_file
 from trainers.errors import ConfigError
@@ -239,6 +240,15 @@ def _cell(value: object, column: str) -> str:
     return str(value)
 
 
+def _grid_arms(exp, study) -> dict[str, str]:
+    """A grid study's trials labelled by their grid point, its knobs that vary ("k=v, ..."), so a
+    figure averages each point's trials apart."""
+    knobs = [k for k, values in grid_knobs(exp.spec, study).items() if len(values) > 1 and k in exp.trials]
+    if not knobs:
+        return {}
+    return {str(row["trial_id"]): ", ".join(f"{k}={row[k]}" for k in knobs) for _, row in exp.trials.iterrows()}
+
+
 def _front_table(front: pd.DataFrame, objectives: Sequence[tuple[str, str]]) -> str:
     knobs = [c for c in front.columns if c not in TRIAL_COLUMNS]
     front = front.copy()
@@ -398,7 +408,9 @@ def write_report(study: str | os.PathLike, *, out: str | os.PathLike | None = No
          "them: not on the front.</p>" + _front_table(beaten, objectives) if len(beaten) else "") +
         f'<p class="note">Retrain one of them (replace TRIAL with its id):</p><pre class="export">{html.escape(export)}</pre>'
         '<p class="note">Below: every trial, interactive (needs JavaScript; the data is inside this file).</p>'
-        "</section>" + (_effects_section(study) if grid else _importance_section(study)) + mechanisms_section(exp.epochs)
+        "</section>" + (_effects_section(study) if grid else _importance_section(study))
+        + mechanisms_section(exp.epochs, _grid_arms(exp, study) if grid else None)
+        + robustness_section(trials, _grid_arms(exp, study) if grid else None)
     )
     page = render_page(data=payload, title=f"{name}: Pareto report", static_html=static_html)
     _write_shared(png_path, png)

@@ -11,6 +11,7 @@ import torch
 
 import trainers.train
 from trainers import selection_in, score_held_out
+from trainers.corruptions import corruption_names
 from trainers.config import ThroughputSettings, TrainSettings, TrialConfig
 from trainers.data import DatasetRequest, prepare_dataset
 from trainers.train import train_trial
@@ -36,8 +37,8 @@ def test_the_checkpoint_keeps_the_best_validation_epochs_weights_and_they_score_
     real: list[float] = []
     evaluate = trainers.train.evaluate
 
-    def said(model, loader, *, autocast):
-        loss, acc = evaluate(model, loader, autocast=autocast)
+    def said(model, loader, *, autocast, probe=None):
+        loss, acc = evaluate(model, loader, autocast=autocast, probe=probe)
         real.append(acc)
         return loss, next(reported)
 
@@ -69,7 +70,14 @@ def test_the_checkpoint_keeps_the_best_validation_epochs_weights_and_they_score_
     # and on the real test split: another set of images, scored once
     held_out = score_held_out(cfg, last["selected"]["model"], epoch=2)
     assert held_out.test_images == synthetic.counts["test"] > 0
-    assert 0.0 <= held_out.test_acc <= 1.0
+    assert 0.0 <= held_out.test_acc <= 1.0 and held_out.test_corrupted is None  # not asked for
+    # and on the corrupted copies, where asked: the clean score the same, one more per corruption
+    corrupted = score_held_out(cfg, last["selected"]["model"], epoch=2, corruptions=True)
+    assert corrupted.test_acc == held_out.test_acc
+    assert sorted(corrupted.test_corrupted) == sorted(corruption_names()) and len(corrupted.test_corrupted) == 9
+    assert all(0.0 <= v <= 1.0 for v in corrupted.test_corrupted.values())
+    again = score_held_out(cfg, last["selected"]["model"], epoch=2, corruptions=True)
+    assert again.test_corrupted == corrupted.test_corrupted  # the same noise each time: comparisons are paired
 
 
 def test_a_resumed_trial_keeps_the_selection_it_had(synthetic):

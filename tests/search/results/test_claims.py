@@ -189,11 +189,39 @@ def test_a_saturation_is_tested_against_its_margin_not_zero():
     assert above.p_above(0.05) == pytest.approx(0.0086587, rel=1e-4)
 
 
+def test_a_robustness_claim_reads_the_loss_under_corruption_by_hand(tmp_path):
+    """Two arms (0 the CNN, 1 the T-CNN), 3 seeds. Clean test_acc and, at severity 3, the three
+    corruptions' accuracies (their mean):
+      seed 0: CNN 0.80 | 0.50 0.60 0.70 (0.60): loses 0.20; T-CNN 0.82 | 0.62 0.72 0.82 (0.72): loses 0.10
+      seed 1: CNN 0.78 | 0.48 0.58 0.68 (0.58): 0.20;       T-CNN 0.80 | 0.65 0.65 0.65 (0.65): 0.15
+      seed 2: CNN 0.79 | 0.40 0.50 0.60 (0.50): 0.29;       T-CNN 0.81 | 0.55 0.65 0.75 (0.65): 0.16
+    T-CNN minus CNN of the change under corruption: +0.10, +0.05, +0.13: mean 0.09333, sd
+    sqrt(((0.00667)^2 + (0.04333)^2 + (0.03667)^2) / 2) = 0.04041, se 0.02333 on 2 df. Severity 1
+    is not read (set to 0 here: were it read, the answer would change)."""
+    corrupted = {(0, 0): (0.80, 0.50, 0.60, 0.70), (1, 0): (0.82, 0.62, 0.72, 0.82),
+                 (0, 1): (0.78, 0.48, 0.58, 0.68), (1, 1): (0.80, 0.65, 0.65, 0.65),
+                 (0, 2): (0.79, 0.40, 0.50, 0.60), (1, 2): (0.81, 0.55, 0.65, 0.75)}
+    tests = {key: {"test_acc": clean, "test_corrupted": {"gaussian_noise.3": a, "gaussian_blur.3": b, "contrast.3": c,
+                                                          "gaussian_noise.1": 0.0}}
+             for key, (clean, a, b, c) in corrupted.items()}
+    _study(tmp_path, "tcnn", model="ls_convit_nano", values=[0, 1], accs={k: 0.5 for k in corrupted}, tests=tests)
+    studies = {"tcnn": load(tmp_path / "results" / "tcnn")}
+    claim = _claim("r", expect="higher", test={"kind": "effect", "study": "tcnn", "knob": "local_up_to_layer",
+                                                "value": 1, "baseline": 0, "severity": 3})
+    result = evaluate_claim(claim, studies)
+    assert result.diff == pytest.approx(0.0933333) and result.estimate.se == pytest.approx(0.0233333, rel=1e-4)
+    assert result.estimate.df == 2 and result.n == "3 pairs"
+    with pytest.raises(Exception, match="severity"):
+        _claim("x", expect="higher", test={"kind": "mechanism", "study": "tcnn", "mechanism": "gate",
+                                           "contrast": "training", "severity": 3})
+
+
 def _study(root: Path, name: str, *, model: str, values: list, accs: dict, epoch1: dict | None = None,
-           mechanisms: dict | None = None) -> Path:
+           mechanisms: dict | None = None, tests: dict | None = None) -> Path:
     """A grid study's folder as `search run` leaves it: one knob (local_up_to_layer) with ``values``,
     ``accs[(value, seed)]`` its final val_acc, ``epoch1[(value, seed)]`` its val_acc after epoch 1,
-    ``mechanisms[(value, seed)]`` what the model reported after epochs 1 and 2."""
+    ``mechanisms[(value, seed)]`` what the model reported after epochs 1 and 2, ``tests[(value, seed)]``
+    its held-out score (store.add_test's)."""
     raw = yaml.safe_load((ROOT / "spaces" / "synthetic_smoke.yaml").read_text())
     raw.update(name=name, space={"local_up_to_layer": {"type": "choice", "values": values}},
                algorithm={"name": "grid", "seeds": len({s for _, s in accs})})
@@ -220,6 +248,8 @@ def _study(root: Path, name: str, *, model: str, values: list, accs: dict, epoch
         for epoch, at in ((1, (epoch1 or {}).get((value, seed), acc - 0.1)), (2, acc)):
             store.add_epoch({"trial_id": tid, "epoch": epoch, "val_acc": at, "train_loss": 1 - at,
                              "mechanisms": reported[epoch - 1]})
+        if tests and (value, seed) in tests:
+            store.add_test(tid, {"test_images": 10_000, "test_epoch": 2, "test_loss": 0.5, **tests[(value, seed)]})
     store.flush()
     return study
 

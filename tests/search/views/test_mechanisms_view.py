@@ -30,9 +30,14 @@ def test_the_curves_average_each_block_over_its_heads_then_over_the_trials():
     # block 0: epoch 1 t0 0.7, t1 0.6 -> 0.65; epoch 2 t0 0.5, t1 0.4 -> 0.45
     # block 1: epoch 1 t0 0.6, t1 0.5 -> 0.55; epoch 2 t0 0.2, t1 0.2 -> 0.2
     curves = mechanism_curves(_epochs())
-    assert list(curves) == ["gate"] and sorted(curves["gate"]) == [0, 1]
-    assert curves["gate"][0] == [(1, pytest.approx(0.65)), (2, pytest.approx(0.45))]
-    assert curves["gate"][1] == [(1, pytest.approx(0.55)), (2, pytest.approx(0.2))]
+    assert list(curves) == ["gate"] and list(curves["gate"]) == ["block 0", "block 1"]
+    assert curves["gate"]["block 0"] == [(1, pytest.approx(0.65)), (2, pytest.approx(0.45))]
+    assert curves["gate"]["block 1"] == [(1, pytest.approx(0.55)), (2, pytest.approx(0.2))]
+    # each arm apart where the trials are labelled: t0 alone and t1 alone
+    arms = mechanism_curves(_epochs(), {"t0": "a", "t1": "b", "t2": "c"})
+    assert list(arms["gate"]) == ["a, block 0", "a, block 1", "b, block 0", "b, block 1"]
+    assert arms["gate"]["a, block 0"] == [(1, pytest.approx(0.7)), (2, pytest.approx(0.5))]
+    assert arms["gate"]["b, block 1"] == [(1, pytest.approx(0.5)), (2, pytest.approx(0.2))]
     assert mechanism_curves(_epochs()[_epochs()["trial_id"] == "t2"]) == {}  # none reported: no curves
 
 
