@@ -255,6 +255,19 @@ class Estimate:
 
         return float((stats.t.ppf(1 - alpha / 2, self.df) + stats.t.ppf(power, self.df)) * self.se)
 
+    def seeds_for(self, effect: float, *, seeds: int, alpha: float, power: float = POWER, most: int = 100) -> int | None:
+        """This estimate as a pilot (it rests on ``seeds`` seeds): the fewest seeds at which
+        `detectable` falls to ``effect``, the standard error shrinking as 1/sqrt(seeds) and the
+        degrees of freedom growing in step (Cohen 1988, ch. 2); None where no spread was measured,
+        or more than ``most`` would be needed."""
+        if not self.testable or not effect > 0 or seeds < 2:
+            return None
+        for n in range(2, most + 1):
+            df = max(1.0, self.df * (n - 1) / (seeds - 1))
+            if Estimate(self.diff, self.se * math.sqrt(seeds / n), df).detectable(alpha, power) <= effect:
+                return n
+        return None
+
 
 @dataclass(frozen=True)
 class ClaimResult:
@@ -270,6 +283,7 @@ class ClaimResult:
     p_adjusted: float = math.nan  # Holm's adjusted p across the family of claims
     p_equivalence: float = math.nan  # the TOST's adjusted p against the claim's sesoi (NaN: none given)
     detectable: float = math.nan  # inconclusive: the smallest effect detectable with 80% power at the level used
+    seeds_needed: int | None = None  # with this run as the pilot: seeds for 80% power at the claim's sesoi
     estimate: Estimate | None = None
 
 
@@ -550,9 +564,17 @@ def evaluate_claims(claims: Sequence[Claim], studies: Mapping[str, Experiment]) 
         said = verdict(c.expect, e, p_adjusted=p_adj, p_contrary=p_con, p_equivalence=p_eq, alpha=c.alpha)
         detectable = e.detectable(level[c.id]) if said == "inconclusive" else math.nan
         out[c.id] = ClaimResult(c, e.diff, low, high, p, n, arms, said, name, p_adjusted=p_adj, p_equivalence=p_eq,
-                                detectable=detectable, estimate=e)
+                                detectable=detectable, estimate=e,
+                                seeds_needed=e.seeds_for(c.sesoi, seeds=_seeds(c, studies), alpha=level[c.id])
+                                if c.sesoi else None)
     return [out.get(c.id) or ClaimResult(c, math.nan, math.nan, math.nan, math.nan, "-", "-", "not run", "-")
             for c in claims]
+
+
+def _seeds(claim: Claim, studies: Mapping[str, Experiment]) -> int:
+    """The seeds per grid point of the claim's study (its spec's ``algorithm.seeds``)."""
+    algorithm = ((studies[claim.test.study].spec.get("spec") or {}).get("algorithm") or {})
+    return int(algorithm.get("seeds") or 1)
 
 
 def evaluate_claim(claim: Claim, studies: Mapping[str, Experiment]) -> ClaimResult:

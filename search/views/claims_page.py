@@ -75,7 +75,9 @@ def _protocol(r: ClaimResult) -> str:
 def _verdict_text(r: ClaimResult) -> str:
     """The verdict, and for an inconclusive one the smallest effect the run could have detected."""
     if r.verdict == "inconclusive" and not math.isnan(r.detectable):
-        return f"**inconclusive** (detectable at 80% power: {_number(r.detectable, r.claim.test.metric, signed=True)})"
+        needed = f"; seeds for the sesoi: {r.seeds_needed}" if r.seeds_needed else ""
+        return (f"**inconclusive** (detectable at 80% power: {_number(r.detectable, r.claim.test.metric, signed=True)}"
+                f"{needed})")
     if r.verdict == "inconclusive":
         return "**inconclusive** (no test: too few pairs or seeds, or no spread)"
     return f"**{r.verdict}**"
@@ -195,17 +197,19 @@ def claims_page(results: Sequence[ClaimResult], studies: Sequence[SuiteStudy], l
         "the same difference in another (Welch's t test of the two sets of paired differences, Welch 1947); *versus*: "
         "one grid point of a study minus a control study of another model, over seeds (Welch's t test; seed by seed, "
         "a paired t test, where the control is the same code with one part off); *mechanism*: what a model reports "
-        "of its own mechanism (ConViT's gates), per trial after the last epoch minus after the first, or its deepest "
-        "block minus its first (a t test over the trials). Each "
+        "of its own mechanism (ConViT's gates and nonlocality, GMM's kernel widths), per trial after the last epoch "
+        "minus after the first, or its deepest block minus its first (a t test over the trials); an *effect* with a "
+        "severity reads each trial's accuracy under the corruptions at that severity minus its clean test accuracy. Each "
         "claim's protocol (the side, alpha, the smallest effect of interest) is fixed in the claims file before the "
         "run, and the verdicts hold at that family-wise alpha: Holm's correction (Holm 1979) across the claims, "
         "claims resting on the same trials counted as one. A claim is **reproduced** when its adjusted test puts "
         "the difference on the side the paper predicts, **contradicted** when on the other side, **smaller than the "
         "paper's** when an equivalence test (TOST, Schuirmann 1987) puts it within the smallest effect of interest, "
-        "**inconclusive** otherwise, with the smallest effect the run could have detected at 80% power (a saturation "
+        "**inconclusive** otherwise, with the smallest effect the run could have detected at 80% power and, taking "
+        "this run as the pilot, the seeds that would detect the smallest effect of interest (Cohen 1988) (a saturation "
         "claim, *below the margin*: reproduced when the difference is below that gain, contradicted when above). "
         "Accuracy differences are in percentage points (pp). The scale is not the paper's: small models, a fraction "
-        "of Fashion-MNIST, a few epochs, a few seeds (the studies' table); "
+        "of Fashion-MNIST, tens of epochs, a few seeds (the studies' table); "
         "a claim may fail to reproduce at this scale, and an inconclusive one needs more seeds, not a guess.",
         "",
     ]

@@ -158,6 +158,18 @@ def test_tost_and_the_smallest_detectable_effect_by_hand():
     assert Estimate(0.0, 0.01, 4).detectable(0.05) == pytest.approx(0.0371741, abs=1e-7)
 
 
+def test_seeds_for_the_sesoi_from_a_pilot_by_hand():
+    """A pilot of 3 seeds: se 0.02 on 2 df. At n seeds se 0.02 sqrt(3 / n) on n - 1 df; detectable
+    (t(0.975, n-1) + t(0.8, n-1)) se: n = 7: (2.446912 + 0.905697) 0.013093 = 0.043895; n = 8:
+    (2.364624 + 0.896030) 0.012247 = 0.039934. For an effect of 0.04: 8 seeds."""
+    pilot = Estimate(diff=0.05, se=0.02, df=2)
+    assert pilot.seeds_for(0.04, seeds=3, alpha=0.05) == 8
+    assert pilot.seeds_for(0.044, seeds=3, alpha=0.05) == 7
+    assert pilot.seeds_for(0.5, seeds=3, alpha=0.05) == 2
+    assert pilot.seeds_for(0.0001, seeds=3, alpha=0.05) is None  # more than 100
+    assert Estimate(0.05, math.nan, math.nan).seeds_for(0.04, seeds=3, alpha=0.05) is None  # no spread measured
+
+
 @pytest.mark.parametrize("expect,diff,p_adj,p_con,p_eq,said", [
     ("higher", 0.05, 0.01, math.nan, math.nan, "reproduced"),
     ("higher", -0.05, 0.01, math.nan, math.nan, "contradicted"),
