@@ -39,7 +39,7 @@ def corruption_names() -> list[str]:
 
 
 def _blur(x: torch.Tensor, sigma: float) -> torch.Tensor:
-    radius = max(1, math.ceil(3 * sigma))
+    radius = max(1, min(math.ceil(3 * sigma), x.shape[-1] - 1, x.shape[-2] - 1))  # reflection needs a smaller pad
     t = torch.arange(-radius, radius + 1, dtype=x.dtype, device=x.device)
     kernel = torch.exp(-t ** 2 / (2 * sigma ** 2))
     kernel = kernel / kernel.sum()

@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from search.results.store import EPOCH_COLUMNS, TRIAL_COLUMNS
+from trainers.corruptions import corruption_names
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -31,6 +32,7 @@ def _spec(tmp_path: Path) -> Path:
     spec["budget"]["trials"] = 4
     spec["budget"]["max_epochs"] = 2
     spec["algorithm"] = {"name": "random", "seed": 3}
+    spec["dataset"]["corruptions"] = True  # the held-out test also on corrupted copies (trainers.corruptions)
     path = tmp_path / "e2e.yaml"
     path.write_text(yaml.safe_dump(spec))
     return path
@@ -149,8 +151,10 @@ def test_the_fronts_trials_are_scored_once_on_the_test_split_at_their_best_valid
     assert held["not_tested"] == {} and sorted(held["tested"]) == sorted(front)
     for row in trials:
         if row["trial_id"] not in front:  # selected on nothing, scored on nothing
-            assert row["test_acc"] is None and row["test_epoch"] is None
+            assert row["test_acc"] is None and row["test_epoch"] is None and row["test_corrupted"] is None
             continue
+        corrupted = dict(row["test_corrupted"])
+        assert sorted(corrupted) == sorted(corruption_names()) and all(0.0 <= v <= 1.0 for v in corrupted.values())
         per_trial = [e for e in epochs if e["trial_id"] == row["trial_id"]]
         best = max(per_trial, key=lambda e: (e["val_acc"], -e["epoch"]))  # the first epoch at the best
         assert row["test_epoch"] == best["epoch"] == per_trial[-1]["best_epoch"]
