@@ -104,8 +104,8 @@ def _front_table(view: pd.DataFrame, objectives: Sequence[tuple[str, str]], empt
     beaten = view[DOMINATED_COLUMN].notna()
     text = _rows_table(view[~beaten].drop(columns=DOMINATED_COLUMN), objectives, empty)
     if beaten.any():
-        text += (f"\n\ndominated within noise, so not on the front ({len(view[beaten])}): another member is level within noise "
-                 "on every objective and better beyond noise on one\n")
+        text += (f"\n\ndominated within noise, so not on the front ({len(view[beaten])}): a member (dominated_by) is level "
+                 "within noise on every objective and better beyond noise on one\n")
         text += _rows_table(view[beaten].drop(columns="tied_with", errors="ignore"), objectives, empty)
     return text
 

@@ -403,9 +403,9 @@ def write_report(study: str | os.PathLike, *, out: str | os.PathLike | None = No
         f'<img class="front-png" alt="Pareto front of {html.escape(name)}: {html.escape(y)} against {html.escape(x)}" '
         f'src="data:image/png;base64,{base64.b64encode(png).decode()}">'
         f"<h3>Pareto front ({count(len(front), 'trial')})</h3>" + _front_table(front, objectives) +
-        (f"<h3>Dominated within noise ({len(beaten)})</h3><p class=\"note\">Pareto-optimal on the point values, but another "
-         "member is level within noise on every objective and better beyond noise on one, so nothing measured favours "
-         "them: not on the front.</p>" + _front_table(beaten, objectives) if len(beaten) else "") +
+        (f"<h3>Dominated within noise ({len(beaten)})</h3><p class=\"note\">Pareto-optimal on the point values, but a "
+         "member of the front (dominated_by) is level within noise on every objective and better beyond noise on one, "
+         "so nothing measured favours them: not on the front.</p>" + _front_table(beaten, objectives) if len(beaten) else "") +
         f'<p class="note">Retrain one of them (replace TRIAL with its id):</p><pre class="export">{html.escape(export)}</pre>'
         '<p class="note">Below: every trial, interactive (needs JavaScript; the data is inside this file).</p>'
         "</section>" + (_effects_section(study) if grid else _importance_section(study))
