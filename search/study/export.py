@@ -144,7 +144,7 @@ def _study_spec(study: Path, meta: Mapping[str, Any]) -> SearchSpec:
 def _dataset(spec: SearchSpec, seed: int) -> dict[str, Any]:
     """The spec's dataset and the seed that drew the trial's split: the study's, or with
     ``split_seed: trial`` the trial's own (the key left out where unset, as before it existed)."""
-    plain = {k: v for k, v in to_plain(spec.dataset).items() if not (k == "split_seed" and v is None)}
+    plain = {k: v for k, v in to_plain(spec.dataset).items() if not (k in ("split_seed", "corruptions") and v is None)}
     return {**plain, "seed": seed if spec.dataset.split_per_trial else spec.algorithm.seed}
 
 
