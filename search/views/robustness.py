@@ -6,23 +6,14 @@ claim (studies/claims.yaml: an effect with ``severity``) reads the same numbers 
 
 from __future__ import annotations
 
-import html
-import math
 import statistics
 from collections.abc import Mapping
-from typing import Any
 
 import pandas as pd
 
-from search.views.mechanisms import line_chart
+from search.views.mechanisms import _pairs, line_chart
 
 __all__ = ["robustness_curves", "robustness_section"]
-
-
-def _pairs(cell: Any) -> dict[str, float]:
-    if cell is None or (isinstance(cell, float) and math.isnan(cell)):
-        return {}
-    return {str(n): float(v) for n, v in (cell.items() if isinstance(cell, Mapping) else cell)}
 
 
 def robustness_curves(trials: pd.DataFrame, arms: Mapping[str, str] | None = None) -> dict[str, list[tuple[int, float]]]:
@@ -32,7 +23,7 @@ def robustness_curves(trials: pd.DataFrame, arms: Mapping[str, str] | None = Non
         return {}
     per_arm: dict[str, dict[int, list[float]]] = {}
     for row in trials.itertuples(index=False):
-        corrupted = _pairs(row.test_corrupted)
+        corrupted = dict(_pairs(row.test_corrupted))  # a map cell, as mechanisms' (Parquet reads pairs back)
         if not corrupted or pd.isna(row.test_acc):
             continue
         points = per_arm.setdefault((arms or {}).get(str(row.trial_id), "all"), {})
