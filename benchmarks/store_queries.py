@@ -140,7 +140,7 @@ def _study(n: int, seed: int = 0) -> tuple[ResultsStore, pa.Table]:
         "val_acc_sd_df": [None] * n,
         "selection_val_acc": [None] * n,
         # the held-out test scores front trials only, once, at the study's end: none in a study this size's rows
-        **{c: [None] * n for c in ("test_acc", "test_acc_low", "test_acc_high", "test_loss", "test_images", "test_epoch")},
+        **{c: [None] * n for c in ("test_acc", "test_acc_low", "test_acc_high", "test_loss", "test_images", "test_epoch", "test_corrupted")},
         "throughput_device": ["cpu: bench"] * n,
         "throughput_batch": np.full(n, 256),
         "throughput_precision": ["fp32"] * n,

@@ -134,13 +134,15 @@ def test_the_grid_visits_every_point_exactly_seeds_times_across_a_sigkill_and_re
     assert [p["finished"] for p in after["progress.parquet"]] == [1, 2, 3, 4]
     assert not (exp / "optuna.journal").exists()  # nothing is sampled: no Optuna study
     # each epoch reached the store through Ray with the model's mechanisms: the gates of the one GPSA
-    # block (4 heads) at local_up_to_layer 1, none for the DeiT at 0
+    # block (4 heads) at local_up_to_layer 1, none for the DeiT at 0; every block's per-head
+    # nonlocality in both (the paper's Fig. 5 measures DeiT's too)
     layers = {t["trial_id"]: t["local_up_to_layer"] for t in trials}
     epochs = [e for e in after["epochs.parquet"] if e["trial_id"] in layers]
     assert {e["trial_id"] for e in epochs} == set(layers)
     for e in epochs:
         names = {name for name, _ in e["mechanisms"] or ()}
-        assert names == ({f"gate.0.{h}" for h in range(4)} if layers[e["trial_id"]] == 1 else set()), e
+        gates = {f"gate.0.{h}" for h in range(4)} if layers[e["trial_id"]] == 1 else set()
+        assert names == gates | {f"nonlocality.{b}.{h}" for b in range(2) for h in range(4)}, e
     meta = yaml.safe_load((exp / "experiment.json").read_text())
     assert meta["spec"]["budget"]["trials"] == 4 and meta["spec"]["algorithm"]["seeds"] == 2
 
