@@ -7,6 +7,13 @@ document it, on the recording's discrete points.
       (BoTorch's qLogNEHVI: a SingleTaskGP, 256 quasi-MC samples, 20 restarts, 1024 raw samples,
       the sampler's settings), 10 start-up trials (its default); without stopping, and with this
       project's MO-ASHA stopping the trials it proposes.
+  botorch-grid, botorch-grid+MO-ASHA
+      BoTorch's qLogNEHVI set up as ``qnehvi_candidates_func`` sets it up (SingleTaskGP on the
+      knobs' positions in [0, 1], outcomes standardised, 256 Sobol QMC samples, pruned baseline,
+      the reference point just below the observed minimum), maximised over the recording's own
+      configurations not yet asked with ``optimize_acqf_discrete`` (BoTorch's optimiser for a
+      finite candidate set) instead of gradient restarts in the box and rounding; 10 random
+      start-up configurations, as the sampler's default. The same two ways.
   gp, gp+MO-ASHA
       Optuna's own GPSampler (LogEHVI for two objectives; Optuna's maintained GP path), the same two ways.
   smac-ParEGO
@@ -35,13 +42,16 @@ checkpoint), so only the extra epochs are paid: the same cost model as ASHA's pr
 
 from __future__ import annotations
 
+import random
 import shutil
 import tempfile
 import warnings
 from importlib import metadata
+from types import SimpleNamespace
 
 INSTALL = ("pip install -e '.[bench]' and pip install --no-deps dehb==0.1.2 syne-tune==0.16.0 (see pyproject.toml)")
-STRONG = ("botorch-qNEHVI", "botorch-qNEHVI+MO-ASHA", "gp", "gp+MO-ASHA", "smac-ParEGO", "smac-ParEGO+HB", "dehb")
+STRONG = ("botorch-qNEHVI", "botorch-qNEHVI+MO-ASHA", "botorch-grid", "botorch-grid+MO-ASHA", "gp", "gp+MO-ASHA",
+          "smac-ParEGO", "smac-ParEGO+HB", "dehb")
 
 
 class Exhausted(Exception):
@@ -63,6 +73,13 @@ def settings(budget_full_trials: int, budget_epochs: int, epochs: int) -> dict[s
                            "sampler": "optuna_integration.BoTorchSampler(candidates_func=qnehvi_candidates_func, "
                                       "n_startup_trials=10, seed=seed)",
                            "encoding": "one integer per knob: the index into its recorded values"},
+        "botorch-grid": {"library": f"botorch {version('botorch')}, gpytorch {version('gpytorch')}",
+                         "acquisition": "qLogNoisyExpectedHypervolumeImprovement(SingleTaskGP(outcome_transform="
+                                        "Standardize), SobolQMCNormalSampler(256), prune_baseline=True, ref_point="
+                                        "observed minimum - 1e-8): qnehvi_candidates_func's",
+                         "optimiser": "optimize_acqf_discrete(q=1) over the recorded configurations not yet asked",
+                         "start_up": "10 random recorded configurations (until 10 COMPLETE trials)",
+                         "encoding": "each knob's position among its recorded values, in [0, 1]"},
         "gp": {"library": f"optuna {version('optuna')}", "sampler": "optuna.samplers.GPSampler(seed=seed) "
                "(n_startup_trials=10, LogEHVI for 2 objectives)",
                "encoding": "one integer per knob: the index into its recorded values"},
@@ -120,6 +137,61 @@ def gp_sampler(name: str, seed: int):
         raise _missing("optuna-integration and botorch") from None
     warnings.filterwarnings("ignore", module="botorch|linear_operator|gpytorch|optuna_integration")
     return BoTorchSampler(candidates_func=qnehvi_candidates_func, seed=seed)
+
+
+class DiscreteQNEHVI:
+    """BoTorch's qLogNEHVI over a finite set of configurations: ``propose(asked)`` the next one,
+    ``tell(config, values)`` a COMPLETE trial's two objectives (both maximised). The model and
+    acquisition are optuna-integration's ``qnehvi_candidates_func``'s; only the optimiser differs
+    (every candidate scored, the best taken), so a proposal is a recorded configuration itself."""
+
+    startup = 10
+
+    def __init__(self, grid: dict, configs, seed: int):
+        try:
+            import torch
+            from botorch.acquisition.multi_objective.logei import qLogNoisyExpectedHypervolumeImprovement
+            from botorch.fit import fit_gpytorch_mll
+            from botorch.models import SingleTaskGP
+            from botorch.models.transforms.outcome import Standardize
+            from botorch.optim import optimize_acqf_discrete
+            from botorch.sampling import SobolQMCNormalSampler
+            from gpytorch.mlls import ExactMarginalLogLikelihood
+        except ImportError:
+            raise _missing("botorch") from None
+        warnings.filterwarnings("ignore", module="botorch|linear_operator|gpytorch")
+        self._torch = torch
+        self._parts = SimpleNamespace(acq=qLogNoisyExpectedHypervolumeImprovement, fit=fit_gpytorch_mll,
+                                      gp=SingleTaskGP, standardize=Standardize, optimize=optimize_acqf_discrete,
+                                      sampler=SobolQMCNormalSampler, mll=ExactMarginalLogLikelihood)
+        position = [{v: i / max(len(values) - 1, 1) for i, v in enumerate(values)} for values in grid.values()]
+        self._configs = list(configs)
+        self._x = {c: [index[v] for index, v in zip(position, c)] for c in self._configs}
+        self._rng = random.Random(seed)
+        self._seed = seed
+        self._told: list[tuple[tuple, list[float]]] = []
+
+    def propose(self, asked) -> tuple:
+        free = [c for c in self._configs if c not in asked]
+        if not free:
+            raise Exhausted
+        if len(self._told) < self.startup:
+            return self._rng.choice(free)
+        torch, p = self._torch, self._parts
+        torch.manual_seed(self._seed + len(self._told))  # the fit's restarts draw from torch's generator
+        x = torch.tensor([self._x[c] for c, _ in self._told], dtype=torch.float64)
+        y = torch.tensor([v for _, v in self._told], dtype=torch.float64)
+        model = p.gp(x, y, outcome_transform=p.standardize(m=y.shape[-1]))
+        p.fit(p.mll(model.likelihood, model))
+        acqf = p.acq(model=model, ref_point=(y.min(dim=0).values - 1e-8).tolist(), X_baseline=x, prune_baseline=True,
+                     sampler=p.sampler(sample_shape=torch.Size([256]), seed=self._seed + len(self._told)))
+        choices = torch.tensor([self._x[c] for c in free], dtype=torch.float64)
+        with torch.no_grad():
+            best, _ = p.optimize(acqf, q=1, choices=choices)
+        return free[int(torch.cdist(best, choices).argmin())]
+
+    def tell(self, config: tuple, values: list[float]) -> None:
+        self._told.append((config, list(values)))
 
 
 def _config_space(grid: dict, seed: int):

@@ -91,7 +91,7 @@ METHODS = ("random", "tpe", "nsga2", "random+ASHA", "syne-MOASHA", "syne-MOASHA-
            "tpe+MO-ASHA", "random+MO-ASHA-hvc", "tpe+MO-ASHA-hvc", "random+MO-ASHA-quota", "tpe+MO-ASHA-quota")
 OURS = ("tpe+MO-ASHA", "random+MO-ASHA")
 ALL_METHODS = (*METHODS, *_peers.STRONG)
-SLOW = ("botorch-qNEHVI", "botorch-qNEHVI+MO-ASHA", "gp", "gp+MO-ASHA")  # a GP proposal takes seconds: fewer seeds
+SLOW = ("botorch-qNEHVI", "botorch-qNEHVI+MO-ASHA", "botorch-grid", "botorch-grid+MO-ASHA", "gp", "gp+MO-ASHA")  # a GP proposal takes seconds: fewer seeds
 SYNE_TUNE = "syne-tune==0.16.0"
 
 
@@ -187,19 +187,10 @@ class _SyneSearch:
             self._scheduler.on_trial_complete(self._trial, result)
 
 
-class _OptunaSearch:
-    """An Optuna sampler asked for the grid's knobs, with Ray's ASHA, our MO-ASHA or no stopping."""
+class _Stopping:
+    """A method's early stopping, by its name: our MO-ASHA, Ray's ASHA, or none."""
 
-    def __init__(self, method: str, grid: dict, epochs: int, seed: int):
-        name = method.split("+")[0]
-        sampler = {"random": lambda: optuna.samplers.RandomSampler(seed=seed),
-                   "tpe": lambda: optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=8),
-                   "nsga2": lambda: optuna.samplers.NSGAIISampler(seed=seed, population_size=8),
-                   "gp": lambda: _peers.gp_sampler("gp", seed),
-                   "botorch-qNEHVI": lambda: _peers.gp_sampler("botorch", seed)}[name]()
-        self._by_index = name in ("gp", "botorch-qNEHVI")  # a GP proposes in a box: an ordered index per knob
-        self._study = optuna.create_study(directions=["maximize", "maximize"], sampler=sampler)
-        self._grid, self._epochs = grid, epochs
+    def __init__(self, method: str, epochs: int):
         if "MO-ASHA" in method:
             self._scheduler = MOASHAScheduler(objectives=OBJECTIVES, time_attr="epoch", max_t=epochs, grace_period=1,
                                               reduction_factor=2,
@@ -211,28 +202,74 @@ class _OptunaSearch:
         else:
             self._scheduler = None
 
-    def ask(self, number: int) -> tuple:
-        self._trial = self._study.ask()
+    def _started(self, number: int) -> None:
         self._handle = SimpleNamespace(trial_id=str(number))
         if self._scheduler is not None:
             self._scheduler.on_trial_add(None, self._handle)
-        if self._by_index:
-            return tuple(values[self._trial.suggest_int(k, 0, len(values) - 1)] for k, values in self._grid.items())
-        return tuple(self._trial.suggest_categorical(k, values) for k, values in self._grid.items())
 
     def report(self, result: dict) -> bool:
         if self._scheduler is None:
             return True
         return self._scheduler.on_trial_result(None, self._handle, result) != "STOP"
 
-    def done(self, result: dict, reached_max: bool) -> None:
+    def _ended(self, result: dict) -> None:
         if self._scheduler is not None and result:
             self._scheduler.on_trial_complete(None, self._handle, result)
+
+
+class _OptunaSearch(_Stopping):
+    """An Optuna sampler asked for the grid's knobs, with Ray's ASHA, our MO-ASHA or no stopping."""
+
+    def __init__(self, method: str, grid: dict, epochs: int, seed: int):
+        super().__init__(method, epochs)
+        name = method.split("+")[0]
+        sampler = {"random": lambda: optuna.samplers.RandomSampler(seed=seed),
+                   "tpe": lambda: optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=8),
+                   "nsga2": lambda: optuna.samplers.NSGAIISampler(seed=seed, population_size=8),
+                   "gp": lambda: _peers.gp_sampler("gp", seed),
+                   "botorch-qNEHVI": lambda: _peers.gp_sampler("botorch", seed)}[name]()
+        self._by_index = name in ("gp", "botorch-qNEHVI")  # a GP proposes in a box: an ordered index per knob
+        self._study = optuna.create_study(directions=["maximize", "maximize"], sampler=sampler)
+        self._grid, self._epochs = grid, epochs
+
+    def ask(self, number: int) -> tuple:
+        self._trial = self._study.ask()
+        self._started(number)
+        if self._by_index:
+            return tuple(values[self._trial.suggest_int(k, 0, len(values) - 1)] for k, values in self._grid.items())
+        return tuple(self._trial.suggest_categorical(k, values) for k, values in self._grid.items())
+
+    def done(self, result: dict, reached_max: bool) -> None:
+        self._ended(result)
         state, values = optuna_state_for(result, error=False, metrics=[k for k, _ in OBJECTIVES])
         self._study.tell(self._trial, values, state=getattr(optuna.trial.TrialState, state))
 
 
-def _search(method: str, grid: dict, epochs: int, seed: int, budget: int):
+class _GridBoSearch(_Stopping):
+    """BoTorch's qLogNEHVI choosing among the recorded configurations (``_peers.DiscreteQNEHVI``),
+    never one it asked before; a COMPLETE trial's objectives are what it learns from, as
+    optuna-integration's sampler learns from COMPLETE trials only."""
+
+    def __init__(self, method: str, curves: dict, grid: dict, epochs: int, seed: int):
+        super().__init__(method, epochs)
+        self._bo = _peers.DiscreteQNEHVI(grid, curves, seed)
+        self._asked: set = set()
+
+    def ask(self, number: int) -> tuple:
+        self._config = self._bo.propose(self._asked)
+        self._asked.add(self._config)
+        self._started(number)
+        return self._config
+
+    def done(self, result: dict, reached_max: bool) -> None:
+        self._ended(result)
+        if reached_max:
+            self._bo.tell(self._config, [result[k] for k, _ in OBJECTIVES])
+
+
+def _search(method: str, grid: dict, epochs: int, seed: int, budget: int, curves: dict):
+    if method.startswith("botorch-grid"):
+        return _GridBoSearch(method, curves, grid, epochs, seed)
     if method.startswith("syne"):
         return _SyneSearch(grid, epochs, seed, fixed=method.endswith("fixed"))
     if method.startswith("smac"):
@@ -250,7 +287,7 @@ def replay(method: str, *, curves: dict[tuple, dict], grid: dict, epochs: int, b
     A search either runs each trial to the end unless its scheduler stops it (``report``), or
     names the epoch to stop at (``fidelity``, the multi-fidelity peers); one that ``resumes`` takes
     a configuration asked again from its furthest earlier epoch, paying only the extra epochs."""
-    search = _search(method, grid, epochs, seed, budget)
+    search = _search(method, grid, epochs, seed, budget, curves)
     spent, front, history, number, trained = 0, [], [], 0, {}
     try:
         while spent < budget and number < budget * 20:  # a searcher that only re-asks what it has: no endless loop
@@ -350,7 +387,7 @@ def friedman(scores_by_benchmark: dict[str, dict[str, float]]) -> dict:
             "friedman_p": p, "benchmarks": list(scores_by_benchmark)}
 
 
-PROPOSERS = ("random", "tpe", "nsga2", "gp", "botorch-qNEHVI", "smac-ParEGO", "smac-ParEGO+HB", "dehb", "syne-MOASHA")
+PROPOSERS = ("random", "tpe", "nsga2", "gp", "botorch-qNEHVI", "botorch-grid", "smac-ParEGO", "smac-ParEGO+HB", "dehb", "syne-MOASHA")
 
 
 def proposal_seconds(method: str, *, curves: dict, grid: dict, epochs: int, at: int, repeats: int,
@@ -363,7 +400,7 @@ def proposal_seconds(method: str, *, curves: dict, grid: dict, epochs: int, at: 
     keys = list(curves)
     rng = np.random.default_rng(seed)
     times: list[tuple[float, float]] = []
-    search = _search(method, grid, epochs, seed, budget=10 * at * epochs)
+    search = _search(method, grid, epochs, seed, 10 * at * epochs, curves)
     try:
         if isinstance(search, _OptunaSearch):
             from optuna.distributions import CategoricalDistribution, IntDistribution
@@ -378,6 +415,10 @@ def proposal_seconds(method: str, *, curves: dict, grid: dict, epochs: int, at: 
                     dists = {k: CategoricalDistribution(values) for k, values in grid.items()}
                 search._study.add_trial(optuna.trial.create_trial(params=params, distributions=dists,
                                                                   values=_point(curves[key], epochs)))
+            fed = at
+        elif isinstance(search, _GridBoSearch):  # its GP learns from ``at`` recorded results; it may ask any configuration
+            for i in rng.integers(len(keys), size=at):
+                search._bo.tell(keys[i], _point(curves[keys[i]], epochs))
             fed = at
         else:
             fed = 0

@@ -92,6 +92,20 @@ def test_a_gp_sampler_proposes_recorded_points_after_its_start_up_trials(tmp_pat
     assert len(history) == 12 and len(asks) == 12  # 10 start-up trials, then two GP proposals
 
 
+def test_botorch_on_the_grid_proposes_recorded_configurations_it_has_not_asked_after_its_start_up(tmp_path):
+    pytest.importorskip("botorch")
+    curves, epochs = load_curves(_recording(tmp_path), GRID)
+    bo = _peers.DiscreteQNEHVI(GRID, curves, seed=0)
+    asked = []
+    for _ in range(12):  # 10 random, then 2 from the GP's acquisition
+        config = bo.propose(set(asked))
+        asked.append(config)
+        bo.tell(config, [curves[config]["best"][-1], curves[config]["log_throughput"]])
+    assert len(set(asked)) == 12 and set(asked) <= set(curves)
+    with pytest.raises(_peers.Exhausted):  # all 12 asked: nothing left to propose
+        bo.propose(set(asked))
+
+
 def test_a_proposal_that_was_not_recorded_goes_to_the_nearest_recorded_configuration(tmp_path):
     curves, _ = load_curves(_recording(tmp_path, skip={(2, 32, 0.004)}), GRID)
     assert _peers.snap(GRID, curves, (1, 16, 0.001)) == (1, 16, 0.001)  # recorded: itself

@@ -14,7 +14,9 @@ Parameters, names and init follow timm's `convit.py` (its state dicts load uncha
 * With every layer GPSA (`local_up_to_layer == depth`) there is no class token: average pooling.
 * `drop_rate` is the original code's dropout (position embedding, projections, MLP).
 Knobs: `local_up_to_layer`, `locality_strength`, `gate_init` (paper 1.0), `gate_lr_mult` (the
-gates' learning-rate multiplier, through `param_groups()`).
+gates' learning-rate multiplier, through `param_groups()`); the paper's Table 3 ablation:
+`use_local_init` (timm's name; False: GPSA starts from the random init, no convolutional one) and
+`train_gating` (False: every gate frozen at lambda = 0, equal weight to content and position).
 """
 import contextlib
 import math
@@ -30,7 +32,7 @@ from timm.models import register_notrace_module
 from trainers import kernels
 from trainers.kernels import Linear
 from trainers.models._common import (
-    MHSA, GridSize, PreNormBlock, _build_without_weights, _cfg, _check_int, _check_real, _check_vit_args,
+    MHSA, GridSize, PreNormBlock, _build_without_weights, _cfg, _check_bool, _check_int, _check_real, _check_vit_args,
     _fashion_mnist_cfg, _gated_param_groups, _grid_offsets, _init_vit_weights, _patch_tokens, _token_grid,
 )
 
@@ -79,6 +81,8 @@ class GPSA(nn.Module):
             locality_strength: float = 1.,
             gate_init: float = 1.,
             grid_size: Optional[GridSize] = None,
+            use_local_init: bool = True,
+            train_gating: bool = True,
     ):
         super().__init__()
         if dim % num_heads:
@@ -89,6 +93,8 @@ class GPSA(nn.Module):
         self.scale = self.head_dim ** -0.5
         self.locality_strength = locality_strength
         self.gate_init = gate_init
+        self.use_local_init = use_local_init
+        self.train_gating = train_gating
         self.attn_drop_p = float(attn_drop)
         self.grid_size = tuple(grid_size) if grid_size is not None else None
 
@@ -98,7 +104,7 @@ class GPSA(nn.Module):
         self.proj = Linear(dim, dim)
         self.pos_proj = nn.Linear(3, num_heads)
         self.proj_drop = nn.Dropout(proj_drop)
-        self.gating_param = nn.Parameter(torch.full((num_heads,), float(gate_init)))
+        self.gating_param = nn.Parameter(torch.full((num_heads,), float(gate_init)), requires_grad=train_gating)
 
         # r_ij for the last grid seen, (N, N, 3); non-persistent: rebuilt, never saved.
         self._rel_grid: Optional[GridSize] = None
@@ -187,7 +193,11 @@ class GPSA(nn.Module):
     @torch.no_grad()
     def local_init(self) -> None:
         """Convolutional init (timm's): W_val = I; the first floor(sqrt(H))^2 heads centred on their
-        offset of a sqrt(H) x sqrt(H) kernel; all of v_pos scaled by the locality strength."""
+        offset of a sqrt(H) x sqrt(H) kernel; all of v_pos scaled by the locality strength. Without
+        `use_local_init` only the gates are set; frozen gates (not `train_gating`) are set to 0."""
+        self.gating_param.fill_(self.gate_init if self.train_gating else 0.)
+        if not self.use_local_init:
+            return
         self.v.weight.copy_(torch.eye(self.dim))
         kernel_size = math.isqrt(self.num_heads)
         center = (kernel_size - 1) / 2 if kernel_size % 2 == 0 else kernel_size // 2
@@ -198,7 +208,6 @@ class GPSA(nn.Module):
                 self.pos_proj.weight[position, 1] = 2 * (h1 - center)  # dy centre
                 self.pos_proj.weight[position, 0] = 2 * (h2 - center)  # dx centre
         self.pos_proj.weight.mul_(self.locality_strength)
-        self.gating_param.fill_(self.gate_init)
 
 
 class Block(PreNormBlock):
@@ -216,10 +225,13 @@ class Block(PreNormBlock):
             locality_strength: float = 1.,
             gate_init: float = 1.,
             grid_size: Optional[GridSize] = None,
+            use_local_init: bool = True,
+            train_gating: bool = True,
     ):
         if use_gpsa:
             attn = GPSA(dim, num_heads=num_heads, qkv_bias=qkv_bias, proj_drop=proj_drop,
-                        locality_strength=locality_strength, gate_init=gate_init, grid_size=grid_size)
+                        locality_strength=locality_strength, gate_init=gate_init, grid_size=grid_size,
+                        use_local_init=use_local_init, train_gating=train_gating)
         else:
             attn = MHSA(dim, num_heads=num_heads, qkv_bias=qkv_bias, proj_drop=proj_drop)
         super().__init__(dim, attn, mlp_ratio=mlp_ratio, proj_drop=proj_drop, drop_path=drop_path)
@@ -252,6 +264,8 @@ class LocalityConViT(nn.Module):
             gate_init: float = 1.,
             gate_lr_mult: float = 1.,
             use_pos_embed: bool = True,
+            use_local_init: bool = True,
+            train_gating: bool = True,
     ):
         super().__init__()
         img_hw = _check_vit_args(
@@ -262,6 +276,8 @@ class LocalityConViT(nn.Module):
         _check_real('locality_strength', locality_strength, 0.)
         _check_real('gate_init', gate_init, -math.inf)
         _check_real('gate_lr_mult', gate_lr_mult, 0.)
+        _check_bool('use_local_init', use_local_init)
+        _check_bool('train_gating', train_gating)
         if local_up_to_layer > depth:
             raise ValueError(
                 f'local_up_to_layer={local_up_to_layer} exceeds depth={depth}; it counts GPSA layers, '
@@ -275,6 +291,8 @@ class LocalityConViT(nn.Module):
         self.gate_init = gate_init
         self.gate_lr_mult = gate_lr_mult
         self.use_pos_embed = use_pos_embed
+        self.use_local_init = use_local_init
+        self.train_gating = train_gating
 
         self.patch_embed = PatchEmbed(img_size=img_hw, patch_size=patch_size, in_chans=in_chans, embed_dim=embed_dim)
         self.grid_size: GridSize = tuple(self.patch_embed.grid_size)
@@ -309,6 +327,8 @@ class LocalityConViT(nn.Module):
                 locality_strength=locality_strength,
                 gate_init=gate_init,
                 grid_size=self.grid_size,
+                use_local_init=use_local_init,
+                train_gating=train_gating,
             ) for i in range(depth)])
         self.norm = LayerNorm(embed_dim)
         self.feature_info = [dict(num_chs=embed_dim, reduction=patch_size, module=f'blocks.{i}') for i in range(depth)]

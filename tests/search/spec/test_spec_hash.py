@@ -29,6 +29,8 @@ SHIPPED = {
     ("spaces/refiner_expansion.yaml", None): "adc7f45a5bfcfd8e",
     ("spaces/synthetic_smoke.yaml", None): "c935641ca1ccfa82",
     ("spaces/tcnn_reparam.yaml", None): "455b5db37ebef88f",
+    ("studies/convit_gpsa_ablation.yaml", "cpu"): "30fbeb6bf7f7b398",
+    ("studies/convit_gpsa_ablation.yaml", "gpu"): "565f4a8f9bcc781a",
     ("studies/convit_locality_ablation.yaml", "cpu"): "f5e6d960e94f22ed",
     ("studies/convit_locality_ablation.yaml", "gpu"): "bc7621b828862574",
     ("studies/convit_more_data.yaml", "cpu"): "7ad87aaabb8a54f2",

@@ -9,6 +9,7 @@ from timm.models.convit import GPSA as TimmGPSA
 from timm.models.convit import ConVit as TimmConVit
 
 import trainers.models  # noqa: F401  (registers ls_convit_* with timm)
+from trainers import kernels
 from trainers.kernels import _gpsa
 from trainers.kernels._attention_core import gated_attention
 from trainers.models.ls_convit import GPSA, LocalityConViT, rel_indices
@@ -390,6 +391,42 @@ def test_init_matches_timm_structure():
     assert gpsa.pos_proj.bias.abs().max() == 0
 
 
+def test_table_3_ablation_without_the_convolutional_init_keeps_the_random_one():
+    torch.manual_seed(0)
+    local = LocalityConViT(**NANO, embed_dim=16, num_heads=4, depth=2, local_up_to_layer=1, gate_init=0.5)
+    torch.manual_seed(0)
+    model = LocalityConViT(**NANO, embed_dim=16, num_heads=4, depth=2, local_up_to_layer=1, gate_init=0.5,
+                           use_local_init=False)
+    gpsa = model.blocks[0].attn
+    # the same draws up to the convolutional init: every weight it leaves alone is equal
+    for (name, a), b in zip(local.named_parameters(), model.parameters()):
+        if not name.endswith(('attn.v.weight', 'pos_proj.weight')):
+            torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)
+    assert not torch.allclose(gpsa.v.weight, torch.eye(16))  # W_val random, not I
+    assert gpsa.pos_proj.weight.abs().max() < 0.1  # v_pos as trunc_normal(std .02) left it: no kernel offsets
+    torch.testing.assert_close(gpsa.gating_param, torch.full((4,), 0.5))  # the gates still start at gate_init
+
+
+def test_table_3_ablation_frozen_gates_stay_at_zero_and_are_not_optimised():
+    model = LocalityConViT(**NANO, embed_dim=16, num_heads=4, depth=3, local_up_to_layer=2, gate_init=1.0,
+                           train_gating=False)
+    gates = [blk.attn.gating_param for blk in model.blocks[:2]]
+    assert all(not g.requires_grad and g.abs().max() == 0 for g in gates)  # lambda = 0: sigma = 1/2
+    assert not any(p is g for grp in model.param_groups(0.05) for p in grp['params'] for g in gates)
+    assert model.mechanism_metrics()['gate.0.0'] == pytest.approx(0.5)
+    opt = torch.optim.AdamW(model.param_groups(0.05), lr=1e-2)
+    for kernels_on in (False, True):  # both attention paths train with the gates frozen
+        was = kernels.enabled()
+        kernels.set_enabled(kernels_on)
+        try:
+            F.cross_entropy(model(torch.randn(4, 1, 28, 28)), torch.randint(0, 10, (4,))).backward()
+        finally:
+            kernels.set_enabled(was)
+        opt.step()
+        opt.zero_grad()
+    assert all(g.abs().max() == 0 and g.grad is None for g in gates)
+
+
 # --- timm registry ------------------------------------------------------------------------------
 
 def test_create_model_passes_kwargs():
@@ -442,6 +479,8 @@ def test_every_registered_variant_builds():
     (dict(mlp_ratio=0.0), 'mlp_ratio'),
     (dict(qkv_bias=1), 'qkv_bias'),
     (dict(use_pos_embed='no'), 'use_pos_embed'),
+    (dict(use_local_init=0), 'use_local_init'),
+    (dict(train_gating='yes'), 'train_gating'),
 ])
 def test_bad_arguments_name_the_argument(kwargs, arg):
     base = dict(NANO, embed_dim=16, num_heads=4, depth=2, local_up_to_layer=1)
