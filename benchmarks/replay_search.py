@@ -30,6 +30,10 @@ Methods (ours last):
   random+MO-ASHA-quota, tpe+MO-ASHA-quota
                      the same without rule 4 (a trial on its rung's front always goes on): the
                      quota of the rung's order alone decides (keep_front=False), as published
+  tpe-ordered, tpe-ordered+MO-ASHA
+                     TPE told each knob as its position among its ordered values (an int), as a
+                     spec's `ordered: true` choice or int range gives it, where `tpe` sees
+                     unordered categories: its Parzen estimators then see neighbours
 
 The strong peers (``--peers strong``; ``benchmarks._peers`` has their settings): BoTorch's
 qNEHVI through Optuna's BoTorchSampler and Optuna's own GPSampler, each without stopping and with
@@ -88,8 +92,9 @@ GRIDS = {**RECORDED_GRIDS, **LCBENCH_GRIDS}  # recorded here by training; LCBenc
 OBJECTIVES = [("best_val_acc", "max"), ("log_throughput", "max")]
 MODES = ["max", "max"]
 METHODS = ("random", "tpe", "nsga2", "random+ASHA", "syne-MOASHA", "syne-MOASHA-fixed", "random+MO-ASHA",
-           "tpe+MO-ASHA", "random+MO-ASHA-hvc", "tpe+MO-ASHA-hvc", "random+MO-ASHA-quota", "tpe+MO-ASHA-quota")
-OURS = ("tpe+MO-ASHA", "random+MO-ASHA")
+           "tpe+MO-ASHA", "random+MO-ASHA-hvc", "tpe+MO-ASHA-hvc", "random+MO-ASHA-quota", "tpe+MO-ASHA-quota",
+           "tpe-ordered", "tpe-ordered+MO-ASHA")
+OURS = ("tpe+MO-ASHA", "tpe-ordered+MO-ASHA", "random+MO-ASHA")
 ALL_METHODS = (*METHODS, *_peers.STRONG)
 SLOW = ("botorch-qNEHVI", "botorch-qNEHVI+MO-ASHA", "botorch-grid", "botorch-grid+MO-ASHA", "gp", "gp+MO-ASHA")  # a GP proposal takes seconds: fewer seeds
 SYNE_TUNE = "syne-tune==0.16.0"
@@ -225,10 +230,12 @@ class _OptunaSearch(_Stopping):
         name = method.split("+")[0]
         sampler = {"random": lambda: optuna.samplers.RandomSampler(seed=seed),
                    "tpe": lambda: optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=8),
+                   "tpe-ordered": lambda: optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=8),
                    "nsga2": lambda: optuna.samplers.NSGAIISampler(seed=seed, population_size=8),
                    "gp": lambda: _peers.gp_sampler("gp", seed),
                    "botorch-qNEHVI": lambda: _peers.gp_sampler("botorch", seed)}[name]()
-        self._by_index = name in ("gp", "botorch-qNEHVI")  # a GP proposes in a box: an ordered index per knob
+        # a GP proposes in a box, and tpe-ordered's Parzen estimators see neighbours: an ordered index per knob
+        self._by_index = name in ("gp", "botorch-qNEHVI", "tpe-ordered")
         self._study = optuna.create_study(directions=["maximize", "maximize"], sampler=sampler)
         self._grid, self._epochs = grid, epochs
 

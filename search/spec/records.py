@@ -90,9 +90,14 @@ class ParamSpec(Record):
     values: tuple[Any, ...] | None = None
     step: Number | None = None
     log: Flag = False
+    # a choice whose values are ordered as listed (widths, depths, a few learning rates): the sampler
+    # draws a position among them, so TPE's Parzen estimators and a GP see neighbours
+    ordered: Flag | None = None
 
     @model_validator(mode="after")
     def _check(self) -> "ParamSpec":
+        if self.ordered is not None and self.type != "choice":
+            raise FieldError("ordered", f"only a choice takes ordered; a {self.type} range is ordered already")
         if self.type == "choice":
             if not self.values:
                 raise FieldError("values", "a choice needs a non-empty list: values: [a, b]")

@@ -256,6 +256,11 @@ class SearchSpec(Record):
         for section, key in ADDED_KEYS:  # left unset: studies from before the key keep their hash
             if data[section].get(key) is None:
                 data[section].pop(key, None)
+        models = data.get("models") or [data.get("model") or {}]
+        for space in [data.get("space") or {}, *[(m or {}).get("space") or {} for m in models]]:
+            for param in space.values():  # a knob's `ordered`, added later: unset, out of the hash
+                if isinstance(param, dict) and param.get("ordered") is None:
+                    param.pop("ordered", None)
         confirm = data["budget"].get("confirm")
         if confirm is not None:  # the race's keys, added later: at their defaults, out of the hash
             if confirm.get("strategy") == "fixed":

@@ -264,17 +264,23 @@ class OptunaSpace:
         self.shared = dict(shared)
         self.per_model = {name: dict(space) for name, space in per_model.items()}
 
-    def __call__(self, trial) -> None:
+    def __call__(self, trial) -> dict[str, Any] | None:
+        """Suggests every knob on ``trial``; returns the values of ``ordered`` choices (Optuna holds
+        their positions, the config their values: Ray's define-by-run merges this dict over the
+        suggestions)."""
         names = list(self.per_model)
         model = trial.suggest_categorical("model", names) if len(names) > 1 else names[0]
+        ordered: dict[str, Any] = {}
         for key, p in {**self.per_model[model], **self.shared}.items():
-            if p.type == "choice":
+            if p.type == "choice" and p.ordered:
+                ordered[key] = p.values[trial.suggest_int(key, 0, len(p.values) - 1)]
+            elif p.type == "choice":
                 trial.suggest_categorical(key, list(p.values))
             elif p.type == "int":
                 trial.suggest_int(key, int(p.low), int(p.high), step=int(p.step or 1), log=p.log)
             else:
                 trial.suggest_float(key, p.low, p.high, log=p.type == "loguniform", step=p.step)
-        return None
+        return ordered or None
 
 
 def make_sampler(spec: SearchSpec):

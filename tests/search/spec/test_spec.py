@@ -140,6 +140,8 @@ MALFORMED = [
      "space.batch_size.step: an int range needs a whole-number step, got 0.5"),
     ({"space.locality_strength.log": True}, "space.locality_strength.log: only an int range takes log"),
     ({"space.lr": {"type": "choice", "values": [1e-3], "step": 2}}, "space.lr.step: a choice takes 'values' only"),
+    ({"space.lr": {"type": "loguniform", "low": 1e-4, "high": 1e-2, "ordered": True}},
+     "space.lr.ordered: only a choice takes ordered; a loguniform range is ordered already"),
     # YAML read as the user means it, not as pydantic's lax mode would coerce it
     ({"budget.trials": True}, "budget.trials: expected a whole number, got True"),
     ({"budget.trials": "10"}, "budget.trials: expected a whole number, got '10'"),
@@ -274,8 +276,8 @@ def test_every_space_samples_configs_that_build(path):
     built = set()
     for _ in range(12 if spec.conditional else 4):
         trial = study.ask()
-        space(trial)
-        sampled = dict(trial.params)
+        ordered = space(trial) or {}
+        sampled = {**trial.params, **ordered}  # as Ray's define-by-run merges them: ordered choices' values
         if spec.conditional:
             own = set(spec.space) | set(dict((m.name, m) for m in spec.candidates)[sampled["model"]].space)
             assert set(sampled) == own | {"model"}  # only the chosen model's knobs are drawn
@@ -346,3 +348,22 @@ def test_split_seed_trial_draws_each_seeds_split_and_left_out_changes_nothing(tm
     assert load_spec(path, check_model=False).trial_seeds == (4, 5, 6)
     path.write_text(yaml.safe_dump(_with({"algorithm": {"seed": 7}, "budget.confirm": {"seeds": 2}})))
     assert load_spec(path, check_model=False).trial_seeds == (7, 8, 9)
+
+
+def test_an_ordered_choice_is_drawn_by_position_and_reaches_the_config_as_its_value():
+    import optuna
+    from ray.tune.search.optuna import OptunaSearch
+
+    from search.spec.records import ParamSpec
+    from search.study.searcher import OptunaSpace
+
+    widths = ParamSpec(type="choice", values=(24, 48, 96), ordered=True)
+    space = OptunaSpace({"embed_dim": widths, "lr": ParamSpec(type="choice", values=(0.1, 0.2))}, {"m": {}})
+    searcher = OptunaSearch(space=space, metric="val_acc", mode="max", sampler=optuna.samplers.RandomSampler(seed=0))
+    configs = [searcher.suggest(f"t{i}") for i in range(12)]
+    assert {c["embed_dim"] for c in configs} == {24, 48, 96}  # the values, in Tune's config
+    trials = searcher._ot_study.trials
+    assert {t.params["embed_dim"] for t in trials} == {0, 1, 2}  # Optuna holds the positions: ordered ints
+    assert isinstance(trials[0].distributions["embed_dim"], optuna.distributions.IntDistribution)
+    assert isinstance(trials[0].distributions["lr"], optuna.distributions.CategoricalDistribution)  # unordered stays so
+    assert [widths.values[t.params["embed_dim"]] for t in trials] == [c["embed_dim"] for c in configs]
