@@ -567,13 +567,54 @@ def summary_over_benchmarks(paths: list[Path], min_seeds: int = 10) -> dict:
     for name, b in benchmarks.items():
         tests, family = wilcoxon_holm(list(b["methods"]), b["per_seed"])
         out["benchmarks"][name] = {"files": b["files"], "seeds": {m: s["seeds"] for m, s in b["methods"].items()},
-                                   "wilcoxon": tests, "holm_family": family}
+                                   "wilcoxon": tests, "holm_family": family,
+                                   "methods": {m: {k: s[k] for k in ("hv_fraction", "area_fraction", "epochs_to")}
+                                               for m, s in b["methods"].items()}}
     out["min_seeds"] = min_seeds
     for what in ("final", "area"):
         out[what] = friedman({name: {m: (s["area_fraction"] if what == "area" else s["hv_fraction"]["100%"])["median"]
                                      for m, s in b["methods"].items() if s["seeds"] >= min_seeds}
                               for name, b in benchmarks.items()})
     return out
+
+
+def summary_markdown(summary: dict) -> str:
+    """The summary as docs/search_efficiency.md shows it: per benchmark the methods' fractions and
+    the paired tests of ours against each; then the ranks over benchmarks with Friedman's p."""
+    def q(x: dict) -> str:
+        return f"{x['median']:.3f} ({x['q1']:.3f}-{x['q3']:.3f})"
+
+    lines = []
+    for name, b in summary["benchmarks"].items():
+        lines += [f"#### {name}", "", "| method | seeds | HV at 25% | HV at 50% | HV at 100% | area | epochs to 90% (seeds) |",
+                  "|---|---|---|---|---|---|---|"]
+        for m, s in b["methods"].items():
+            reach = s["epochs_to"]["90%"]
+            label = f"**{m}**" if m in OURS else m
+            lines.append(f"| {label} | {b['seeds'][m]} | " + " | ".join(q(s["hv_fraction"][k]) for k in ("25%", "50%", "100%"))
+                         + f" | {s['area_fraction']['median']:.3f} | {reach['median_epochs'] or '-'} ({reach['seeds_reaching']}) |")
+        lines += ["", f"Paired by seed (the seeds both ran), Wilcoxon p and Holm's p over all {b['holm_family']} "
+                      "comparisons of this benchmark:", "",
+                  "| comparison | seeds | final: median difference (higher/lower) | p | Holm p | area: median difference "
+                  "(higher/lower) | p | Holm p |", "|---|---|---|---|---|---|---|---|"]
+        for pair, row in b["wilcoxon"].items():
+            if pair.startswith("random+"):  # in the JSON; the page shows TPE's, the default's and the variant's
+                continue
+            f, a = row["final"], row["area"]
+            lines.append(f"| {pair} | {f['seeds']} | {f['median_difference']:+.3f} ({f['ours_higher']}/{f['ours_lower']}) | "
+                         f"{f['p_value']:.2g} | {f['p_holm']:.2g} | {a['median_difference']:+.3f} ({a['ours_higher']}/"
+                         f"{a['ours_lower']}) | {a['p_value']:.2g} | {a['p_holm']:.2g} |")
+        lines.append("")
+    for what, label in (("final", "median final fraction"), ("area", "median area")):
+        f = summary[what]
+        p = "n/a" if f["friedman_p"] is None else f"{f['friedman_p']:.3g} (statistic {f['friedman_statistic']:.2f})"
+        short = [b.split(" (")[0] for b in f["benchmarks"]]
+        lines += [f"**{what}** ({label}): Friedman p = {p}, {len(f['methods'])} methods on {len(short)} benchmarks", "",
+                  "| method | mean rank | " + " | ".join(short) + " |", "|---|---|" + "---|" * len(short)]
+        for m in sorted(f["mean_rank"], key=f["mean_rank"].get):
+            lines.append(f"| {m} | {f['mean_rank'][m]:.2f} | " + " | ".join(f"{r[m]:g}" for r in f["ranks"].values()) + " |")
+        lines.append("")
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -593,6 +634,7 @@ def main() -> None:
     parser.add_argument("--summary", type=Path, nargs="+", metavar="JSON",
                         help="no replay: rank the methods over these benchmarks' replay_search JSONs (Friedman)")
     parser.add_argument("--min-seeds", type=int, default=10, help="--summary ranks the methods with this many seeds")
+    parser.add_argument("--markdown", action="store_true", help="--summary also prints its tables as markdown")
     parser.add_argument("--proposal-times", metavar="N,N", help="no replay: the seconds each method spends proposing "
                         f"once a search holds N trials (e.g. 50,400), for {', '.join(PROPOSERS)} or --methods")
     parser.add_argument("--proposal-repeats", type=int, default=5, help="proposals timed per method and N (slow: 2)")
@@ -605,6 +647,8 @@ def main() -> None:
             for m in sorted(f["mean_rank"], key=f["mean_rank"].get):
                 print(f"  {m:<22} {f['mean_rank'][m]:.2f}  " + "  ".join(f"{r[m]:g}" for r in f["ranks"].values()))
         print(f"wrote {write_result(args.result_name or 'replay_search_summary', result)}")
+        if args.markdown:
+            print(summary_markdown(result))
         return
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     if args.methods:

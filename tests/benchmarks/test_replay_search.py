@@ -160,3 +160,31 @@ def test_the_curve_at_every_step_is_at_epochs_at_each():
     steps = list(range(0, 15))
     assert list(curve(history, steps)) == [at_epochs(history, s) for s in steps]
     assert list(curve([], [1, 2])) == [0.0, 0.0]
+
+
+def test_the_summary_merges_a_benchmarks_files_and_its_markdown_shows_every_method(tmp_path):
+    import json
+
+    from benchmarks.replay_search import _summarise, summary_markdown, summary_over_benchmarks
+
+    curves, epochs = load_curves(_recording(tmp_path), GRID)
+    finals = [[c["best"][-1], c["log_throughput"]] for c in curves.values()]
+    reference = [min(p[0] for p in finals), min(p[1] for p in finals)]
+    true = hypervolume(finals, modes=["max", "max"], reference=reference)
+    paths = []
+    for grid_name, methods in (("a", ["random", "tpe+MO-ASHA"]), ("a", ["nsga2", "tpe+MO-ASHA"]),
+                               ("b", ["random", "nsga2", "tpe+MO-ASHA"])):
+        runs = {m: [replay(m, curves=curves, grid=GRID, epochs=epochs, budget=24, seed=s, reference=reference)
+                    for s in range(3)] for m in methods}
+        result = _summarise(methods, runs, 24, true, {m: 0.0 for m in methods}, {m: [] for m in methods})
+        path = tmp_path / f"{grid_name}-{len(paths)}.json"
+        path.write_text(json.dumps({"grid": grid_name, "configurations": 12, "budget_epochs": 24, **result}))
+        paths.append(path)
+    summary = summary_over_benchmarks(paths, min_seeds=3)
+    a = summary["benchmarks"]["a (12 configurations, budget 24 epochs)"]
+    assert a["files"] == ["a-0.json", "a-1.json"] and set(a["seeds"]) == {"random", "tpe+MO-ASHA", "nsga2"}
+    assert set(a["wilcoxon"]) == {"tpe+MO-ASHA vs random", "tpe+MO-ASHA vs nsga2"}  # redone over the merged methods
+    assert summary["final"]["methods"] == ["random", "tpe+MO-ASHA", "nsga2"]  # both benchmarks have all three
+    text = summary_markdown(summary)
+    assert text.count("| **tpe+MO-ASHA** | 3 |") == 2 and text.count("| tpe+MO-ASHA vs nsga2 | 3 |") == 2
+    assert "Friedman p = " in text and text.count("| mean rank | a | b |") == 2
