@@ -578,6 +578,24 @@ def summary_over_benchmarks(paths: list[Path], min_seeds: int = 10) -> dict:
     return out
 
 
+def front_shares(curves: dict, epochs: int) -> list[dict]:
+    """The recording's true front, fastest last: each member's final point, the share of the front's
+    hypervolume that only it holds (leave-one-out), and its best val_acc at each rung (grace 1,
+    reduction factor 2): where successive halving would judge it."""
+    finals = {k: _point(c, epochs) for k, c in curves.items()}
+    reference = [min(p[0] for p in finals.values()), min(p[1] for p in finals.values())]
+    true = hypervolume(list(finals.values()), modes=MODES, reference=reference)
+    front = [k for k, p in finals.items() if not any(q[0] >= p[0] and q[1] >= p[1] and q != p for q in finals.values())]
+    rungs = [2 ** i for i in range(epochs.bit_length()) if 2 ** i < epochs]
+    out = []
+    for k in sorted(front, key=lambda k: -finals[k][0]):
+        rest = [finals[j] for j in front if j != k]
+        alone = true - (hypervolume(rest, modes=MODES, reference=reference) if rest else 0.0)
+        out.append({"config": k, "best_val_acc": finals[k][0], "log_throughput": finals[k][1], "share": alone / true,
+                    "at_rungs": {r: curves[k]["best"][r - 1] for r in rungs}})
+    return out
+
+
 def summary_markdown(summary: dict) -> str:
     """The summary as docs/search_efficiency.md shows it: per benchmark the methods' fractions and
     the paired tests of ours against each; then the ranks over benchmarks with Friedman's p."""
@@ -635,6 +653,8 @@ def main() -> None:
                         help="no replay: rank the methods over these benchmarks' replay_search JSONs (Friedman)")
     parser.add_argument("--min-seeds", type=int, default=10, help="--summary ranks the methods with this many seeds")
     parser.add_argument("--markdown", action="store_true", help="--summary also prints its tables as markdown")
+    parser.add_argument("--front", action="store_true", help="no replay: the grid's true front, each member's share of "
+                        "its hypervolume and its best val_acc at each rung")
     parser.add_argument("--proposal-times", metavar="N,N", help="no replay: the seconds each method spends proposing "
                         f"once a search holds N trials (e.g. 50,400), for {', '.join(PROPOSERS)} or --methods")
     parser.add_argument("--proposal-repeats", type=int, default=5, help="proposals timed per method and N (slow: 2)")
@@ -682,6 +702,12 @@ def main() -> None:
           f"{args.seeds} seeds ({args.slow_seeds} for {', '.join(m for m in methods if m in slow) or 'no slow peer'})",
           flush=True)
     name = args.result_name or ("replay_search" if args.grid == GRID_NAME else f"replay_search_{args.grid}")
+    if args.front:
+        print(f"the true front ({', '.join(grid)}): val_acc, log10 throughput, the share only it holds, best val_acc at rungs")
+        for m in front_shares(curves, epochs):
+            rungs = ", ".join(f"{r}: {v:.3f}" for r, v in m["at_rungs"].items())
+            print(f"  {m['config']}  {m['best_val_acc']:.4f}  {m['log_throughput']:.3f}  {m['share']:.4f}  ({rungs})")
+        return
     if args.proposal_times:
         at = [int(n) for n in args.proposal_times.split(",")]
         chosen = methods if args.methods else list(PROPOSERS)

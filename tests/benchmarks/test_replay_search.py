@@ -188,3 +188,18 @@ def test_the_summary_merges_a_benchmarks_files_and_its_markdown_shows_every_meth
     text = summary_markdown(summary)
     assert text.count("| **tpe+MO-ASHA** | 3 |") == 2 and text.count("| tpe+MO-ASHA vs nsga2 | 3 |") == 2
     assert "Friedman p = " in text and text.count("| mean rank | a | b |") == 2
+
+
+def test_the_true_front_members_with_their_own_share_and_their_accuracy_at_each_rung(tmp_path):
+    from benchmarks.replay_search import front_shares
+
+    curves, epochs = load_curves(_recording(tmp_path), GRID)
+    members = front_shares(curves, epochs)
+    # lr 0.004 beats 0.001 at the same speed; (2, 16) beats (1, 32) and (3, 16) beats (2, 32) at the
+    # same or a higher speed (1e5 / (depth x width)): four members, the most accurate first
+    assert [m["config"] for m in members] == [(3, 32, 0.004), (3, 16, 0.004), (2, 16, 0.004), (1, 16, 0.004)]
+    # the slowest sets the reference point's speed: its volume has no width, so no share of its own
+    assert members[0]["share"] == pytest.approx(0, abs=1e-12) and all(0 < m["share"] < 1 for m in members[1:])
+    assert sum(m["share"] for m in members) < 1
+    final = 0.5 + 0.05 * 3 + 0.001 * 32 + 0.02
+    assert members[0]["at_rungs"] == pytest.approx({1: final / 4, 2: final / 2})  # rungs 1 and 2 of 4 epochs
