@@ -6,7 +6,8 @@
     python -m benchmarks.replay_search --peers strong         # BoTorch, Optuna's GP, SMAC3, DEHB (.[bench])
     python -m benchmarks.replay_search --grid lcbench-126025  # LCBench (record_lcbench), or convit-fashion_mnist
     python -m benchmarks.replay_search --proposal-times 50,400  # seconds per proposal, no replay
-    python -m benchmarks.replay_search --summary benchmarks/results/replay_search*-<device>.json
+    python -m benchmarks.replay_search --summary benchmarks/results/replay_search*-<device>.json [--markdown]
+    python -m benchmarks.replay_search --grid lcbench-126025 --front  # the true front, share and rungs per member
 
 Every trial of a replayed search reads its learning curve and throughput from the recording
 (``benchmarks/data/curves-*.parquet``) instead of training. Trials run one after another, so
