@@ -284,7 +284,8 @@ class OptunaSpace:
 
 
 def make_sampler(spec: SearchSpec):
-    """The spec's Optuna sampler (``algorithm``): TPE, NSGA-II or random, seeded."""
+    """The spec's Optuna sampler (``algorithm``): TPE, Optuna's GP (LogEHVI for several
+    objectives), NSGA-II or random, seeded."""
     import optuna
 
     algorithm = spec.algorithm
@@ -295,6 +296,9 @@ def make_sampler(spec: SearchSpec):
         if algorithm.n_startup_trials is not None:
             kwargs["n_startup_trials"] = algorithm.n_startup_trials
         return optuna.samplers.TPESampler(**kwargs)
+    if algorithm.name == "gp":
+        startup = {} if algorithm.n_startup_trials is None else {"n_startup_trials": algorithm.n_startup_trials}
+        return optuna.samplers.GPSampler(seed=algorithm.seed, **startup, **constraints)
     if algorithm.name == "nsga2":
         return optuna.samplers.NSGAIISampler(seed=algorithm.seed, **constraints)
     return optuna.samplers.RandomSampler(seed=algorithm.seed)

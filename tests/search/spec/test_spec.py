@@ -130,7 +130,7 @@ MALFORMED = [
     # holes the hand-written checker left open (each value used to pass and fail the run later)
     ({"algorithm": {"name": "tpe", "n_startup_trials": -5}}, "algorithm.n_startup_trials: must be >= 0, got -5"),
     ({"algorithm": {"name": "random", "n_startup_trials": 5}},
-     "algorithm.n_startup_trials: only tpe starts with random trials; remove it for random"),
+     "algorithm.n_startup_trials: only tpe and gp start with random trials; remove it for random"),
     ({"algorithm": {"seed": -1}}, "algorithm.seed: must be >= 0, got -1"),
     ({"budget.time_limit_s": float("nan")}, "budget.time_limit_s: must be a finite number, got nan"),
     ({"train": {"weight_decay": float("inf")}}, "train.weight_decay: must be a finite number, got inf"),
@@ -367,3 +367,21 @@ def test_an_ordered_choice_is_drawn_by_position_and_reaches_the_config_as_its_va
     assert isinstance(trials[0].distributions["embed_dim"], optuna.distributions.IntDistribution)
     assert isinstance(trials[0].distributions["lr"], optuna.distributions.CategoricalDistribution)  # unordered stays so
     assert [widths.values[t.params["embed_dim"]] for t in trials] == [c["embed_dim"] for c in configs]
+
+
+def test_algorithm_gp_is_optunas_gp_sampler_seeded_with_its_start_up_trials(tmp_path):
+    import optuna
+
+    from search.study.searcher import make_sampler
+
+    path = tmp_path / "gp.yaml"
+    path.write_text(yaml.safe_dump({**GOOD, "algorithm": {"name": "gp", "seed": 3, "n_startup_trials": 4},
+                                    "constraints": ["params <= 1e9"]}))
+    sampler = make_sampler(load_spec(path))
+    assert isinstance(sampler, optuna.samplers.GPSampler)
+    assert sampler._n_startup_trials == 4 and sampler._constraints_func is not None
+    study = optuna.create_study(directions=["maximize", "maximize"], sampler=sampler)
+    # seeded: the same first draws twice
+    first = [study.ask().suggest_float("x", 0, 1) for _ in range(3)]
+    again = optuna.create_study(directions=["maximize", "maximize"], sampler=make_sampler(load_spec(path)))
+    assert [again.ask().suggest_float("x", 0, 1) for _ in range(3)] == first
