@@ -139,3 +139,13 @@ def restore_last_good(folder: str | os.PathLike) -> str | None:
     trials = len(json.loads(kept[0].read_bytes()).get("trial_data", []))
     return (f"resume: Tune's last snapshot was cut short (the disk filled while it was written; kept in "
             f"{damaged}); resuming from the last complete one ({trials} trial{'s' * (trials != 1)})")
+
+
+def drop_cut_error_pickles(folder: Path) -> int:
+    """Remove the trials' ``error.pkl`` files that a full disk left empty; how many. Tune's restore
+    unpickles each failed trial's error and an empty file stops the resume (EOFError); without the
+    file it reads the trial's ``error.txt``, so the failed trial stays data, its error kept."""
+    cut = [p for p in Path(folder).glob("*/error.pkl") if p.is_file() and p.stat().st_size == 0]
+    for path in cut:
+        path.unlink()
+    return len(cut)

@@ -207,12 +207,13 @@ class StudyRun:
     def _mend_snapshot(self, name: str) -> None:
         """Tune's snapshot cut short by a full disk: the last complete one put back (search.study.snapshot).
         A study at a URI is read as it is: Tune uploads only snapshots it finished writing."""
-        from search.study.snapshot import restore_last_good
+        from search.study.snapshot import drop_cut_error_pickles, restore_last_good
 
         if self.location.uri is None:
             said = restore_last_good(self.location.local / name)
             if said:
                 self.say(said)
+            drop_cut_error_pickles(self.location.local / name)
 
 
 @contextlib.contextmanager

@@ -93,3 +93,16 @@ def test_a_cut_snapshot_without_a_copy_is_one_line(tmp_path):
     _write_snapshot(tmp_path, 1, state_text="{")
     with pytest.raises(ConfigError, match="cut short .* no complete copy was kept, .* --name NEW_NAME"):
         restore_last_good(tmp_path)
+
+
+def test_an_error_pickle_a_full_disk_left_empty_is_dropped_and_the_others_kept(tmp_path):
+    from search.study.snapshot import drop_cut_error_pickles
+
+    (tmp_path / "t1").mkdir()
+    (tmp_path / "t2").mkdir()
+    (tmp_path / "t1" / "error.pkl").write_bytes(b"")  # cut off by the full disk
+    (tmp_path / "t1" / "error.txt").write_text("OSError: [Errno 28] No space left on device")
+    (tmp_path / "t2" / "error.pkl").write_bytes(b"\x80\x04N.")  # a whole pickle stays
+    assert drop_cut_error_pickles(tmp_path) == 1
+    assert not (tmp_path / "t1" / "error.pkl").exists() and (tmp_path / "t1" / "error.txt").exists()
+    assert (tmp_path / "t2" / "error.pkl").exists() and drop_cut_error_pickles(tmp_path) == 0
