@@ -101,13 +101,18 @@ def settings(budget_full_trials: int, budget_epochs: int, epochs: int) -> dict[s
     }
 
 
+def positions(grid: dict) -> list[dict]:
+    """Per knob, each value's position among its values, 0 to 1 (every knob weighs the same)."""
+    return [{v: i / max(len(values) - 1, 1) for i, v in enumerate(values)} for values in grid.values()]
+
+
 def snap(grid: dict, recorded, proposal: tuple) -> tuple:
     """The recorded configuration nearest to a proposal: each knob as its position among its
     values (0 to 1, so every knob weighs the same), Euclidean distance, ties to the first in the
     recording's order. A recorded proposal is itself."""
     if proposal in recorded:
         return proposal
-    position = [{v: i / max(len(values) - 1, 1) for i, v in enumerate(values)} for values in grid.values()]
+    position = positions(grid)
 
     def where(config: tuple) -> list[float]:
         out = []
@@ -164,9 +169,8 @@ class DiscreteQNEHVI:
         self._parts = SimpleNamespace(acq=qLogNoisyExpectedHypervolumeImprovement, fit=fit_gpytorch_mll,
                                       gp=SingleTaskGP, standardize=Standardize, optimize=optimize_acqf_discrete,
                                       sampler=SobolQMCNormalSampler, mll=ExactMarginalLogLikelihood)
-        position = [{v: i / max(len(values) - 1, 1) for i, v in enumerate(values)} for values in grid.values()]
         self._configs = list(configs)
-        self._x = {c: [index[v] for index, v in zip(position, c)] for c in self._configs}
+        self._x = {c: [index[v] for index, v in zip(positions(grid), c)] for c in self._configs}
         self._rng = random.Random(seed)
         self._seed = seed
         self._told: list[tuple[tuple, list[float]]] = []

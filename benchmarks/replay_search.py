@@ -84,6 +84,7 @@ from benchmarks._env import write_result
 from benchmarks._lcbench import GRIDS as LCBENCH_GRIDS
 from benchmarks.record_curves import DATA_DIR, GRIDS as RECORDED_GRIDS
 from search.results.hypervolume import hypervolume
+from search.results.pareto import pareto_mask
 from search.results.store import read_table
 from search.study.mo_asha import MOASHAScheduler
 from search.study.searcher import optuna_state_for
@@ -586,7 +587,9 @@ def front_shares(curves: dict, epochs: int) -> list[dict]:
     finals = {k: _point(c, epochs) for k, c in curves.items()}
     reference = [min(p[0] for p in finals.values()), min(p[1] for p in finals.values())]
     true = hypervolume(list(finals.values()), modes=MODES, reference=reference)
-    front = [k for k, p in finals.items() if not any(q[0] >= p[0] and q[1] >= p[1] and q != p for q in finals.values())]
+    keys = list(finals)
+    mask = pareto_mask(np.array([finals[k] for k in keys]), modes=MODES)
+    front = [k for k, on in zip(keys, mask) if on]
     rungs = [2 ** i for i in range(epochs.bit_length()) if 2 ** i < epochs]
     out = []
     for k in sorted(front, key=lambda k: -finals[k][0]):
