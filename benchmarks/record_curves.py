@@ -2,6 +2,7 @@
 
     python -m benchmarks.record_curves                      # the first grid (64 configs x 5 epochs)
     python -m benchmarks.record_curves --grid convit-wide   # 300 configs x 8 epochs (replay_search's)
+    python -m benchmarks.record_curves --grid convit-wide-seeds  # 96 of them x 2 trial seeds: noise
     python -m benchmarks.record_curves --epochs 3 --limit 4 # a quick look
 
 Trains every configuration of a ConViT grid on real Fashion-MNIST (a small stratified subset,
@@ -14,7 +15,10 @@ recording continues where it stopped.
 The grids (knobs of ls_convit_micro), in GRIDS: ``convit-fashion_mnist`` (depth x embed_dim x
 local_up_to_layer x lr, 64 points) and ``convit-wide`` (adds the patch size and wider ranges:
 300 points whose throughputs span two orders of magnitude, so that no one configuration holds
-most of the front's hypervolume). The replay benchmark (``benchmarks.replay_search``) lets
+most of the front's hypervolume), and ``convit-wide-seeds``: a random 96 of convit-wide's points, each
+trained with two trial seeds (initialisation and batch order; the data subset is the grid's), so
+that a replay can draw a seed per trial and meet the noise a real search meets (rows carry a
+``seed`` column). The replay benchmark (``benchmarks.replay_search``) lets
 searchers pick from exactly these points.
 """
 
@@ -58,6 +62,8 @@ GRIDS = {
         "epochs": 8,
     },
 }
+# the noisy benchmark: part of convit-wide, each point with two trial seeds (the same data subset)
+GRIDS["convit-wide-seeds"] = {**GRIDS["convit-wide"], "seeds": [0, 1], "configs": 96}
 GRID_NAME = "convit-fashion_mnist"
 GRID = GRIDS[GRID_NAME]["grid"]
 MODEL = "ls_convit_micro"
@@ -66,9 +72,9 @@ COLUMNS = [("epoch", pa.int64()), ("max_epochs", pa.int64()), ("val_acc", pa.flo
            ("epoch_time_s", pa.float64()), ("throughput_device", pa.string())]
 
 
-def schema(grid: dict) -> pa.Schema:
+def schema(grid: dict, *, seeds: bool = False) -> pa.Schema:
     knobs = [(k, pa.float64() if any(isinstance(v, float) for v in values) else pa.int64()) for k, values in grid.items()]
-    return pa.schema([("config_id", pa.int64()), *knobs, *COLUMNS])
+    return pa.schema([("config_id", pa.int64()), *([("seed", pa.int64())] if seeds else []), *knobs, *COLUMNS])
 
 
 def grid_configs(grid: dict | None = None) -> list[dict]:
@@ -81,7 +87,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--grid", choices=sorted(GRIDS), default=GRID_NAME)
     parser.add_argument("--epochs", type=int, help="epochs per configuration (default: the grid's)")
-    parser.add_argument("--limit", type=int, help="record only the first N configurations")
+    parser.add_argument("--limit", type=int, help="record only the first N configurations (default: the grid's)")
     parser.add_argument("--out", type=Path, help="default: benchmarks/data/curves-GRID.parquet")
     args = parser.parse_args()
     chosen = GRIDS[args.grid]
@@ -89,15 +95,18 @@ def main() -> None:
     args.out = args.out or DATA_DIR / f"curves-{args.grid}.parquet"
 
     data = prepare_dataset(chosen["dataset"], cache_dir=default_cache_dir())
+    seeds = chosen.get("seeds", [0])
+    seeded = "seeds" in chosen  # rows name their trial seed
     rows = read_table(args.out).to_pylist() if args.out.exists() else []
-    done = {r["config_id"] for r in rows}
+    done = {(r["config_id"], r.get("seed", 0)) for r in rows}
     # a random order (fixed): a recording stopped early is a random subset, not one corner of the grid
     order = np.random.default_rng(0).permutation(len(grid_configs(chosen["grid"])))
-    configs = [(int(i), grid_configs(chosen["grid"])[i]) for i in order][: args.limit]
-    print(f"{len(configs)} configurations x {args.epochs} epochs on {data.counts['train']} train / "
-          f"{data.counts['val']} val images; {len(done)} already recorded")
-    for step, (config_id, config) in enumerate(configs):
-        if config_id in done:
+    configs = [(int(i), grid_configs(chosen["grid"])[i]) for i in order][: args.limit or chosen.get("configs")]
+    runs = [(config_id, config, seed) for config_id, config in configs for seed in seeds]
+    print(f"{len(configs)} configurations x {len(seeds)} seeds x {args.epochs} epochs on {data.counts['train']} "
+          f"train / {data.counts['val']} val images; {len(done)} already recorded")
+    for step, (config_id, config, seed) in enumerate(runs):
+        if (config_id, seed) in done:
             continue
         start = time.perf_counter()
         model_args = {k: v for k, v in config.items() if k != "lr"}
@@ -105,16 +114,16 @@ def main() -> None:
             model=MODEL, model_args=model_args, data=data, epochs=args.epochs,
             train=TrainSettings(batch_size=64, lr=config["lr"], warmup_epochs=0.3, pad_crop=0, num_workers=2),
             throughput=ThroughputSettings(batch_size=256, warmup=3, repeats=10),
-            throughput_cache_dir=str(default_cache_dir() / "throughput"), seed=0,
+            throughput_cache_dir=str(default_cache_dir() / "throughput"), seed=seed,
         )
         outcome = train_trial(cfg)
         for m in outcome.history:
-            rows.append({"config_id": config_id, **config, "epoch": m["epoch"], "max_epochs": args.epochs,
+            rows.append({"config_id": config_id, **({"seed": seed} if seeded else {}), **config, "epoch": m["epoch"], "max_epochs": args.epochs,
                          "val_acc": m["val_acc"], "best_val_acc": m["best_val_acc"], "val_loss": m["val_loss"],
                          "params": m["params"], "throughput": m["throughput"], "epoch_time_s": m["epoch_time_s"],
                          "throughput_device": m["throughput_device"]})
-        write_atomic(pa.Table.from_pylist(rows, schema=schema(chosen["grid"])), args.out)  # after every configuration
-        print(f"[{step + 1}/{len(configs)}] {config}: val_acc {outcome.best_val_acc:.4f}, "
+        write_atomic(pa.Table.from_pylist(rows, schema=schema(chosen["grid"], seeds=seeded)), args.out)  # after every run
+        print(f"[{step + 1}/{len(runs)}] {config} seed {seed}: val_acc {outcome.best_val_acc:.4f}, "
               f"{outcome.measurement['throughput']:,.0f} img/s, {time.perf_counter() - start:.0f} s", flush=True)
     print(f"wrote {args.out}")
 

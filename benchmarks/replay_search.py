@@ -5,6 +5,7 @@
     python -m benchmarks.replay_search --seeds 50 --budget 400
     python -m benchmarks.replay_search --peers strong         # BoTorch, Optuna's GP, SMAC3, DEHB (.[bench])
     python -m benchmarks.replay_search --grid lcbench-126025  # LCBench (record_lcbench), or convit-fashion_mnist
+    python -m benchmarks.replay_search --grid convit-wide-seeds  # two trial seeds a configuration: noise
     python -m benchmarks.replay_search --proposal-times 50,400  # seconds per proposal, no replay
     python -m benchmarks.replay_search --summary benchmarks/results/replay_search*-<device>.json [--markdown]
     python -m benchmarks.replay_search --grid lcbench-126025 --front  # the true front, share and rungs per member
@@ -48,6 +49,10 @@ Syne Tune's ``Bracket.on_result`` reads what ``MOPriority`` returns as one prior
 order, best first. The rank it then computes for the new trial is the index of whichever trial is
 ordered last, over n, not the new trial's position. ``syne-MOASHA-fixed`` passes a priority that
 is each trial's position in that order (``_RankedNonDominated``): the ranking as meant.
+
+On a recording with two trial seeds per configuration (``convit-wide-seeds``) each trial draws
+one; the search sees that seed's curve, and its front (the Pareto set of what it saw) is scored at
+its members' mean over the seeds, so a search misled by a lucky seed pays for it.
 
 Objectives and their hypervolume: val_acc (best so far, max) and log10(throughput) (max): a
 user weighs speed by ratio (2x faster is 2x faster at any speed), and on a linear axis the
@@ -103,18 +108,31 @@ SYNE_TUNE = "syne-tune==0.16.0"
 
 
 def load_curves(path: Path, grid: dict) -> tuple[dict[tuple, dict], int]:
-    """knob values (in the grid's order) -> {"best": [best_val_acc per epoch], "log_throughput": x}; epochs."""
+    """knob values (in the grid's order) -> {"best": [best_val_acc per epoch], "log_throughput": x}; epochs.
+
+    A recording with a ``seed`` column (several trial seeds per configuration) also gives
+    ``"seeds"``: each seed's curve, which a replay draws from per trial; ``"best"`` is then their
+    mean, the configuration's true value, on which fronts are scored."""
     rows = read_table(path).to_pylist()
     if not rows:
         raise SystemExit(f"{path} is empty; run python -m benchmarks.record_curves first")
     epochs = rows[0]["max_epochs"]
-    curves: dict[tuple, dict] = {}
-    for row in sorted(rows, key=lambda r: (r["config_id"], r["epoch"])):
+    by_seed: dict[tuple, dict[int, list]] = {}
+    speeds: dict[tuple, float] = {}
+    for row in sorted(rows, key=lambda r: (r["config_id"], r.get("seed", 0), r["epoch"])):
         key = tuple(row[k] for k in grid)
-        entry = curves.setdefault(key, {"best": [], "log_throughput": math.log10(row["throughput"])})
-        entry["best"].append(row["best_val_acc"])
-    complete = {k: v for k, v in curves.items() if len(v["best"]) == epochs}
-    return complete, epochs
+        by_seed.setdefault(key, {}).setdefault(row.get("seed", 0), []).append(row["best_val_acc"])
+        speeds[key] = math.log10(row["throughput"])
+    seeded = "seed" in rows[0]
+    curves: dict[tuple, dict] = {}
+    for key, seeds in by_seed.items():
+        full = [c for _, c in sorted(seeds.items()) if len(c) == epochs]
+        if not full or len(full) < len(seeds) or (seeded and len(full) < 2):
+            continue  # a configuration still being recorded
+        curves[key] = {"best": list(np.mean(full, axis=0)) if seeded else full[0], "log_throughput": speeds[key]}
+        if seeded:
+            curves[key]["seeds"] = full
+    return curves, epochs
 
 
 def _point(curve: dict, epoch: int) -> list[float]:
@@ -293,11 +311,17 @@ def replay(method: str, *, curves: dict[tuple, dict], grid: dict, epochs: int, b
     """(epochs spent, hypervolume of the COMPLETE trials) after every trial of one search. ``asks``,
     if given, receives the seconds each proposal took.
 
+    On a recording with several seeds a configuration, each trial draws one (from ``seed`` and the
+    trial's number, so every method meets the same draws) and the search sees that seed's curve. The
+    search's front is then the Pareto set of what it saw, scored at its members' true (mean) values:
+    a member that only a lucky seed put there costs what it is worth, and the volume can fall.
+
     A search either runs each trial to the end unless its scheduler stops it (``report``), or
     names the epoch to stop at (``fidelity``, the multi-fidelity peers); one that ``resumes`` takes
     a configuration asked again from its furthest earlier epoch, paying only the extra epochs."""
     search = _search(method, grid, epochs, seed, budget, curves)
-    spent, front, history, number, trained = 0, [], [], 0, {}
+    spent, seen, true, history, number, trained, drawn = 0, [], [], [], 0, {}, {}
+    noisy = any("seeds" in c for c in curves.values())
     try:
         while spent < budget and number < budget * 20:  # a searcher that only re-asks what it has: no endless loop
             start = time.perf_counter()
@@ -308,6 +332,10 @@ def replay(method: str, *, curves: dict[tuple, dict], grid: dict, epochs: int, b
             if asks is not None:
                 asks.append(time.perf_counter() - start)
             curve = curves[key]
+            if "seeds" in curve:  # a resumed configuration goes on with the seed it started with
+                if not (getattr(search, "resumes", False) and key in drawn):
+                    drawn[key] = int(np.random.default_rng([seed, number]).integers(len(curve["seeds"])))
+                curve = {"best": curve["seeds"][drawn[key]], "log_throughput": curve["log_throughput"]}
             number += 1
             stop = getattr(search, "fidelity", None) or epochs
             first = trained.get(key, 0) + 1 if getattr(search, "resumes", False) else 1
@@ -328,24 +356,37 @@ def replay(method: str, *, curves: dict[tuple, dict], grid: dict, epochs: int, b
             reached = result.get("epoch") == epochs and result.get("stop_reason") == "max_epochs"
             search.done(result, reached)
             if reached:
-                front.append(_point(curve, epochs))
-            history.append((spent, hypervolume(front, modes=MODES, reference=reference) if front else 0.0))
+                seen.append(_point(curve, epochs))
+                true.append(_point(curves[key], epochs))
+            volume = scored_volume(seen, true, reference)
+            if not noisy and history:  # a front that only gains points: the same volume summed in
+                volume = max(volume, history[-1][1])  # another order may differ in the last bit
+            history.append((spent, volume))
     finally:
         getattr(search, "close", lambda: None)()
     return history
 
 
+def scored_volume(seen: list[list[float]], true: list[list[float]], reference: list[float]) -> float:
+    """The hypervolume of a search's front: the Pareto set of the points it saw, at their true values."""
+    if not seen:
+        return 0.0
+    front = [t for t, on in zip(true, pareto_mask(np.array(seen), modes=MODES)) if on]
+    return hypervolume(front, modes=MODES, reference=reference)
+
+
 def at_epochs(history: list[tuple[int, float]], spent: int) -> float:
-    """The hypervolume a search had when it had spent ``spent`` epochs."""
-    return max([v for s, v in history if s <= spent], default=0.0)
+    """The hypervolume a search had when it had spent ``spent`` epochs (its last before then: on a
+    noisy recording the volume can fall)."""
+    return next((v for s, v in reversed(history) if s <= spent), 0.0)
 
 
 def curve(history: list[tuple[int, float]], steps: np.ndarray) -> np.ndarray:
     """``at_epochs`` at every step at once."""
     spent = np.array([s for s, _ in history] or [0])
-    best = np.maximum.accumulate(np.array([v for _, v in history] or [0.0]))
+    last = np.array([v for _, v in history] or [0.0])
     index = np.searchsorted(spent, steps, side="right") - 1
-    return np.where(index >= 0, best[np.clip(index, 0, None)], 0.0)
+    return np.where(index >= 0, last[np.clip(index, 0, None)], 0.0)
 
 
 def epochs_to_reach(history: list[tuple[int, float]], target: float) -> int | None:
@@ -736,6 +777,10 @@ def main() -> None:
     write = _writer(name, {
         "curves_file": curves_file.name, "grid": args.grid, "configurations": len(curves),
         "unrecorded_grid_points": unrecorded, "epochs": epochs, "budget_epochs": budget, "seeds": args.seeds,
+        "trial_seeds_per_configuration": max(len(c.get("seeds", [None])) for c in curves.values()),
+        "noise": "each trial draws one of its configuration's recorded seeds; a front is the Pareto set of what the "
+                 "search saw, scored at its members' mean over seeds" if any("seeds" in c for c in curves.values())
+                 else None,
         "slow_seeds": args.slow_seeds, "slow_methods": [m for m in methods if m in slow],
         "reference_point": {"val_acc": reference[0], "log10_throughput": reference[1]},
         "true_front_hypervolume": true_volume, "best_single_config_share": best_single / true_volume,

@@ -12,6 +12,10 @@ paper's number, and which study tests it, one of three ways (``test.kind``):
 - ``shrinks``: that effect in ``study`` minus the same effect in ``then`` (e.g. on little data and
   on more); Welch's t test (Welch 1947) of the two estimates (of two sets of paired differences:
   Welch's t test of the two sets).
+- ``trend``: that effect in each study of ``over`` against log10 of the study's data fraction (its
+  spec's ``dataset.train_fraction``, as its experiment.json recorded it): the least-squares slope
+  of the seed pairs' differences on it, per tenfold data, with its t test on n - 2 degrees of
+  freedom (Draper & Smith 1998, ch. 1). A curve over several fractions, where ``shrinks`` compares two.
 - ``versus``: the trials at one grid point of ``study`` against every trial of ``control`` (a study
   of another model, e.g. the plain-attention control of GMM); Welch's t test over the seeds
   (unpaired: two models share the seed's data order, not their weights), or with ``paired`` the
@@ -64,7 +68,8 @@ from search.spec.validation import FieldError, Flag, Number, Record, SpecLocatio
 from trainers.errors import ConfigError
 
 __all__ = ["Claim", "ClaimTest", "ClaimsFile", "ClaimResult", "Estimate", "load_claims", "evaluate_claim",
-           "evaluate_claims", "family_adjusted", "welch", "paired", "combined", "holm", "verdict", "VERDICTS", "POWER"]
+           "evaluate_claims", "family_adjusted", "welch", "paired", "combined", "slope", "holm", "verdict", "VERDICTS",
+           "POWER"]
 
 CONFIDENCE = 0.95
 DEFAULT_METRIC = "val_acc"  # what a claim reads where neither it nor its claims file names a column
@@ -74,12 +79,13 @@ VERDICTS = ("reproduced", "contradicted", "smaller than the paper's", "inconclus
 
 
 class ClaimTest(Record):
-    kind: Literal["effect", "shrinks", "versus", "mechanism"]
+    kind: Literal["effect", "shrinks", "trend", "versus", "mechanism"]
     study: str  # a spec next to the claims file, without .yaml
     knob: str | None = None  # effect, shrinks
     value: Any = None
     baseline: Any = None
     then: str | None = None  # shrinks: the second study
+    over: list[str] = Field(default_factory=list)  # trend: every study of the curve (x: each one's data fraction)
     control: str | None = None  # versus: the other model's study
     at: dict[str, Any] = Field(default_factory=dict)  # versus: the grid point of `study`
     # versus: pair the two studies' trials by seed (the control the same code with one part off:
@@ -100,10 +106,14 @@ class ClaimTest(Record):
 
     @model_validator(mode="after")
     def _check(self) -> "ClaimTest":
-        if self.kind in ("effect", "shrinks") and (self.knob is None or self.value is None or self.baseline is None):
+        if self.kind in ("effect", "shrinks", "trend") and (self.knob is None or self.value is None or self.baseline is None):
             raise FieldError("knob", f"a {self.kind} test names knob, value and baseline")
         if self.kind == "shrinks" and not self.then:
             raise FieldError("then", "a shrinks test names the second study: then: STUDY")
+        if self.kind == "trend" and (len(set(self.over)) < 3 or self.study not in self.over):
+            raise FieldError("over", "a trend test names at least 3 studies, its study among them: over: [STUDY, ...]")
+        if self.over and self.kind != "trend":
+            raise FieldError("over", f"only a trend test reads studies over an x; a {self.kind} test does not")
         if self.kind == "versus" and (not self.control or not self.at):
             raise FieldError("control", "a versus test names control: STUDY and at: {knob: value}")
         if self.paired and self.kind != "versus":
@@ -121,7 +131,7 @@ class ClaimTest(Record):
 
     @property
     def studies(self) -> tuple[str, ...]:
-        return tuple(s for s in (self.study, self.then, self.control) if s)
+        return tuple(dict.fromkeys(s for s in (self.study, *self.over, self.then, self.control) if s))
 
     @property
     def metric(self) -> str:
@@ -414,6 +424,41 @@ def combined(first: Estimate, then: Estimate) -> Estimate:
     return Estimate(diff, math.sqrt(va + vb), (va + vb) ** 2 / (va ** 2 / first.df + vb ** 2 / then.df))
 
 
+def slope(xs: Sequence[float], ys: Sequence[float]) -> Estimate:
+    """The least-squares slope of ``ys`` on ``xs`` with its standard error sqrt(s^2 / Sxx), s^2 the
+    residual variance on n - 2 degrees of freedom (Draper & Smith 1998, ch. 1); NaN se with fewer
+    than 3 points, one x only, or no residual spread."""
+    n = len(xs)
+    if n < 2 or len(set(xs)) < 2:
+        return Estimate(math.nan, math.nan, math.nan)
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+    if n < 3:
+        return Estimate(b, math.nan, math.nan)
+    residual = sum((y - my - b * (x - mx)) ** 2 for x, y in zip(xs, ys)) / (n - 2)
+    se = math.sqrt(residual / sxx)
+    return Estimate(b, math.nan, math.nan) if no_spread(se, b) else Estimate(b, se, n - 2)
+
+
+def data_fraction(exp: Experiment) -> float:
+    """The share of the training split a study trained on, as its experiment.json recorded its spec."""
+    fraction = ((exp.spec.get("spec") or {}).get("dataset") or {}).get("train_fraction")
+    return 1.0 if fraction is None else float(fraction)
+
+
+def _trend(test: ClaimTest, studies: Mapping[str, Experiment]) -> tuple[Estimate, str, str, str]:
+    """The effect's seed pairs in every study of ``test.over``, their slope on log10(data fraction)."""
+    xs, ys, gaps = [], [], []
+    for study, x in sorted(((s, data_fraction(studies[s])) for s in test.over), key=lambda item: item[1]):
+        diffs = _effect(studies[study], test)[0]
+        xs += [math.log10(x)] * len(diffs)
+        ys += diffs
+        gaps.append(f"{statistics.fmean(diffs):+.4f} at {x:g}" if diffs else f"- at {x:g}")
+    return (slope(xs, ys), f"{len(ys)} pairs over {len(test.over)} studies", ", ".join(gaps),
+            "least-squares slope t (Draper & Smith 1998)")
+
+
 def _at(rows: pd.DataFrame, at: Mapping[str, Any]) -> pd.DataFrame:
     """The rows whose knobs hold the values of ``at`` (none: every row)."""
     for knob, value in at.items():
@@ -525,6 +570,8 @@ def _estimate(claim: Claim, studies: Mapping[str, Experiment]) -> tuple[Estimate
         later, earlier = _mechanism(studies[test.study], test)
         diffs = [a - b for a, b in zip(later, earlier)]
         return paired(diffs), f"{len(diffs)} trials", _means(later, earlier), "paired t (Student 1908)"
+    if test.kind == "trend":
+        return _trend(test, studies)
     if test.kind == "shrinks":
         (first, a, blocked_a), (then, b, blocked_b) = _effect(studies[test.study], test), _effect(studies[test.then], test)
         gaps = (f"{statistics.fmean(first):+.4f} vs {statistics.fmean(then):+.4f}" if first and then else "-")

@@ -50,6 +50,9 @@ def _what(r: ClaimResult) -> str:
         return f"{t.knob} {t.value} minus {t.baseline}, {measure} ({t.study})"
     if t.kind == "shrinks":
         return f"gap ({t.knob} {t.value} minus {t.baseline}) in {t.study} minus in {t.then}, {measure}"
+    if t.kind == "trend":
+        return (f"gap ({t.knob} {t.value} minus {t.baseline}), {measure}, its slope per tenfold data over "
+                f"{', '.join(t.over)}")
     if t.kind == "mechanism":
         where = f"{t.study}" + (" at " + ", ".join(f"{k} {v}" for k, v in t.at.items()) if t.at else "")
         if t.contrast == "training":
@@ -194,7 +197,9 @@ def claims_page(results: Sequence[ClaimResult], studies: Sequence[SuiteStudy], l
         "seed and the same other knobs (paired t test, Student 1908; where the grid has more than two points and every "
         "point every seed, its variance pooled over the whole grid, the residual of seeds as blocks, which gives it "
         "more degrees of freedom); *shrinks*: that difference in one study minus "
-        "the same difference in another (Welch's t test of the two sets of paired differences, Welch 1947); *versus*: "
+        "the same difference in another (Welch's t test of the two sets of paired differences, Welch 1947); *trend*: "
+        "that difference in several studies against log10 of each study's data fraction, the least-squares "
+        "slope per tenfold data (its t test on n - 2 degrees of freedom, Draper & Smith 1998); *versus*: "
         "one grid point of a study minus a control study of another model, over seeds (Welch's t test; seed by seed, "
         "a paired t test, where the control is the same code with one part off); *mechanism*: what a model reports "
         "of its own mechanism (ConViT's gates and nonlocality, GMM's kernel widths), per trial after the last epoch "

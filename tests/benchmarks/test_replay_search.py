@@ -57,8 +57,9 @@ def test_every_method_keeps_the_budget_and_fronts_hold_full_budget_trials_only(t
     assert all(0.0 <= v <= true * (1 + 1e-9) for _, v in history)
     if "ASHA" not in method and method not in ("smac-ParEGO+HB", "dehb"):  # no stopping: every trial runs in full
         assert spent == [EPOCHS * (i + 1) for i in range(6)]
-    # the best so far, not the last value: one front's volume summed in another order differs in the last bit
-    assert at_epochs(history, 0) == 0.0 and at_epochs(history, spent[-1]) == max(v for _, v in history)
+    # without noise the volume never falls, even in the last bit (one front summed in another order)
+    volumes = [v for _, v in history]
+    assert volumes == sorted(volumes) and at_epochs(history, 0) == 0.0 and at_epochs(history, spent[-1]) == volumes[-1]
     assert epochs_to_reach(history, history[-1][1]) <= spent[-1] and epochs_to_reach(history, 2 * true) is None
 
 
@@ -203,3 +204,77 @@ def test_the_true_front_members_with_their_own_share_and_their_accuracy_at_each_
     assert sum(m["share"] for m in members) < 1
     final = 0.5 + 0.05 * 3 + 0.001 * 32 + 0.02
     assert members[0]["at_rungs"] == pytest.approx({1: final / 4, 2: final / 2})  # rungs 1 and 2 of 4 epochs
+
+
+def _seeded_recording(tmp_path, second=lambda acc: acc, incomplete=()):
+    """_recording's curves as seed 0 and ``second`` of them as seed 1; ``incomplete`` configs lack seed 1."""
+    rows = []
+    for row in load_rows(_recording(tmp_path)):
+        rows.append({**row, "seed": 0})
+        key = (row["depth"], row["embed_dim"], row["lr"])
+        if key not in incomplete:
+            acc = second(row["best_val_acc"])
+            rows.append({**row, "seed": 1, "val_acc": acc, "best_val_acc": acc})
+    path = tmp_path / "seeded.parquet"
+    write_atomic(pa.Table.from_pylist(rows, schema=schema(GRID, seeds=True)), path)
+    return path
+
+
+def load_rows(path):
+    from search.results.store import read_table
+
+    return read_table(path).to_pylist()
+
+
+def test_a_seeded_recording_gives_each_seeds_curve_and_their_mean_and_drops_a_configuration_half_recorded(tmp_path):
+    curves, epochs = load_curves(_seeded_recording(tmp_path, lambda acc: acc - 0.1, incomplete=[(1, 16, 0.001)]),
+                                 GRID)
+    assert len(curves) == 11 and (1, 16, 0.001) not in curves and epochs == EPOCHS
+    final = 0.5 + 0.05 * 3 + 0.001 * 32 + 0.02  # (3, 32, 0.004): seed 0 ends there, seed 1 0.1 lower
+    c = curves[(3, 32, 0.004)]
+    assert c["seeds"][0][-1] == pytest.approx(final) and c["seeds"][1][-1] == pytest.approx(final - 0.1)
+    assert c["best"][-1] == pytest.approx(final - 0.05)
+
+
+def test_a_front_seen_through_noise_is_scored_at_its_true_values():
+    from benchmarks.replay_search import scored_volume
+
+    # A looked best and fastest through a lucky seed; B is truly better on accuracy. Seen, A
+    # dominates B, so the front is A alone, at its true (0.5, 2.0): (0.5 - 0.4) x (2.0 - 0.5) = 0.15,
+    # not the 0.15 + (0.6 - 0.5) x (1.0 - 0.5) = 0.20 that A and B together would hold
+    seen, true = [[0.9, 2.0], [0.6, 1.0]], [[0.5, 2.0], [0.6, 1.0]]
+    assert scored_volume(seen, true, [0.4, 0.5]) == pytest.approx(0.15)
+    assert scored_volume(true, true, [0.4, 0.5]) == pytest.approx(0.20)
+    assert scored_volume([], [], [0.4, 0.5]) == 0.0
+
+
+@pytest.mark.parametrize("method", ["random", "tpe+MO-ASHA"])
+def test_seeds_that_agree_replay_as_the_recording_without_seeds(tmp_path, method):
+    plain, epochs = load_curves(_recording(tmp_path), GRID)
+    seeded, _ = load_curves(_seeded_recording(tmp_path), GRID)
+    runs = [replay(method, curves=c, grid=GRID, epochs=epochs, budget=40, seed=2, reference=[0.0, 0.0])
+            for c in (plain, seeded)]
+    assert [s for s, _ in runs[0]] == [s for s, _ in runs[1]]
+    assert [v for _, v in runs[1]] == pytest.approx([v for _, v in runs[0]])
+
+
+def test_a_noisy_search_sees_a_drawn_seed_and_its_volume_can_fall(tmp_path):
+    # seed 1 sees every configuration at 0.99 from the first epoch: a fast one it draws pushes the
+    # truly more accurate members off the front the search sees
+    curves, epochs = load_curves(_seeded_recording(tmp_path, lambda acc: 0.99), GRID)
+    finals = [[c["best"][-1], c["log_throughput"]] for c in curves.values()]
+    reference = [min(p[0] for p in finals), min(p[1] for p in finals)]
+    true = hypervolume(finals, modes=["max", "max"], reference=reference)
+    history = replay("random", curves=curves, grid=GRID, epochs=epochs, budget=20 * EPOCHS, seed=0,
+                     reference=reference)
+    volumes = [v for _, v in history]
+    assert all(0.0 <= v <= true * (1 + 1e-9) for v in volumes)
+    assert any(b < a for a, b in itertools.pairwise(volumes))  # a lucky draw pushed a true member off
+
+
+def test_the_curve_follows_a_volume_that_falls():
+    from benchmarks.replay_search import curve
+
+    history = [(2, 0.3), (4, 0.1)]
+    assert list(curve(history, range(6))) == [0.0, 0.0, 0.3, 0.3, 0.1, 0.1]
+    assert at_epochs(history, 5) == 0.1

@@ -229,7 +229,7 @@ def test_a_robustness_claim_reads_the_loss_under_corruption_by_hand(tmp_path):
 
 
 def _study(root: Path, name: str, *, model: str, values: list, accs: dict, epoch1: dict | None = None,
-           mechanisms: dict | None = None, tests: dict | None = None) -> Path:
+           mechanisms: dict | None = None, tests: dict | None = None, fraction: float | None = None) -> Path:
     """A grid study's folder as `search run` leaves it: one knob (local_up_to_layer) with ``values``,
     ``accs[(value, seed)]`` its final val_acc, ``epoch1[(value, seed)]`` its val_acc after epoch 1,
     ``mechanisms[(value, seed)]`` what the model reported after epochs 1 and 2, ``tests[(value, seed)]``
@@ -238,6 +238,8 @@ def _study(root: Path, name: str, *, model: str, values: list, accs: dict, epoch
     raw.update(name=name, space={"local_up_to_layer": {"type": "choice", "values": values}},
                algorithm={"name": "grid", "seeds": len({s for _, s in accs})})
     raw["model"] = {"name": model}
+    if fraction is not None:
+        raw["dataset"]["train_fraction"] = fraction
     raw["budget"].pop("trials", None)
     raw.pop("profiles", None), raw.pop("default_profile", None)
     spec_file = root / "specs" / f"{name}.yaml"
@@ -544,7 +546,7 @@ def test_the_convit_arms_keep_a_plain_block_on_top_and_the_class_token():
                 net = timm.create_model(model.name, **{k: v for k, v in args.items() if k != "embed_dim"},
                                         embed_dim=16)  # the head does not depend on the width
                 assert net.global_pool == "token" and net.cls_token is not None, (path.name, profile, point)
-    assert studied == 6  # small data, more data, the ablation; two profiles each
+    assert studied == 10  # small data, 5% and 10%, more data, the ablation; two profiles each
 
 
 def test_the_studies_and_claims_in_the_repository_are_valid():
@@ -554,3 +556,59 @@ def test_the_studies_and_claims_in_the_repository_are_valid():
         for profile in ("cpu", "gpu"):
             spec = load_spec(ROOT / "studies" / f"{study}.yaml", profile=profile, check_model=False)
             assert spec.is_grid and spec.algorithm.seeds >= 3, (study, profile)
+
+
+def test_a_slope_and_its_standard_error_by_hand():
+    from search.results.claims import slope
+
+    # x 0 1 2, y 1 2 4: Sxx 2, Sxy 3, slope 1.5; residuals 1/6, -1/3, 1/6: s^2 (1/36 + 1/9 + 1/36) / 1 = 1/6,
+    # se sqrt(1/6 / 2) on 1 degree of freedom
+    e = slope([0.0, 1.0, 2.0], [1.0, 2.0, 4.0])
+    assert e.diff == pytest.approx(1.5) and e.se == pytest.approx(math.sqrt(1 / 12)) and e.df == 1
+    assert not slope([0.0, 1.0], [1.0, 2.0]).testable and not slope([1.0, 1.0, 1.0], [1.0, 2.0, 3.0]).testable
+    assert not slope([0.0, 1.0, 2.0], [1.0, 2.0, 3.0]).testable  # on the line exactly: no residual spread
+
+
+def test_a_trend_claim_fits_the_gap_over_log10_of_each_studys_x(tmp_path):
+    from scipy import stats
+
+    # gaps per seed at x 0.01, 0.1, 1 (log10 -2, -1, 0): 0.10 0.12 0.11, 0.06 0.05 0.07, 0.02 0.01 0.03.
+    # By hand: mean x -1, mean y 0.57 / 9; Sxx 6, Sxy -(0.33 - 0.19) + (0.06 - 0.19) = -0.27: slope -0.045 a
+    # tenfold x. Residual SS: 0.0006 within the studies + 3 (0.001667^2 + 0.003333^2 + 0.001667^2) = 0.00065,
+    # s^2 0.00065 / 7, se sqrt(s^2 / 6) on 7 degrees of freedom
+    base = {0: 0.50, 1: 0.60, 2: 0.55}
+    gaps = {"tiny": (0.01, [0.10, 0.12, 0.11]), "some": (0.1, [0.06, 0.05, 0.07]), "all": (1.0, [0.02, 0.01, 0.03])}
+    for name, (x, g) in gaps.items():
+        _study(tmp_path, name, model="ls_convit_nano", values=[0, 1], fraction=x,
+               accs={**{(0, s): b for s, b in base.items()}, **{(1, s): b + g[s] for s, b in base.items()}})
+    claims = {"claims": [{"id": "curve", "paper": "P, Table 2", "claim": "the gap shrinks as the data grows",
+                          "paper_result": "-9.3 pp a tenfold", "expect": "lower",
+                          "test": {"kind": "trend", "study": "tiny", "knob": "local_up_to_layer", "value": 1,
+                                   "baseline": 0, "over": ["all", "tiny", "some"]}}]}
+    path = tmp_path / "specs" / "claims.yaml"
+    path.write_text(yaml.safe_dump(claims, sort_keys=False))
+    claim = load_claims(path).claims[0]
+    assert claim.test.studies == ("tiny", "all", "some")
+    result = evaluate_claim(claim, {n: load(tmp_path / "results" / n) for n in gaps})
+    assert result.diff == pytest.approx(-0.045) and result.estimate.df == 7
+    assert result.estimate.se == pytest.approx(math.sqrt(0.00065 / 7 / 6))
+    fit = stats.linregress([-2] * 3 + [-1] * 3 + [0] * 3, [0.10, 0.12, 0.11, 0.06, 0.05, 0.07, 0.02, 0.01, 0.03])
+    assert result.estimate.se == pytest.approx(fit.stderr) and result.p_value == pytest.approx(fit.pvalue)
+    assert result.verdict == "reproduced" and result.n == "9 pairs over 3 studies"
+    assert result.arms == "+0.1100 at 0.01, +0.0600 at 0.1, +0.0200 at 1"
+
+
+@pytest.mark.parametrize("test, says", [
+    ({"kind": "trend", "study": "a", "knob": "k", "value": 1, "baseline": 0, "over": ["a", "b", "a"]},
+     "at least 3 studies"),
+    ({"kind": "trend", "study": "a", "knob": "k", "value": 1, "baseline": 0, "over": ["b", "c", "d"]},
+     "its study among them"),
+    ({"kind": "effect", "study": "a", "knob": "k", "value": 1, "baseline": 0, "over": ["a", "c", "d"]},
+     "only a trend test"),
+])
+def test_a_trend_names_three_studies_or_more(tmp_path, test, says):
+    from search.results.claims import ClaimTest
+    from search.spec.validation import SpecLocation, from_plain
+
+    with pytest.raises(ConfigError, match=says):
+        from_plain(ClaimTest, test, SpecLocation("claims.yaml"))
