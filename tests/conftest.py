@@ -17,23 +17,30 @@ import torch
 from tests import _hardware
 
 _XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+RAY_TEST_SECONDS = 30  # a ray test's length where its marker gives none
 
 
 def pytest_collection_modifyitems(config, items):
     """A test marked with hardware this machine lacks (cuda, triton, avx2, avx512, avx512_bf16,
     chromium) is skipped, saying what it needs; the markers are the only hardware gates.
 
-    Files with ``ray`` tests (the slow ones: minutes each) go first, in their order: xdist hands
+    Files with ``ray`` tests (the slow ones: minutes each) go first, the longest first: xdist hands
     out files in this order, so the long ones start early and the short ones fill in beside them,
-    instead of one worker running the last long file while the other waits."""
+    instead of one worker running the last long file while the other waits (longest processing
+    time first, Graham 1969). A file's length: its ray tests' ``seconds`` (``pytest.mark.ray(seconds=N)``,
+    as measured in a clean-clone run's --durations), 30 for one that gives none."""
     for item in items:
         for name in dict.fromkeys(mark.name for mark in item.iter_markers()):
             reason = name in _hardware.MARKERS and _hardware.missing(name)
             if reason:
                 item.add_marker(pytest.mark.skip(reason=reason))
                 break
-    slow = {item.path for item in items if item.get_closest_marker("ray")}
-    items.sort(key=lambda item: item.path not in slow)  # stable: the order within each group stays
+    length: dict = {}
+    for item in items:
+        mark = item.get_closest_marker("ray")
+        if mark:
+            length[item.path] = length.get(item.path, 0) + mark.kwargs.get("seconds", RAY_TEST_SECONDS)
+    items.sort(key=lambda item: -length.get(item.path, 0))  # stable: the order within a file stays
 
 
 @pytest.fixture(autouse=True)

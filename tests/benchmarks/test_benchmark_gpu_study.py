@@ -57,7 +57,7 @@ def test_the_dry_run_checks_each_packing(capsys):
     assert "each trial asks for 4 CPUs, 0.25 GPU (4 trials share a GPU)" in out
 
 
-@pytest.mark.ray
+@pytest.mark.ray(seconds=60)
 @pytest.mark.ffcv
 def test_the_study_runs_at_a_tiny_size_on_the_cpu(tmp_path):
     main(["--results-dir", str(tmp_path), "--smoke", "--packings", "2", "--trials", "2", "--max-epochs", "1", "--grace-epochs", "1",

@@ -15,6 +15,7 @@ from benchmarks.kill_soak import PHASES, check_study, soak
 pytestmark = pytest.mark.ray
 
 
+@pytest.mark.ray(seconds=75)
 def test_a_random_kill_resumes_to_a_whole_study(tmp_path):
     result = soak(1, trials=2, max_epochs=1, window=25.0, seed=61, poll=0.05, folder=tmp_path)
     assert result["failures"] == [], result["failures"]

@@ -177,6 +177,7 @@ def _run(*args: str, env: dict) -> subprocess.CompletedProcess:
 @pytest.mark.ray
 # file:// takes the same path through pyarrow's filesystems; tests/search/study/test_resume.py runs, kills and
 # resumes a study at a file:// URI "on another machine"
+@pytest.mark.ray(seconds=100)
 @pytest.mark.parametrize("scheme", ["s3"])
 def test_search_at_a_uri_then_read_and_resume_elsewhere(tmp_path, monkeypatch, request, scheme):
     monkeypatch.setenv("LOCALITY_SEARCH_CACHE", str(tmp_path / "cache" / "datasets"))

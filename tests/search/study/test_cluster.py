@@ -72,6 +72,7 @@ def _finished(study: StudyLocation) -> set[str]:
     return {r["trial_id"] for r in _read(study, "trials.parquet")}
 
 
+@pytest.mark.ray(seconds=130)
 def test_search_spreads_over_two_nodes_and_survives_losing_one(cluster, storage, tmp_path):
     spec = tmp_path / "two_nodes.yaml"
     spec.write_text(SPEC)

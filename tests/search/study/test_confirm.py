@@ -53,7 +53,7 @@ def test_confirm_is_validated_like_the_rest_of_the_spec(tmp_path):
     assert load_spec(path).budget.confirm.top == 8
 
 
-@pytest.mark.ray
+@pytest.mark.ray(seconds=155)
 def test_a_kill_during_the_confirmation_resumes_to_exactly_the_replicates_asked_for(tmp_path):
     spec = yaml.safe_load((ROOT / "spaces" / "synthetic_smoke.yaml").read_text())
     spec.update(name="confirmed", storage=str(tmp_path / "results"))
@@ -103,7 +103,7 @@ def test_a_kill_during_the_confirmation_resumes_to_exactly_the_replicates_asked_
             assert member["seeds"] == 2 and member["val_acc"] == pytest.approx(sum(seeds) / 2)
 
 
-@pytest.mark.ray
+@pytest.mark.ray(seconds=160)
 def test_a_race_killed_mid_stage_resumes_and_ends_as_its_rule_says(tmp_path):
     from search.study.race import unresolved
 

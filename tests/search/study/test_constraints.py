@@ -318,7 +318,7 @@ def test_progress_rows_track_the_fronts_hypervolume(tmp_path):
 
 # -- a real search with a constraint ---------------------------------------------------------
 
-@pytest.mark.ray
+@pytest.mark.ray(seconds=125)
 def test_search_rejects_configs_before_training_and_reuses_measurements(tmp_path):
     spec = yaml.safe_load((ROOT / "spaces" / "synthetic_smoke.yaml").read_text())
     spec.update(name="constrained", storage=str(tmp_path / "results"), constraints=["params <= 50000"],

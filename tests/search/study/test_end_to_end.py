@@ -53,6 +53,7 @@ def study(tmp_path_factory):
     return tmp_path / "results" / "e2e", proc
 
 
+@pytest.mark.ray(seconds=100)
 def test_run_finishes_and_prints_the_front(study):
     exp_dir, proc = study
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -18,6 +18,7 @@ pytestmark = pytest.mark.ray
 TRIALS = 3
 
 
+@pytest.mark.ray(seconds=90)
 def test_a_study_on_a_disk_that_fills_stops_in_one_line_and_resumes(tmp_path):
     with mounted_tmpfs(tmp_path / "fs", "256m") as fs:
         spec = yaml.safe_load((ROOT / "spaces" / "synthetic_smoke.yaml").read_text())

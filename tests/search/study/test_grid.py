@@ -104,7 +104,7 @@ def test_the_grid_searcher_yields_every_point_once_per_seed_seed_by_seed(tmp_pat
     assert {c[SEED_KEY] for c in configs[6:]} == {8}  # seed k is the same at every point: the trials pair up
 
 
-@pytest.mark.ray
+@pytest.mark.ray(seconds=115)
 def test_the_grid_visits_every_point_exactly_seeds_times_across_a_sigkill_and_resume(tmp_path, capsys):
     spec = _grid_spec(tmp_path)
     spec["budget"]["trials"] = 3  # not what a grid runs: the note, and the study records 4

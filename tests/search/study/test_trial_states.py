@@ -62,6 +62,7 @@ def _fake_trainable(marker_dir: str):
     return trainable
 
 
+@pytest.mark.ray(seconds=40)
 def test_every_ending_is_recorded_with_its_state(tmp_path):
     import ray
     from ray import tune
