@@ -27,7 +27,8 @@ def pytest_collection_modifyitems(config, items):
     Files with ``ray`` tests (the slow ones: minutes each) go first, the longest first: xdist hands
     out files in this order, so the long ones start early and the short ones fill in beside them,
     instead of one worker running the last long file while the other waits (longest processing
-    time first, Graham 1969). A file's length: its ray tests' ``seconds`` (``pytest.mark.ray(seconds=N)``,
+    time first, Graham 1969; pyproject's --no-loadscope-reorder keeps xdist from sorting the files by
+    their number of tests instead, which put the ray files, a few tests each, last). A file's length: its ray tests' ``seconds`` (``pytest.mark.ray(seconds=N)``,
     as measured in a clean-clone run's --durations), 30 for one that gives none."""
     for item in items:
         for name in dict.fromkeys(mark.name for mark in item.iter_markers()):
