@@ -213,6 +213,9 @@ def claims_page(results: Sequence[ClaimResult], studies: Sequence[SuiteStudy], l
         "**inconclusive** otherwise, with the smallest effect the run could have detected at 80% power and, taking "
         "this run as the pilot, the seeds that would detect the smallest effect of interest (Cohen 1988) (a saturation "
         "claim, *below the margin*: reproduced when the difference is below that gain, contradicted when above). "
+        "Where a study's seeds were raised to that number, the earlier run served as an internal pilot: only its "
+        "spread sized the new run, never its effect, which leaves the test's level as it was (Wittes & Brittain "
+        "1990); the new run trains every seed again and is the only one the page reads. "
         "Accuracy differences are in percentage points (pp). The scale is not the paper's: small models, a fraction "
         "of Fashion-MNIST, tens of epochs, a few seeds (the studies' table); "
         "a claim may fail to reproduce at this scale, and an inconclusive one needs more seeds, not a guess.",

@@ -15,7 +15,7 @@ import yaml
 from tests.search.study.test_resume import ROOT, _env, _read_all, _run_and_sigkill
 
 
-@pytest.mark.ray(seconds=150)
+@pytest.mark.ray(seconds=110)
 def test_resume_when_tunes_snapshot_names_a_checkpoint_already_deleted(tmp_path):
     """Tune deletes a trial's checkpoints beyond ``num_to_keep`` when a newer one is registered
     and writes its experiment snapshot (what a resume starts from) later. A driver killed in
@@ -26,7 +26,7 @@ def test_resume_when_tunes_snapshot_names_a_checkpoint_already_deleted(tmp_path)
     # time, and writes the epochs every 2 s or more: with 24, a fast VM finished the trial unseen)
     spec = yaml.safe_load((ROOT / "spaces" / "synthetic_smoke.yaml").read_text())
     spec.update(name="stale", storage=str(tmp_path / "results"))
-    spec["budget"].update(trials=2, max_epochs=EPOCHS)
+    spec["budget"].update(trials=1, max_epochs=EPOCHS)  # one trial: the case needs no other
     path = tmp_path / "stale.yaml"
     path.write_text(yaml.safe_dump(spec))
     exp = tmp_path / "results" / "stale"
@@ -88,9 +88,9 @@ def test_resume_when_tunes_snapshot_names_a_checkpoint_already_deleted(tmp_path)
 
     after = _read_all(exp)
     states = {t["trial_id"]: (t["state"], t["epochs_run"], t["error"]) for t in after["trials.parquet"]}
-    assert len(states) == 2 and all(s[:2] == ("COMPLETE", EPOCHS) for s in states.values()), states
+    assert len(states) == 1 and all(s[:2] == ("COMPLETE", EPOCHS) for s in states.values()), states
     pairs = [(e["trial_id"], e["epoch"]) for e in after["epochs.parquet"]]
-    assert len(pairs) == len(set(pairs)) == 2 * EPOCHS  # every epoch once
+    assert len(pairs) == len(set(pairs)) == EPOCHS  # every epoch once
     for trial_id in states:  # num_to_keep, the killed run's leftovers of the recovered trial included
         assert len(list(tune_dir.glob(f"{trial_id}_*/checkpoint_*"))) == 2
     now = {(e["trial_id"], e["epoch"]): e for e in after["epochs.parquet"]}
