@@ -18,7 +18,7 @@ from search.spec.validation import SpecLocation, from_plain
 from search.study.suite import SuiteStudy
 from trainers.errors import ConfigError
 
-__all__ = ["claims_table", "claims_page", "difference_text", "write_claims_page"]
+__all__ = ["claims_table", "claims_page", "difference_text", "suite_line", "write_claims_page"]
 
 
 def _number(value: float, objective: str, *, signed: bool = False) -> str:
@@ -151,6 +151,37 @@ def _final_train_loss(exp: Experiment, trial_ids: pd.Series) -> str:
     return _spread(epochs.drop_duplicates("trial_id", keep="last")["train_loss"], "{:.3f}")
 
 
+def _search_trials(exp: Experiment) -> pd.DataFrame:
+    """The study's search trials (its confirmation's replicates left out)."""
+    trials = exp.trials
+    return trials[trials[REPLICATE_COLUMN].isna()] if REPLICATE_COLUMN in trials else trials
+
+
+def _timing(trials: pd.DataFrame) -> tuple[float, float]:
+    """(seconds from the first trial's start to the last one's end, seconds the trials trained)."""
+    span = (pd.to_datetime(trials["ended_at"]).max() - pd.to_datetime(trials["started_at"]).min()).total_seconds()
+    return (math.nan if pd.isna(span) else span), float(pd.to_numeric(trials["duration_s"]).sum())
+
+
+def suite_line(studies: Sequence[SuiteStudy], loaded: Mapping[str, Experiment]) -> str:
+    """The suite's time: the studies' walls added up (what one run of them all, one after another,
+    takes without its set-ups), their training, the devices, and over what dates they ran."""
+    ran = [_search_trials(loaded[s.name]) for s in studies if loaded.get(s.name) is not None]
+    if not ran:
+        return "The suite: no study has run yet."
+    timings = [_timing(t) for t in ran]
+    wall = sum(w for w, _ in timings if not math.isnan(w))
+    trained = sum(t for _, t in timings)
+    devices = sorted({d for t in ran if "throughput_device" in t for d in t["throughput_device"].dropna()})
+    starts = pd.concat([pd.to_datetime(t["started_at"]) for t in ran]).dropna()
+    ends = pd.concat([pd.to_datetime(t["ended_at"]) for t in ran]).dropna()
+    when = (f"; the studies ran between {starts.min():%Y-%m-%d %H:%M} and {ends.max():%Y-%m-%d %H:%M} UTC"
+            if len(starts) and len(ends) else "")
+    return (f"The suite: {len(ran)} of {len(studies)} studies run, {wall / 3600:.2f} h of wall time in all "
+            f"(the rows' walls added up: one run of every study after another, set-ups aside), "
+            f"{trained / 3600:.2f} h of training; on {', '.join(devices) or 'an unrecorded device'}{when}.")
+
+
 def _study_row(study: SuiteStudy, exp: Experiment | None) -> list[str]:
     if exp is None:
         spec = study.spec
@@ -159,13 +190,9 @@ def _study_row(study: SuiteStudy, exp: Experiment | None) -> list[str]:
                 "-", "-"]
     spec = _ran_spec(exp)  # what ran, which the YAML may no longer say
     plan = spec.grid_plan() or f"{spec.budget.trials} trials"
-    trials = exp.trials
-    if REPLICATE_COLUMN in trials:
-        trials = trials[trials[REPLICATE_COLUMN].isna()]
+    trials = _search_trials(exp)
     complete = int((trials["state"] == "COMPLETE").sum())
-    span = (pd.to_datetime(trials["ended_at"]).max() - pd.to_datetime(trials["started_at"]).min()).total_seconds()
-    span = math.nan if pd.isna(span) else span
-    trained = float(pd.to_numeric(trials["duration_s"]).sum())
+    span, trained = _timing(trials)
     devices = ", ".join(sorted(set(trials["throughput_device"].dropna()))) if "throughput_device" in trials else "-"
     wall = "-" if math.isnan(span) else f"{span / 60:.1f} min ({trained / 60:.1f} min training)"
     unfinished = "" if len(trials) >= spec.planned_trials else f" (unfinished: {spec.planned_trials} planned)"
@@ -234,6 +261,7 @@ def claims_page(results: Sequence[ClaimResult], studies: Sequence[SuiteStudy], l
     out += _markdown(["study", "model", "data", "epochs", "grid", "COMPLETE", "epochs run", "final train loss", "wall",
                       "device", "commit", "spec"],
                      [_study_row(s, loaded.get(s.name)) for s in studies])
+    out += ["", suite_line(studies, loaded)]
     return "\n".join(out) + "\n"
 
 

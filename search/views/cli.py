@@ -460,8 +460,11 @@ def _cmd_claims(args: argparse.Namespace) -> int:
         except SuiteFailed as exc:
             print(_one_line(f"error: {exc}"), file=sys.stderr)
             return 1
-    loaded = {s.name: load(s.folder) for s in studies if study_state(s)[0] != "missing"}
-    results = evaluate_claims(claims, loaded)
+    states = {s.name: study_state(s)[0] for s in studies}
+    loaded = {s.name: load(s.folder) for s in studies if states[s.name] != "missing"}
+    # a claim reads finished studies of its spec only: a study under way or stale (--no-run) is
+    # listed as it stands, and its claims are "not run"
+    results = evaluate_claims(claims, {name: exp for name, exp in loaded.items() if states[name] == "done"})
     command = ["python", "-m", "search", "claims", *([str(path)] if str(path) != "studies/claims.yaml" else []),
                *(["--profile", args.profile] if args.profile else [])]
     out = write_claims_page(args.out, claims_page(results, studies, loaded, command=command, profile=profile,

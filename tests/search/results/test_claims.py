@@ -612,3 +612,44 @@ def test_a_trend_names_three_studies_or_more(tmp_path, test, says):
 
     with pytest.raises(ConfigError, match=says):
         from_plain(ClaimTest, test, SpecLocation("claims.yaml"))
+
+
+def test_the_suites_time_adds_the_studies_walls_up_by_hand():
+    """Study a: trials 10:00-10:30 and 10:10-10:45 (wall 45 min; training 30 + 35 = 65 min), a
+    replicate at 11:00-11:20 left out (a search's span); study b: 12:00-12:15 (15 min, 15 min); c
+    not run. The suite: 60 min = 1.00 h of wall, 80 min = 1.33 h of training."""
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    from search.views.claims_page import suite_line
+
+    def trials(rows, device):
+        return pd.DataFrame([{"started_at": f"2026-11-29T{a}:00", "ended_at": f"2026-11-29T{b}:00", "duration_s": d,
+                              "replicate_of": r, "throughput_device": device} for a, b, d, r in rows])
+
+    loaded = {"a": SimpleNamespace(trials=trials([("10:00", "10:30", 1800.0, None), ("10:10", "10:45", 2100.0, None),
+                                                  ("11:00", "11:20", 1200.0, "t0")], "cpu: X")),
+              "b": SimpleNamespace(trials=trials([("12:00", "12:15", 900.0, None)], "cpu: Y"))}
+    studies = [SimpleNamespace(name=n) for n in ("a", "b", "c")]
+    line = suite_line(studies, loaded)
+    assert line.startswith("The suite: 2 of 3 studies run, 1.00 h of wall time in all"), line
+    assert "1.33 h of training; on cpu: X, cpu: Y;" in line
+    assert line.endswith("between 2026-11-29 10:00 and 2026-11-29 12:15 UTC."), line
+    assert suite_line(studies[2:], loaded) == "The suite: no study has run yet."
+
+
+def test_claims_read_only_finished_studies_of_their_spec(tmp_path, capsys):
+    """With --no-run, a stale study (its spec edited since) is listed as it ran, and the claims
+    resting on it are "not run": its numbers answer another protocol."""
+    path = _suite(tmp_path)
+    raw = yaml.safe_load((path.parent / "small.yaml").read_text())
+    raw["budget"]["max_epochs"] = 30
+    (path.parent / "small.yaml").write_text(yaml.safe_dump(raw))
+    page = tmp_path / "claims.md"
+    assert main(["claims", str(path), "--storage", str(tmp_path / "results"), "--no-run", "--out", str(page)]) == 0
+    out = capsys.readouterr().out
+    for claim in ("small", "shrinks", "versus", "early"):
+        assert f"{claim}: not run" in out, out
+    assert "saturates: not run" not in out and "saturates: " in out  # on the large study alone
+    assert "| small | ls_convit_nano |" in page.read_text() and "**stale**" in page.read_text()
