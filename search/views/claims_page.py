@@ -178,7 +178,7 @@ def suite_line(studies: Sequence[SuiteStudy], loaded: Mapping[str, Experiment]) 
     when = (f"; the studies ran between {starts.min():%Y-%m-%d %H:%M} and {ends.max():%Y-%m-%d %H:%M} UTC"
             if len(starts) and len(ends) else "")
     return (f"The suite: {len(ran)} of {len(studies)} studies run, {wall / 3600:.2f} h of wall time in all "
-            f"(the rows' walls added up: one run of every study after another, set-ups aside), "
+            f"(the rows' walls added up: one run of every study after another, set-ups and held-out tests aside), "
             f"{trained / 3600:.2f} h of training; on {', '.join(devices) or 'an unrecorded device'}{when}.")
 
 
@@ -257,7 +257,8 @@ def claims_page(results: Sequence[ClaimResult], studies: Sequence[SuiteStudy], l
             "of the whole split it comes from, where the epochs scale with the data; the patience that stops a "
             "trial earlier); epochs run and the final train loss: the median over the search's trials, with the "
             "range. Wall time is from the first trial's start to the last trial's end (the set-up before it, a few "
-            "seconds to a minute, not counted); training is the sum of the trials' own times.", ""]
+            "seconds to a minute, and the held-out test after it, not counted: the test's time grows with the trials "
+            "scored and, where corruptions are asked for, tenfold); training is the sum of the trials' own times.", ""]
     out += _markdown(["study", "model", "data", "epochs", "grid", "COMPLETE", "epochs run", "final train loss", "wall",
                       "device", "commit", "spec"],
                      [_study_row(s, loaded.get(s.name)) for s in studies])
