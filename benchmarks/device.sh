@@ -78,6 +78,8 @@ unpack() {
     [ -f "$DEV/site.tar.xz" ] || die "no .dev/: run 'benchmarks/device.sh prepare' here and carry .dev"
     mkdir -p /tmp/site "$FASHION_MNIST_DIR"
     [ -f /tmp/site/.unpacked ] || { xz -dc "$DEV/site.tar.xz" | tar -xf - -C /tmp/site && touch /tmp/site/.unpacked; }
+    # unzipped wheels keep no modes: Ray starts these two as programs
+    chmod +x /tmp/site/ray/core/src/ray/gcs/gcs_server /tmp/site/ray/core/src/ray/raylet/raylet
     for images in train-images-idx3-ubyte t10k-images-idx3-ubyte; do
         [ -f "$FASHION_MNIST_DIR/$images.gz" ] || xz -dc "$DEV/fmnist/$images.xz" | gzip -1 > "$FASHION_MNIST_DIR/$images.gz"
     done

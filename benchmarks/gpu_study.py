@@ -9,7 +9,7 @@ hour, GPU busy over the run (and after set-up), time to the first epoch, best va
 hypervolume (the spec's reference point) and the front as printed; then the packings' ratio.
 
     ./with-deps python -m benchmarks gpu_study --dry-run     # what it would run, no training
-    python -m benchmarks gpu_study --data-dir DIR            # on the GPU machine (benchmarks/gpu_study.sh)
+    python -m benchmarks gpu_study --data-dir DIR            # on the GPU machine (benchmarks/device.sh gpu_study)
     python -m benchmarks gpu_study --smoke                   # tiny, on the CPU: synthetic data, 2 trials
 
 The spec's profile is copied with its budget, resources (and, with ``--smoke``, its data and space)
