@@ -11,7 +11,10 @@ nothing else reads (``trainers.heldout``):
 
 Each trial's last Tune checkpoint holds the weights of its best validation epoch (the epoch
 selection used); they are scored as a Ray task with a trial's resources, on whichever node Ray
-picks, reading the checkpoint from the study's storage. Its ``test_acc`` (with its Wilson
+picks, reading the checkpoint from the study's storage. On the driver's own local cluster (no
+``--address``) the stage runs after every trial has ended, on the one machine there is, so the
+driver scores them itself: a Ray worker would first import torch, timm and the trainers again
+(seconds per study) to do the same. Its ``test_acc`` (with its Wilson
 interval), ``test_loss``, ``test_images`` and ``test_epoch`` go to the trial's row; the front folds
 a confirmed member's seeds as it folds ``val_acc`` (``search.results.replicates``). A trial already
 scored is never scored again (a resumed study takes up where the stage stopped). ``heldout.json``
@@ -22,7 +25,7 @@ written before the selected weights were kept, whose last epoch was not the best
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from search.results.replicates import REPLICATE_COLUMN
@@ -61,8 +64,6 @@ def held_out_done(location) -> bool:
 
 def test_front(run: StudyRun) -> None:
     """Score the front's untested trials on the test split, each once; then write ``heldout.json``."""
-    import ray
-
     started = time.monotonic()
     store = run.store()
     store.load_existing()
@@ -72,23 +73,16 @@ def test_front(run: StudyRun) -> None:
         which = "of the grid" if run.spec.is_grid else "of the front"
         run.say(f"held-out test: {count(len(todo), 'trial')} {which}, each scored once on the "
                 f"{run.data.counts['test']:,} test images at its best validation epoch")
-    template = run.trial_template()
-    resources = run.spec.resources.ray_resources()
-    task = ray.remote(_score).options(num_cpus=resources.pop("cpu"), num_gpus=resources.pop("gpu"),
-                                      resources=resources or None)
-    pending = {}
+    asked = []
     missing: dict[str, str] = {}
     for row in todo:
         checkpoint = _last_checkpoint(run, row)
         if checkpoint is None:
             missing[row["trial_id"]] = "no checkpoint in Tune's folder"
             continue
-        config = sampled_config(run.spec, row, where=f"trial {row['trial_id']}")
-        pending[task.remote(template, config, checkpoint, bool(run.spec.dataset.corruptions))] = row["trial_id"]
-    while pending:
-        [ready], _ = ray.wait(list(pending))
-        trial_id = pending.pop(ready)
-        score = ray.get(ready)
+        asked.append((row["trial_id"], sampled_config(run.spec, row, where=f"trial {row['trial_id']}"), checkpoint))
+    scored = _scored_here if run.local_cluster else _scored_on_the_cluster
+    for trial_id, score in scored(run, asked):
         if score is None:
             missing[trial_id] = "its checkpoint holds no weights of its best validation epoch (written by an older version)"
             continue
@@ -101,6 +95,27 @@ def test_front(run: StudyRun) -> None:
     tested = [r["trial_id"] for r in rows if r["trial_id"] not in missing]
     write_json_atomic({"tested": tested, "not_tested": missing}, run.location.local / HELDOUT_FILE)
     run.location.push([HELDOUT_FILE])
+
+
+def _scored_here(run: StudyRun, asked: list[tuple[str, dict[str, Any], Any]]) -> Iterator[tuple[str, Any]]:
+    """(trial id, score) for each (trial id, config, checkpoint) asked, scored one after another in this process."""
+    template, corruptions = run.trial_template(), bool(run.spec.dataset.corruptions)
+    for trial_id, config, checkpoint in asked:
+        yield trial_id, _score(template, config, checkpoint, corruptions)
+
+
+def _scored_on_the_cluster(run: StudyRun, asked: list[tuple[str, dict[str, Any], Any]]) -> Iterator[tuple[str, Any]]:
+    """The same, each a Ray task with a trial's resources, side by side, in the order they finish."""
+    import ray
+
+    template, corruptions = run.trial_template(), bool(run.spec.dataset.corruptions)
+    resources = run.spec.resources.ray_resources()
+    task = ray.remote(_score).options(num_cpus=resources.pop("cpu"), num_gpus=resources.pop("gpu"),
+                                      resources=resources or None)
+    pending = {task.remote(template, config, checkpoint, corruptions): trial_id for trial_id, config, checkpoint in asked}
+    while pending:
+        [ready], _ = ray.wait(list(pending))
+        yield pending.pop(ready), ray.get(ready)
 
 
 def _last_checkpoint(run: StudyRun, row: Mapping[str, Any]):
@@ -124,8 +139,8 @@ def _last_checkpoint(run: StudyRun, row: Mapping[str, Any]):
 
 
 def _score(template, config: dict[str, Any], checkpoint, corruptions: bool = False) -> dict[str, Any] | None:
-    """On a Ray worker: the checkpoint's selected weights scored on the test split, and on its
-    corrupted copies where asked (None: it has no selected weights)."""
+    """On a Ray worker (or the driver, on its local cluster): the checkpoint's selected weights
+    scored on the test split, and on its corrupted copies where asked (None: it has no selected weights)."""
     import dataclasses
     import os
 

@@ -65,7 +65,7 @@ def run_study(
     exp_dir.mkdir(parents=True, exist_ok=True)
     with driving(exp_dir):
         check_new_study(location)  # again: another driver may have started it meanwhile
-        run = StudyRun(spec, location, data, cache_dir, git_commit(), out)
+        run = StudyRun(spec, location, data, cache_dir, git_commit(), out, local_cluster=address is None)
         write_experiment(spec, location, data, run.commit)
         run_search(run)
         confirm(run)
@@ -100,7 +100,7 @@ def resume_study(
             return location.local
         check_restorable(location)
         data = prepare_study(spec, address=address, dashboard_host=dashboard_host, cache_dir=cache_dir, out=out)
-        run = StudyRun(spec, location, data, cache_dir, git_commit(), out)
+        run = StudyRun(spec, location, data, cache_dir, git_commit(), out, local_cluster=address is None)
         # Tune's snapshot unpickled with this study location, wherever it was taken (search.results.location)
         with resuming_at(location) as elsewhere:
             resume_search(run, elsewhere)

@@ -86,6 +86,8 @@ class StudyRun:
     cache_dir: str | os.PathLike | None
     commit: str | None  # the code's git commit, in every row the driver writes
     out: TextIO
+    # the Ray cluster is this driver's own (no --address): one machine, idle once the trials are done
+    local_cluster: bool = False
 
     def say(self, line: str) -> None:
         print(line, file=self.out, flush=True)

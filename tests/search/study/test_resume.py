@@ -65,21 +65,17 @@ def _run_and_sigkill(spec: Path, env: dict[str, str], *, until: Callable[[], boo
     time.sleep(2)  # Ray's reaper takes the killed driver's local cluster down
 
 
-@pytest.mark.ray(seconds=155)
-@pytest.mark.parametrize("storage", ["path", "uri"])
-def test_sigkilled_driver_resumes_to_the_exact_trial_count(tmp_path, storage):
-    """``path``: the study folder moved elsewhere before the resume (its results must follow it),
-    the Optuna journal lock still held by the killed driver.
-    ``uri``: the study at a file:// URI (search.results.location), resumed "on another machine": another
-    cache and staging folder, the first driver's staging folder gone."""
+@pytest.mark.ray(seconds=140)
+def test_sigkilled_driver_resumes_to_the_exact_trial_count(tmp_path):
+    """The study folder moved elsewhere before the resume (its results must follow it), the Optuna
+    journal lock still held by the killed driver. (A study at a URI killed and resumed "on another
+    machine", another cache and staging folder: tests/search/results/test_storage.py, on S3.)"""
     spec = yaml.safe_load((ROOT / "spaces" / "synthetic_smoke.yaml").read_text())
-    where = str(tmp_path / "results") if storage == "path" else f"file://{tmp_path}/bucket"
-    spec.update(name="killed", storage=where, algorithm={"name": "tpe", "seed": 5, "n_startup_trials": 3})
+    spec.update(name="killed", storage=str(tmp_path / "results"), algorithm={"name": "tpe", "seed": 5, "n_startup_trials": 3})
     spec["budget"].update(trials=TRIALS, max_epochs=4)  # continuous knobs: two equal configs cannot happen by chance
     path = tmp_path / "killed.yaml"
     path.write_text(yaml.safe_dump(spec))
-    # the files as readers see them: the study folder, or the objects at the URI
-    exp = tmp_path / ("results" if storage == "path" else "bucket") / "killed"
+    exp = tmp_path / "results" / "killed"
 
     reads = 0
 
@@ -93,26 +89,21 @@ def test_sigkilled_driver_resumes_to_the_exact_trial_count(tmp_path, storage):
     before = _read_all(exp)
     assert 2 <= len(before["trials.parquet"]) < TRIALS
 
-    env, study = _env(tmp_path), str(exp)
-    if storage == "path":  # Tune's snapshot, the store and the Optuna journal all name the old folder
-        moved = tmp_path / "elsewhere" / "killed"
-        moved.parent.mkdir()
-        shutil.move(exp, moved)
-        # as a driver killed while appending to the journal leaves it: Optuna's lock, a link to
-        # the journal where it was (Optuna itself would wait forever on a link that dangles)
-        (moved / "optuna.journal.lock").unlink(missing_ok=True)
-        (moved / "optuna.journal.lock").symlink_to(exp / "optuna.journal")
-        exp, study = moved, str(moved)
-    if storage == "uri":
-        shutil.rmtree(tmp_path / "studies")  # the first machine's staging folder (beside its cache)
-        env, study = _env(tmp_path / "machine2"), f"{where}/killed"
-    resumed = subprocess.run([sys.executable, "-m", "search", "resume", study], cwd=ROOT, env=env,
+    # Tune's snapshot, the store and the Optuna journal all name the old folder
+    moved = tmp_path / "elsewhere" / "killed"
+    moved.parent.mkdir()
+    shutil.move(exp, moved)
+    # as a driver killed while appending to the journal leaves it: Optuna's lock, a link to
+    # the journal where it was (Optuna itself would wait forever on a link that dangles)
+    (moved / "optuna.journal.lock").unlink(missing_ok=True)
+    (moved / "optuna.journal.lock").symlink_to(exp / "optuna.journal")
+    resumed = subprocess.run([sys.executable, "-m", "search", "resume", str(moved)], cwd=ROOT, env=_env(tmp_path),
                              capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     assert "resuming study killed" in resumed.stdout
-    if storage == "path":
-        assert f"it carries on in {exp}" in resumed.stdout, resumed.stdout
-        assert not (tmp_path / "results" / "killed").exists()  # nothing written to where the study was
+    assert f"it carries on in {moved}" in resumed.stdout, resumed.stdout
+    assert not exp.exists()  # nothing written to where the study was
+    exp = moved
 
     after = _read_all(exp)
     trials = after["trials.parquet"]
@@ -152,7 +143,7 @@ def test_sigkilled_driver_resumes_to_the_exact_trial_count(tmp_path, storage):
     assert all("orphaned" in t.user_attrs for t in study.trials if t.state.name == "FAIL" and "lr" not in t.params)
     assert {round(t["lr"], 12) for t in diverged} <= failed
     assert reads > 10
-    print(f"\n{storage}: SIGKILL after {len(before['trials.parquet'])} finished trials and {len(before['epochs.parquet'])} epochs; "
+    print(f"\nSIGKILL after {len(before['trials.parquet'])} finished trials and {len(before['epochs.parquet'])} epochs; "
           f"after resume: {len(trials)} trials ({len(set(ids))} distinct ids, {len(set(configs))} distinct configs), "
           f"{len(pairs)} epoch rows, Optuna states {sorted(states)}; {reads} reads of all four files while it ran")
 
