@@ -107,6 +107,42 @@ def test_botorch_on_the_grid_proposes_recorded_configurations_it_has_not_asked_a
         bo.propose(set(asked))
 
 
+def test_botorch_on_the_grid_fits_once_per_trial_told_and_proposes_what_botorchs_optimiser_picks(tmp_path):
+    """Between two COMPLETE trials (a stopped one tells nothing) the proposals come from one fit's
+    scores; they are the ones optimize_acqf_discrete gives when called afresh for every proposal."""
+    pytest.importorskip("botorch")
+    import torch
+    from botorch.optim import optimize_acqf_discrete
+
+    curves, _ = load_curves(_recording(tmp_path), GRID)
+
+    class Fresh(_peers.DiscreteQNEHVI):  # BoTorch's optimiser on every proposal (what it was before)
+        def propose(self, asked):
+            free = [c for c in self._configs if c not in asked]
+            if len(self._told) < self.startup:
+                return self._rng.choice(free)
+            choices = torch.tensor([self._x[c] for c in free], dtype=torch.float64)
+            best, _ = optimize_acqf_discrete(self.acquisition_function(), q=1, choices=choices)
+            return free[int(torch.cdist(best, choices).argmin())]
+
+    def search(bo) -> list:
+        asked = []
+        for number in range(11):
+            config = bo.propose(set(asked))
+            asked.append(config)
+            if number < 4 or number % 3 == 0:  # the others "stopped" by MO-ASHA: not told
+                bo.tell(config, [curves[config]["best"][-1], curves[config]["log_throughput"]])
+        return asked
+
+    cached, fresh = _peers.DiscreteQNEHVI(GRID, curves, seed=3), Fresh(GRID, curves, seed=3)
+    cached.startup = fresh.startup = 4
+    fits = []
+    original = cached.acquisition_function
+    cached.acquisition_function = lambda: fits.append(len(cached._told)) or original()
+    assert search(cached) == search(fresh)
+    assert fits == [4, 5, 6]  # once per number told, though 7 proposals came after the start-up
+
+
 def test_a_proposal_that_was_not_recorded_goes_to_the_nearest_recorded_configuration(tmp_path):
     curves, _ = load_curves(_recording(tmp_path, skip={(2, 32, 0.004)}), GRID)
     assert _peers.snap(GRID, curves, (1, 16, 0.001)) == (1, 16, 0.001)  # recorded: itself
