@@ -11,8 +11,9 @@ document it, on the recording's discrete points.
       BoTorch's qLogNEHVI set up as ``qnehvi_candidates_func`` sets it up (SingleTaskGP on the
       knobs' positions in [0, 1], outcomes standardised, 256 Sobol QMC samples, pruned baseline,
       the reference point just below the observed minimum), maximised over the recording's own
-      configurations not yet asked with ``optimize_acqf_discrete`` (BoTorch's optimiser for a
-      finite candidate set) instead of gradient restarts in the box and rounding; 10 random
+      configurations not yet asked by ``optimize_acqf_discrete``'s rule (BoTorch's optimiser for a
+      finite candidate set: each scored, the best taken; scored once per COMPLETE trial) instead
+      of gradient restarts in the box and rounding; 10 random
       start-up configurations, as the sampler's default. The same two ways.
   gp, gp+MO-ASHA
       Optuna's own GPSampler (LogEHVI for two objectives; Optuna's maintained GP path), the same two ways.
