@@ -180,6 +180,12 @@ def result_slug(env: dict[str, Any]) -> str:
     return slug
 
 
+def result_path(name: str, env: dict[str, Any] | None = None, *, results_dir: Path | None = None) -> Path:
+    """Where ``write_result`` puts ``name`` on this machine (``env``: its ``environment()``)."""
+    folder = Path(results_dir) if results_dir is not None else RESULTS_DIR
+    return folder / f"{name}-{result_slug(env or environment())}.json"
+
+
 def write_result(name: str, payload: dict[str, Any], device: str | torch.device = "cpu", *,
                  results_dir: Path | None = None) -> Path:
     """Write payload + environment + UTC timestamp to benchmarks/results/<name>-<result_slug>.json
@@ -191,8 +197,9 @@ def write_result(name: str, payload: dict[str, Any], device: str | torch.device 
         "environment": env,
         "timestamp_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
-    folder = Path(results_dir) if results_dir is not None else RESULTS_DIR
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{name}-{result_slug(env)}.json"
-    path.write_text(json.dumps(record, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+    path = result_path(name, env, results_dir=results_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")  # a run killed mid-write leaves the last whole file
+    partial.write_text(json.dumps(record, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+    os.replace(partial, path)
     return path

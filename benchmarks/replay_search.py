@@ -36,6 +36,10 @@ Methods (ours last):
                      TPE told each knob as its position among its ordered values (an int), as a
                      spec's `ordered: true` choice or int range gives it, where `tpe` sees
                      unordered categories: its Parzen estimators then see neighbours
+  botorch, botorch+MO-ASHA
+                     a spec's ``algorithm: botorch`` (search.study.finite_bo): BoTorch's
+                     qLogNEHVI over every point of the grid not yet asked, each knob an ordered
+                     index; slow (a GP fit per COMPLETE trial), so among --slow-methods
 
 The strong peers (``--peers strong``; ``benchmarks._peers`` has their settings): BoTorch's
 qNEHVI through Optuna's BoTorchSampler and Optuna's own GPSampler, each without stopping and with
@@ -85,12 +89,13 @@ import optuna
 from ray.tune.schedulers import ASHAScheduler
 
 from benchmarks import _peers
-from benchmarks._env import write_result
+from benchmarks._env import result_path, write_result
 from benchmarks._lcbench import GRIDS as LCBENCH_GRIDS
 from benchmarks.record_curves import DATA_DIR, GRIDS as RECORDED_GRIDS
 from search.results.hypervolume import hypervolume
 from search.results.pareto import pareto_mask
 from search.results.store import read_table
+from search.study.finite_bo import FiniteQNEHVISampler
 from search.study.mo_asha import MOASHAScheduler
 from search.study.searcher import optuna_state_for
 
@@ -102,8 +107,10 @@ METHODS = ("random", "tpe", "nsga2", "random+ASHA", "syne-MOASHA", "syne-MOASHA-
            "tpe+MO-ASHA", "random+MO-ASHA-hvc", "tpe+MO-ASHA-hvc", "random+MO-ASHA-quota", "tpe+MO-ASHA-quota",
            "tpe-ordered", "tpe-ordered+MO-ASHA")
 OURS = ("tpe+MO-ASHA", "tpe-ordered+MO-ASHA", "random+MO-ASHA")
-ALL_METHODS = (*METHODS, *_peers.STRONG)
-SLOW = ("botorch-qNEHVI", "botorch-qNEHVI+MO-ASHA", "botorch-grid", "botorch-grid+MO-ASHA", "gp", "gp+MO-ASHA")  # a GP proposal takes seconds: fewer seeds
+BOTORCH = ("botorch", "botorch+MO-ASHA")  # the product's algorithm: botorch (search.study.finite_bo)
+ALL_METHODS = (*METHODS, *BOTORCH, *_peers.STRONG)
+SLOW = ("botorch-qNEHVI", "botorch-qNEHVI+MO-ASHA", "botorch-grid", "botorch-grid+MO-ASHA", "gp", "gp+MO-ASHA",
+        *BOTORCH)  # a GP proposal takes seconds: fewer seeds
 SYNE_TUNE = "syne-tune==0.16.0"
 
 
@@ -253,13 +260,19 @@ class _OptunaSearch(_Stopping):
                    "tpe-ordered": lambda: optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=8),
                    "nsga2": lambda: optuna.samplers.NSGAIISampler(seed=seed, population_size=8),
                    "gp": lambda: _peers.gp_sampler("gp", seed),
-                   "botorch-qNEHVI": lambda: _peers.gp_sampler("botorch", seed)}[name]()
-        # a GP proposes in a box, and tpe-ordered's Parzen estimators see neighbours: an ordered index per knob
-        self._by_index = name in ("gp", "botorch-qNEHVI", "tpe-ordered")
+                   "botorch-qNEHVI": lambda: _peers.gp_sampler("botorch", seed),
+                   "botorch": lambda: FiniteQNEHVISampler(
+                       {k: optuna.distributions.IntDistribution(0, len(v) - 1) for k, v in grid.items()}, seed=seed),
+                   }[name]()
+        # a GP proposes in a box, and tpe-ordered's Parzen estimators see neighbours: an ordered
+        # index per knob (as a spec's ordered choice gives it)
+        self._by_index = name in ("gp", "botorch-qNEHVI", "tpe-ordered", "botorch")
         self._study = optuna.create_study(directions=["maximize", "maximize"], sampler=sampler)
         self._grid, self._epochs = grid, epochs
 
     def ask(self, number: int) -> tuple:
+        if getattr(self._study.sampler, "exhausted", lambda study: False)(self._study):
+            raise _peers.Exhausted  # botorch proposes each point once; the peer ends there too
         self._trial = self._study.ask()
         self._started(number)
         if self._by_index:
@@ -693,6 +706,8 @@ def main() -> None:
                         help="default: the methods that run in minutes; strong: with the strong peers "
                              f"({', '.join(_peers.STRONG)}; pip install -e '.[bench]'); all: both")
     parser.add_argument("--methods", help=f"comma-separated (overrides --peers), of {', '.join(ALL_METHODS)}")
+    parser.add_argument("--resume", action="store_true", help="go on from the seeds this replay's JSON already holds "
+                        "(the same recording and budget); a slow method's JSON is written after every seed")
     parser.add_argument("--result-name", help="default: replay_search, or replay_search_GRID for another grid")
     parser.add_argument("--summary", type=Path, nargs="+", metavar="JSON",
                         help="no replay: rank the methods over these benchmarks' replay_search JSONs (Friedman)")
@@ -774,7 +789,7 @@ def main() -> None:
     peers = {m: _peers.settings(budget // epochs, budget, epochs).get(m.split("+MO-ASHA")[0]) for m in methods
              if m.split("+MO-ASHA")[0] in _peers.settings(budget // epochs, budget, epochs)}
 
-    write = _writer(name, {
+    payload = {
         "curves_file": curves_file.name, "grid": args.grid, "configurations": len(curves),
         "unrecorded_grid_points": unrecorded, "epochs": epochs, "budget_epochs": budget, "seeds": args.seeds,
         "trial_seeds_per_configuration": max(len(c.get("seeds", [None])) for c in curves.values()),
@@ -785,22 +800,65 @@ def main() -> None:
         "reference_point": {"val_acc": reference[0], "log10_throughput": reference[1]},
         "true_front_hypervolume": true_volume, "best_single_config_share": best_single / true_volume,
         "mapping": "every method's proposal goes to the nearest recorded configuration (benchmarks._peers.snap)",
-        "peer_settings": peers, "syne_tune": SYNE_TUNE, "syne_tune_ranking_check": check}, budget, true_volume)
-    runs: dict[str, list] = {}
-    seconds, asks = {}, {}
-    for method in methods:
-        start = time.perf_counter()
-        runs[method], asks[method] = [], []
-        seeds = args.slow_seeds if method in slow else args.seeds
-        for seed in range(seeds):
-            runs[method].append(replay(method, curves=curves, grid=grid, epochs=epochs, budget=budget, seed=seed,
-                                       reference=reference, asks=asks[method]))
-            seconds[method] = time.perf_counter() - start
-            if method in slow or seed == seeds - 1:
-                path, result = write(methods, runs, seconds, asks)  # a long run stopped early keeps what it has
-        print(f"  {method}: {len(runs[method])} searches in {seconds[method]:.0f} s", flush=True)
+        "peer_settings": peers, "syne_tune": SYNE_TUNE, "syne_tune_ranking_check": check}
+    write = _writer(name, payload, budget, true_volume)
+    seeds = {m: args.slow_seeds if m in slow else args.seeds for m in methods}
+    prior = _resumed(result_path(name), payload, methods) if args.resume else {}
+
+    def one(method: str, seed: int, asks: list[float]) -> list:
+        return replay(method, curves=curves, grid=grid, epochs=epochs, budget=budget, seed=seed,
+                      reference=reference, asks=asks)
+
+    result, path = replay_methods(methods, seeds, one, write, slow=slow, prior=prior)
     _print_table(methods, result)
     print(f"wrote {path}")
+
+
+def replay_methods(methods: list[str], seeds: dict[str, int], one, write, *, slow: list[str],
+                   prior: dict | None = None) -> tuple[dict, Path]:
+    """Run ``one(method, seed, asks)`` for each method's seeds, after those ``prior`` already holds
+    (``_resumed``: histories, proposal seconds and wall seconds per method); a slow method's JSON is
+    written after every seed, so a long run stopped early keeps what it has."""
+    prior = prior or {}
+    runs = {m: list(prior.get("histories", {}).get(m, [])) for m in methods}
+    asks = {m: list(prior.get("asks", {}).get(m, [])) for m in methods}
+    seconds = {m: float(prior.get("seconds", {}).get(m, 0.0)) for m in methods}
+    result, path = {}, None
+    for method in methods:
+        start = time.perf_counter() - seconds[method]
+        first = len(runs[method])
+        for seed in range(first, seeds[method]):
+            runs[method].append(one(method, seed, asks[method]))
+            seconds[method] = time.perf_counter() - start
+            if method in slow or seed == seeds[method] - 1:
+                path, result = write(methods, runs, seconds, asks)
+        if first >= seeds[method] and path is None and method == methods[-1]:
+            path, result = write(methods, runs, seconds, asks)  # nothing left to run: the summary of what is held
+        print(f"  {method}: {len(runs[method])} searches ({first} resumed) in {seconds[method]:.0f} s", flush=True)
+    if path is None:
+        path, result = write(methods, runs, seconds, asks)
+    return result, path
+
+
+def _resumed(path: Path, payload: dict, methods: list[str]) -> dict:
+    """What an earlier run of the same replay left in ``path``: its histories, proposal seconds and
+    wall seconds per method. The run must have replayed the same recording with the same budget."""
+    import json
+
+    if not path.exists():
+        return {}
+    old = json.loads(path.read_text())
+    same = ("curves_file", "grid", "budget_epochs", "reference_point", "true_front_hypervolume")
+    differs = [k for k in same if old.get(k) != payload.get(k)]
+    if differs:
+        raise SystemExit(f"--resume: {path.name} replayed another setting ({differs[0]}: {old.get(differs[0])!r}, "
+                         f"now {payload.get(differs[0])!r}); give another --result-name or drop --resume")
+    if "histories" not in old:
+        raise SystemExit(f"--resume: {path.name} holds no histories (written before --resume existed); "
+                         "drop --resume to replay from seed 0")
+    return {"histories": {m: [[tuple(p) for p in h] for h in hs] for m, hs in old["histories"].items() if m in methods},
+            "asks": {m: a for m, a in old.get("ask_seconds", {}).items() if m in methods},
+            "seconds": {m: old["methods"][m]["seconds"] for m in old.get("histories", {}) if m in methods}}
 
 
 def _writer(name: str, payload: dict, budget: int, true_volume: float):
@@ -810,7 +868,8 @@ def _writer(name: str, payload: dict, budget: int, true_volume: float):
         result = _summarise(done, runs, budget, true_volume, seconds, asks)
         return write_result(name, {**payload, **result, "complete": done == methods and all(
             len(runs[m]) == (payload["slow_seeds"] if m in payload["slow_methods"] else payload["seeds"])
-            for m in methods)}), result
+            for m in methods), "histories": {m: runs[m] for m in done},
+            "ask_seconds": {m: asks[m] for m in done}}), result
     return write
 
 

@@ -232,19 +232,21 @@ GRID_MAX_SEEDS = 100  # a grid's seeds per point, at most
 
 
 class AlgorithmSpec(Record):
-    """An Optuna sampler (tpe, gp, nsga2, random), or ``grid``: every point of the space (the product
-    of each knob's values), each trained with ``seeds`` seeds, for ablations (`grid_points`)."""
+    """An Optuna sampler (tpe, gp, nsga2, random; botorch: BoTorch's qLogNEHVI over every point of a
+    finite space, search.study.finite_bo), or ``grid``: every point of the space (the product of
+    each knob's values), each trained with ``seeds`` seeds, for ablations (`grid_points`)."""
 
-    name: one_of("tpe", "gp", "nsga2", "random", "grid") = "tpe"  # type: ignore[valid-type]
+    name: one_of("tpe", "gp", "botorch", "nsga2", "random", "grid") = "tpe"  # type: ignore[valid-type]
     seed: Annotated[Whole, Field(ge=0, le=2**32 - 1)] = 0  # numpy's seeds: 0 to 2**32 - 1; others fail the sampler mid-run
-    n_startup_trials: Annotated[Whole, Field(ge=0)] | None = None  # tpe, gp: random trials before the model kicks in
+    n_startup_trials: Annotated[Whole, Field(ge=0)] | None = None  # tpe, gp, botorch: random trials before the model kicks in
     # grid: seeds per point, seed + 0 .. seed + seeds - 1 (None: 1; left out of the hash of other studies)
     seeds: Annotated[Whole, Field(ge=1, le=GRID_MAX_SEEDS)] | None = None
 
     @model_validator(mode="after")
     def _check(self) -> "AlgorithmSpec":
-        if self.n_startup_trials is not None and self.name not in ("tpe", "gp"):
-            raise FieldError("n_startup_trials", f"only tpe and gp start with random trials; remove it for {self.name}")
+        if self.n_startup_trials is not None and self.name not in ("tpe", "gp", "botorch"):
+            raise FieldError("n_startup_trials", f"only tpe, gp and botorch start with random trials; remove it for "
+                             f"{self.name}")
         if self.seeds is not None and self.name != "grid":
             raise FieldError("seeds", f"only a grid trains each point with several seeds; remove it for {self.name} "
                              "(or use budget.confirm for further seeds of the front)")

@@ -24,9 +24,10 @@ from search.spec.validation import FieldError, Record, first_error
 from trainers.config import TRAIN_KEYS, Constraint, SettingError, ThroughputSettings, TrainSettings
 from trainers.errors import ConfigError
 
-__all__ = ["SearchSpec", "to_plain", "grid_values", "GRID_MAX_POINTS"]
+__all__ = ["SearchSpec", "to_plain", "grid_values", "GRID_MAX_POINTS", "BOTORCH_MAX_POINTS"]
 
 GRID_MAX_POINTS = 1000  # a grid's points (the product of its knobs' values), at most
+BOTORCH_MAX_POINTS = 20_000  # algorithm botorch scores every point once per COMPLETE trial
 
 
 def grid_values(param: ParamSpec) -> tuple[Any, ...] | None:
@@ -120,6 +121,15 @@ class SearchSpec(Record):
         # left out: the scheduler docs/spec.md advises for this many objectives (frozen record, so set in place once)
         object.__setattr__(self, "scheduler", self.scheduler.resolved(len(self.objectives)))
         self._scale_epochs()
+        if self.algorithm.name == "botorch":
+            self._check_finite("botorch", BOTORCH_MAX_POINTS, "use tpe or gp")
+            points = math.prod(_grid_size(p) for p in self.all_params().values())
+            if self.budget.trials is not None and self.budget.trials > points:
+                raise FieldError("budget.trials", f"is {self.budget.trials}, but botorch proposes each of the space's "
+                                 f"{points} points once; lower it to at most {points}, or list more values")
+            if len(self.objectives) < 2:
+                raise FieldError("algorithm.name", "botorch maximises the expected hypervolume improvement of two or "
+                                 "more objectives; with one objective use gp")
         if self.algorithm.name == "grid":
             self._check_grid()
             if self.budget.trials is None:  # what a grid runs; frozen record, so set in place once
@@ -146,25 +156,32 @@ class SearchSpec(Record):
         object.__setattr__(self, "budget", budget.model_copy(update={"max_epochs": epochs}))
 
     def _check_grid(self) -> None:
-        if self.conditional:
-            raise FieldError("models", "a grid runs one model; conditional spaces (several models:) are not supported "
-                             "for algorithm: grid: run one grid study per model")
         if self.budget.confirm is not None:
             raise FieldError("budget.confirm", "a grid trains every point with algorithm.seeds seeds already; "
                              "remove budget.confirm (or raise algorithm.seeds)")
+        self._check_finite("grid", GRID_MAX_POINTS, "run one grid study per model")
+
+    def _check_finite(self, name: str, most: int, otherwise: str) -> None:
+        """One model's space, every knob a list of values, at most ``most`` points (grid, botorch);
+        ``otherwise``: what to do instead, for the error."""
+        what = "a grid runs one model" if name == "grid" else "botorch scores the points of one model's space"
+        if self.conditional:
+            raise FieldError("models", f"{what}; conditional spaces (several models:) are not supported for "
+                             f"algorithm: {name}: {otherwise}")
         params = {f"space.{k}": p for k, p in self.space.items()}
         params.update({f"models[0].space.{k}": p for k, p in self.candidates[0].space.items()})
         points = 1
         for path, param in params.items():
             knob = path.rsplit(".", 1)[1]
             if param.type in ("uniform", "loguniform"):
-                raise FieldError(path, f"grid: knob {knob} is continuous; list its values with type: choice")
+                raise FieldError(path, f"{name}: knob {knob} is continuous; list its values with type: choice"
+                                 + ("" if name == "grid" else f", or {otherwise}"))
             if param.type == "choice" and len(_distinct(param.values or ())) != len(param.values or ()):
-                raise FieldError(path, f"grid: knob {knob} lists a value twice; list each value once")
+                raise FieldError(path, f"{name}: knob {knob} lists a value twice; list each value once")
             points *= _grid_size(param)
-        if points > GRID_MAX_POINTS:
+        if points > most:
             sizes = " x ".join(str(_grid_size(p)) for p in params.values())
-            raise FieldError("space", f"grid of {points} points ({sizes} values), more than {GRID_MAX_POINTS}; "
+            raise FieldError("space", f"{name} of {points} points ({sizes} values), more than {most}; "
                              "list fewer values (type: choice) or give int ranges a larger step")
 
     # -- derived -------------------------------------------------------------------------

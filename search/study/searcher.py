@@ -282,13 +282,37 @@ class OptunaSpace:
                 trial.suggest_float(key, p.low, p.high, log=p.type == "loguniform", step=p.step)
         return ordered or None
 
+    def distributions(self) -> dict[str, Any]:
+        """The Optuna distribution of every knob of a space of one model, as ``__call__`` suggests it."""
+        from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+        assert len(self.per_model) == 1, "distributions of a conditional space"
+        out: dict[str, Any] = {}
+        for key, p in {**next(iter(self.per_model.values())), **self.shared}.items():
+            if p.type == "choice" and p.ordered:
+                out[key] = IntDistribution(0, len(p.values) - 1)
+            elif p.type == "choice":
+                out[key] = CategoricalDistribution(list(p.values))
+            elif p.type == "int":
+                out[key] = IntDistribution(int(p.low), int(p.high), step=int(p.step or 1), log=p.log)
+            else:
+                out[key] = FloatDistribution(p.low, p.high, log=p.type == "loguniform", step=p.step)
+        return out
+
 
 def make_sampler(spec: SearchSpec):
     """The spec's Optuna sampler (``algorithm``): TPE, Optuna's GP (LogEHVI for several
-    objectives), NSGA-II or random, seeded."""
+    objectives), BoTorch's qLogNEHVI over a finite space (search.study.finite_bo), NSGA-II or
+    random, seeded."""
     import optuna
 
     algorithm = spec.algorithm
+    if algorithm.name == "botorch":
+        from search.study.finite_bo import STARTUP_TRIALS, FiniteQNEHVISampler
+
+        space = OptunaSpace(spec.space, {m.name: m.space for m in spec.candidates}).distributions()
+        return FiniteQNEHVISampler(space, seed=algorithm.seed, n_startup_trials=STARTUP_TRIALS
+                                   if algorithm.n_startup_trials is None else algorithm.n_startup_trials)
     # With constraints, rejected trials count as infeasible, so the model learns to avoid them.
     constraints = {"constraints_func": constraint_violation} if spec.constraints else {}
     if algorithm.name == "tpe":

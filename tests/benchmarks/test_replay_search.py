@@ -314,3 +314,57 @@ def test_the_curve_follows_a_volume_that_falls():
     history = [(2, 0.3), (4, 0.1)]
     assert list(curve(history, range(6))) == [0.0, 0.0, 0.3, 0.3, 0.1, 0.1]
     assert at_epochs(history, 5) == 0.1
+
+
+def test_a_resumed_replay_runs_only_the_seeds_it_lacks_and_ends_where_one_run_would(tmp_path, monkeypatch):
+    import json
+
+    import benchmarks.replay_search as rs
+    from benchmarks.replay_search import _resumed, _writer, replay_methods
+
+    def write_result(name, record):  # what benchmarks._env.write_result writes, into tmp_path
+        (tmp_path / f"{name}.json").write_text(json.dumps(record))
+        return tmp_path / f"{name}.json"
+
+    monkeypatch.setattr(rs, "write_result", write_result)
+
+    curves, epochs = load_curves(_recording(tmp_path), GRID)
+    finals = [[c["best"][-1], c["log_throughput"]] for c in curves.values()]
+    reference = [min(p[0] for p in finals), min(p[1] for p in finals)]
+    true = hypervolume(finals, modes=["max", "max"], reference=reference)
+    payload = {"curves_file": "curves.parquet", "grid": "t", "budget_epochs": 24, "reference_point": reference,
+               "true_front_hypervolume": true, "seeds": 4, "slow_seeds": 3, "slow_methods": ["nsga2"]}
+    methods, calls = ["tpe+MO-ASHA", "nsga2"], []
+
+    def one(method, seed, asks):
+        calls.append((method, seed))
+        return replay(method, curves=curves, grid=GRID, epochs=epochs, budget=24, seed=seed, reference=reference,
+                      asks=asks)
+
+    def run(name, seeds, prior=None):
+        return replay_methods(methods, seeds, one, _writer(name, payload, 24, true), slow=["nsga2"], prior=prior)
+
+    whole, _ = run("whole", {"tpe+MO-ASHA": 4, "nsga2": 3})
+    calls.clear()
+    run("part", {"tpe+MO-ASHA": 2, "nsga2": 1})
+    assert calls == [("tpe+MO-ASHA", 0), ("tpe+MO-ASHA", 1), ("nsga2", 0)]
+    calls.clear()
+    resumed, path = run("part", {"tpe+MO-ASHA": 4, "nsga2": 3}, prior=_resumed(tmp_path / "part.json", payload, methods))
+    assert calls == [("tpe+MO-ASHA", 2), ("tpe+MO-ASHA", 3), ("nsga2", 1), ("nsga2", 2)]  # only what it lacked
+    assert resumed["per_seed"] == whole["per_seed"] and resumed["methods"].keys() == whole["methods"].keys()
+    assert json.loads(path.read_text())["complete"]
+    with pytest.raises(SystemExit, match="budget_epochs"):  # another budget: refuse, name the fix
+        _resumed(tmp_path / "part.json", {**payload, "budget_epochs": 12}, methods)
+
+
+@pytest.mark.parametrize("stopping", ["", "+MO-ASHA"])
+def test_the_products_botorch_sampler_replays_as_the_botorch_grid_peer_on_a_full_grid(tmp_path, stopping):
+    # the same rule written twice: search.study.finite_bo as an Optuna sampler (algorithm: botorch),
+    # and benchmarks._peers.DiscreteQNEHVI against the recording. On a full grid, with the knobs as
+    # ordered indices, they propose the same configurations and so replay the same curve.
+    curves, epochs = load_curves(_recording(tmp_path), GRID)
+    finals = [[c["best"][-1], c["log_throughput"]] for c in curves.values()]
+    reference = [min(p[0] for p in finals), min(p[1] for p in finals)]
+    runs = {m: replay(m + stopping, curves=curves, grid=GRID, epochs=epochs, budget=11 * EPOCHS, seed=5,
+                      reference=reference) for m in ("botorch", "botorch-grid")}
+    assert runs["botorch"] == runs["botorch-grid"] and len(runs["botorch"]) >= 11

@@ -130,7 +130,7 @@ MALFORMED = [
     # holes the hand-written checker left open (each value used to pass and fail the run later)
     ({"algorithm": {"name": "tpe", "n_startup_trials": -5}}, "algorithm.n_startup_trials: must be >= 0, got -5"),
     ({"algorithm": {"name": "random", "n_startup_trials": 5}},
-     "algorithm.n_startup_trials: only tpe and gp start with random trials; remove it for random"),
+     "algorithm.n_startup_trials: only tpe, gp and botorch start with random trials; remove it for random"),
     ({"algorithm": {"seed": -1}}, "algorithm.seed: must be >= 0, got -1"),
     ({"budget.time_limit_s": float("nan")}, "budget.time_limit_s: must be a finite number, got nan"),
     ({"train": {"weight_decay": float("inf")}}, "train.weight_decay: must be a finite number, got inf"),
