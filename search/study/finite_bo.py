@@ -109,8 +109,13 @@ class FiniteQNEHVISampler(BaseSampler):
         key = (len(complete), pending)
         if self._scores is not None and self._scores[0] == key:
             return self._scores[1]
-        with warnings.catch_warnings():
+        import torch
+
+        # torch's generator, seeded by the number of COMPLETE trials and left as it was: the fit's
+        # restarts and the baseline's pruning (prune_inferior_points samples the posterior) draw from it
+        with warnings.catch_warnings(), torch.random.fork_rng():
             warnings.filterwarnings("ignore", module="botorch|linear_operator|gpytorch")  # input-scaling advice, per fit
+            torch.manual_seed(self._seed + len(complete))
             self._scores = (key, self._score(complete, pending, directions))
         return self._scores[1]
 
@@ -120,10 +125,8 @@ class FiniteQNEHVISampler(BaseSampler):
         x = torch.tensor([self._encode(self._point(t.params)) for t in complete], dtype=torch.float64)
         y = torch.tensor([[s * v for s, v in zip(signs, t.values)] for t in complete], dtype=torch.float64)
         if self._fitted is None or self._fitted[0] != len(complete):
-            with torch.random.fork_rng():  # the fit's restarts draw from torch's generator: seed it, leave it as it was
-                torch.manual_seed(self._seed + len(complete))
-                model = parts.gp(x, y, outcome_transform=parts.standardize(m=y.shape[-1]))
-                parts.fit(parts.mll(model.likelihood, model))
+            model = parts.gp(x, y, outcome_transform=parts.standardize(m=y.shape[-1]))
+            parts.fit(parts.mll(model.likelihood, model))
             self._fitted = (len(complete), model)
         model = self._fitted[1]
         acqf = parts.acq(model=model, ref_point=(y.min(dim=0).values - 1e-8).tolist(), X_baseline=x,

@@ -27,6 +27,7 @@ import copy
 import logging
 import math
 import pickle
+import warnings
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -170,7 +171,11 @@ class HonestOptunaSearch(OptunaSearch):
         """Optuna's next configuration, with the journal at a URI holding the trial before Tune
         can snapshot it: a resume elsewhere replays that journal, and a trial it lacked would give
         its Optuna id to the next trial sampled there (whose trial the first one's end then told)."""
-        suggestion = super().suggest(trial_id)
+        with warnings.catch_warnings():
+            # Ray times the define-by-run space, and a model-based sampler (gp, botorch) fits inside
+            # it, at the first suggest: its advice to move training out of the space does not apply
+            warnings.filterwarnings("ignore", message="Define-by-run function passed in the `space` argument took")
+            suggestion = super().suggest(trial_id)
         if trial_id in self._ot_trials and getattr(self, "_journal", None) is not None:
             try:
                 self._journal.push([JOURNAL_FILE])
