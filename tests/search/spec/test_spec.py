@@ -234,12 +234,14 @@ def test_unreachable_ray_address_is_a_one_line_error(tmp_path, capsys):
     """Ray retries a dead address for minutes; the CLI checks it first and says what to fix."""
     import socket
 
-    with socket.socket() as sock:  # a loopback port that nobody listens on
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
     spec = tmp_path / "s.yaml"
     spec.write_text(yaml.safe_dump(_with({"dataset.name": "synthetic", "storage": str(tmp_path / "r")})))
-    code = main(["run", str(spec), "--address", f"127.0.0.1:{port}", "--cache-dir", str(tmp_path / "c")])
+    # a loopback port bound and never listened on, held for the whole call: a connection is refused,
+    # and no other process (a Ray cluster of a test running beside this one) can take the port
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+        code = main(["run", str(spec), "--address", f"127.0.0.1:{port}", "--cache-dir", str(tmp_path / "c")])
     err = capsys.readouterr().err
     assert code == 2 and "no Ray head node answers there" in err and err.count("\n") == 1
     assert not (tmp_path / "r").exists()  # nothing written for a run that never started
