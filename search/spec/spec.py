@@ -122,8 +122,7 @@ class SearchSpec(Record):
         object.__setattr__(self, "scheduler", self.scheduler.resolved(len(self.objectives)))
         self._scale_epochs()
         if self.algorithm.name == "botorch":
-            self._check_finite("botorch", BOTORCH_MAX_POINTS, "use tpe or gp")
-            points = math.prod(_grid_size(p) for p in self.all_params().values())
+            points = self._check_finite("botorch", BOTORCH_MAX_POINTS, "use tpe or gp")
             if self.budget.trials is not None and self.budget.trials > points:
                 raise FieldError("budget.trials", f"is {self.budget.trials}, but botorch proposes each of the space's "
                                  f"{points} points once; lower it to at most {points}, or list more values")
@@ -161,9 +160,9 @@ class SearchSpec(Record):
                              "remove budget.confirm (or raise algorithm.seeds)")
         self._check_finite("grid", GRID_MAX_POINTS, "run one grid study per model")
 
-    def _check_finite(self, name: str, most: int, otherwise: str) -> None:
+    def _check_finite(self, name: str, most: int, otherwise: str) -> int:
         """One model's space, every knob a list of values, at most ``most`` points (grid, botorch);
-        ``otherwise``: what to do instead, for the error."""
+        ``otherwise``: what to do instead, for the error. Returns the number of points."""
         what = "a grid runs one model" if name == "grid" else "botorch scores the points of one model's space"
         if self.conditional:
             raise FieldError("models", f"{what}; conditional spaces (several models:) are not supported for "
@@ -183,6 +182,7 @@ class SearchSpec(Record):
             sizes = " x ".join(str(_grid_size(p)) for p in params.values())
             raise FieldError("space", f"{name} of {points} points ({sizes} values), more than {most}; "
                              "list fewer values (type: choice) or give int ranges a larger step")
+        return points
 
     # -- derived -------------------------------------------------------------------------
     @property
