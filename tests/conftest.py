@@ -51,6 +51,20 @@ def _one_torch_thread_per_xdist_worker():
     yield
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _no_ray_left_running():
+    """A test file that starts Ray in this process (``main(["run", ...])`` leaves it up, as the CLI's
+    process ends there) must not hand it to the next file on this xdist worker: a test that starts
+    its own local cluster would fail with "called ray.init twice". Per file, not per test: a file's
+    tests may share one cluster (a module fixture, torn down before this one)."""
+    yield
+    import sys
+
+    ray = sys.modules.get("ray")  # a file that never imported Ray started none
+    if ray is not None and ray.is_initialized():
+        ray.shutdown()
+
+
 @pytest.fixture()
 def s3(monkeypatch):
     """A real S3-protocol server (moto's) on loopback, with credentials in the environment."""
