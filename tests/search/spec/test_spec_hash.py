@@ -43,16 +43,16 @@ SHIPPED = {
     ("studies/convit_small_data.yaml", "gpu"): "276c2ffb971a0503",
     ("studies/gmm_kernels.yaml", "cpu"): "c022b1733c646b73",
     ("studies/gmm_kernels.yaml", "gpu"): "500f53942aa169ae",
-    ("studies/refiner_expansion.yaml", "cpu"): "b9d0385b6a3967b0",
-    ("studies/refiner_expansion.yaml", "gpu"): "4a6e996c1706cc05",
+    ("studies/refiner_expansion.yaml", "cpu"): "162b8988d369ec50",
+    ("studies/refiner_expansion.yaml", "gpu"): "60abdf9c3840a2df",
     ("studies/tcnn_reparam.yaml", "cpu"): "63c7f7d4a6fafada",
     ("studies/tcnn_reparam.yaml", "gpu"): "3c5a1e13f014a828",
     ("studies/vit_control.yaml", "cpu"): "484eddafc1eff06e",
     ("studies/vit_control.yaml", "gpu"): "eb197479e8c43f30",
     ("studies/gmm_mask_off.yaml", "cpu"): "8516524809775ff3",
     ("studies/gmm_mask_off.yaml", "gpu"): "3e4f584e7a01b916",
-    ("studies/refiner_kernel.yaml", "cpu"): "abf9bf3970dae53f",
-    ("studies/refiner_kernel.yaml", "gpu"): "24aa4b8f75412d9d",
+    ("studies/refiner_kernel.yaml", "cpu"): "5ec5e1c8d8a8f5e1",
+    ("studies/refiner_kernel.yaml", "gpu"): "29820b201367e0fe",
 }
 
 TWO = GOOD  # two objectives, no scheduler
