@@ -32,6 +32,9 @@ Methods (ours last):
   random+MO-ASHA-quota, tpe+MO-ASHA-quota
                      the same without rule 4 (a trial on its rung's front always goes on): the
                      quota of the rung's order alone decides (keep_front=False), as published
+  tpe+MO-ASHA-late   the same with MO-ASHA's first rung later on long budgets: at
+                     max(1, round(epochs / 16)) epochs (1 on an 8-epoch grid, 3 on LCBench's 52),
+                     the rule chosen on LCBench 126025 (not run by default: --methods)
   tpe-ordered, tpe-ordered+MO-ASHA
                      TPE told each knob as its position among its ordered values (an int), as a
                      spec's `ordered: true` choice or int range gives it, where `tpe` sees
@@ -108,7 +111,8 @@ METHODS = ("random", "tpe", "nsga2", "random+ASHA", "syne-MOASHA", "syne-MOASHA-
            "tpe-ordered", "tpe-ordered+MO-ASHA")
 OURS = ("tpe+MO-ASHA", "tpe-ordered+MO-ASHA", "random+MO-ASHA")
 BOTORCH = ("botorch", "botorch+MO-ASHA")  # the product's algorithm: botorch (search.study.finite_bo)
-ALL_METHODS = (*METHODS, *BOTORCH, *_peers.STRONG)
+LATE = ("tpe+MO-ASHA-late",)  # a candidate: MO-ASHA's first rung at a sixteenth of the epochs
+ALL_METHODS = (*METHODS, *LATE, *BOTORCH, *_peers.STRONG)
 SLOW = ("botorch-qNEHVI", "botorch-qNEHVI+MO-ASHA", "botorch-grid", "botorch-grid+MO-ASHA", "gp", "gp+MO-ASHA",
         *BOTORCH)  # a GP proposal takes seconds: fewer seeds
 SYNE_TUNE = "syne-tune==0.16.0"
@@ -224,7 +228,8 @@ class _Stopping:
 
     def __init__(self, method: str, epochs: int):
         if "MO-ASHA" in method:
-            self._scheduler = MOASHAScheduler(objectives=OBJECTIVES, time_attr="epoch", max_t=epochs, grace_period=1,
+            grace = max(1, round(epochs / 16)) if method.endswith("-late") else 1
+            self._scheduler = MOASHAScheduler(objectives=OBJECTIVES, time_attr="epoch", max_t=epochs, grace_period=grace,
                                               reduction_factor=2,
                                               ranking="hv_contribution" if method.endswith("-hvc") else "crowding",
                                               keep_front=not method.endswith("-quota"))

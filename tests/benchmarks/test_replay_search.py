@@ -12,7 +12,7 @@ import pytest
 
 from benchmarks.record_curves import schema
 from benchmarks import _peers
-from benchmarks.replay_search import (METHODS, at_epochs, epochs_to_reach, friedman, holm, load_curves, ranks,
+from benchmarks.replay_search import (LATE, METHODS, at_epochs, epochs_to_reach, friedman, holm, load_curves, ranks,
                                       replay)
 from search.results.hypervolume import hypervolume
 from search.results.store import write_atomic
@@ -41,7 +41,7 @@ def _recording(tmp_path, skip=()):
 _NEEDS = {"botorch": "botorch", "smac": "smac", "dehb": "dehb"}
 
 
-@pytest.mark.parametrize("method", [m for m in (*METHODS, *_peers.STRONG) if not m.startswith("syne")])
+@pytest.mark.parametrize("method", [m for m in (*METHODS, *LATE, *_peers.STRONG) if not m.startswith("syne")])
 def test_every_method_keeps_the_budget_and_fronts_hold_full_budget_trials_only(tmp_path, method):
     for prefix, module in _NEEDS.items():
         if method.startswith(prefix):
@@ -368,3 +368,16 @@ def test_the_products_botorch_sampler_replays_as_the_botorch_grid_peer_on_a_full
     runs = {m: replay(m + stopping, curves=curves, grid=GRID, epochs=epochs, budget=11 * EPOCHS, seed=5,
                       reference=reference) for m in ("botorch", "botorch-grid")}
     assert runs["botorch"] == runs["botorch-grid"] and len(runs["botorch"]) >= 11
+
+
+def test_the_late_variant_puts_the_first_rung_at_a_sixteenth_of_the_epochs_and_is_ours_on_short_budgets(tmp_path):
+    from benchmarks.replay_search import _Stopping
+
+    # max(1, round(epochs / 16)): LCBench's 52 epochs -> 3 (rungs 3, 6, 12, 24, 48); 8 -> 1; 40 -> 2 (round half to even)
+    assert _Stopping("tpe+MO-ASHA-late", 52)._scheduler.milestones == [3, 6, 12, 24, 48]
+    assert _Stopping("tpe+MO-ASHA-late", 40)._scheduler.milestones == [2, 4, 8, 16, 32]
+    assert _Stopping("tpe+MO-ASHA-late", 8)._scheduler.milestones == _Stopping("tpe+MO-ASHA", 8)._scheduler.milestones == [1, 2, 4]
+    curves, epochs = load_curves(_recording(tmp_path), GRID)  # 4 epochs: the same first rung, the same search
+    runs = [replay(m, curves=curves, grid=GRID, epochs=epochs, budget=40, seed=1, reference=[0.0, 0.0])
+            for m in ("tpe+MO-ASHA", "tpe+MO-ASHA-late")]
+    assert runs[0] == runs[1]
