@@ -98,6 +98,7 @@ from benchmarks.record_curves import DATA_DIR, GRIDS as RECORDED_GRIDS
 from search.results.hypervolume import hypervolume
 from search.results.pareto import pareto_mask
 from search.results.store import read_table
+from search.spec.records import first_rung
 from search.study.finite_bo import FiniteQNEHVISampler
 from search.study.mo_asha import MOASHAScheduler
 from search.study.searcher import optuna_state_for
@@ -228,7 +229,7 @@ class _Stopping:
 
     def __init__(self, method: str, epochs: int):
         if "MO-ASHA" in method:
-            grace = max(1, round(epochs / 16)) if method.endswith("-late") else 1
+            grace = first_rung(epochs) if method.endswith("-late") else 1
             self._scheduler = MOASHAScheduler(objectives=OBJECTIVES, time_attr="epoch", max_t=epochs, grace_period=grace,
                                               reduction_factor=2,
                                               ranking="hv_contribution" if method.endswith("-hvc") else "crowding",

@@ -187,6 +187,13 @@ class ConfirmSpec(Record):
         return self.replicates if self.replicates is not None else self.top * self.seeds
 
 
+def first_rung(max_epochs: int) -> int:
+    """The default first rung of a stopping scheduler: max(1, round(max_epochs / 16)) epochs, 1 up
+    to 23 epochs. A 1-epoch rung stops late bloomers on long budgets; this rule was chosen on LCBench
+    task 126025 and held out on 126029 (docs/search_efficiency.md, "A later first rung")."""
+    return max(1, round(max_epochs / 16))
+
+
 MAX_TRIALS = 100_000  # the driver keeps every trial's row, Tune every trial's state: split a larger search
 
 
@@ -197,7 +204,8 @@ class Budget(Record):
     # full_data_epochs / f epochs (rounded up), so every fraction sees as many images (ConViT's
     # Table 2 protocol); with patience, a cap
     full_data_epochs: Number | None = None
-    grace_epochs: Whole = 1
+    # the scheduler's first rung; left out: first_rung(max_epochs) under asha/mo_asha, 1 without one
+    grace_epochs: Whole | None = None
     patience: Whole | None = None
     time_limit_s: Number | None = None
     max_failures: Whole = 0  # retries of a trial that raised (from its last checkpoint)
@@ -217,7 +225,7 @@ class Budget(Record):
             raise FieldError("full_data_epochs", f"must be above 0, got {self.full_data_epochs}")
         if self.max_epochs is not None and self.max_epochs < 1:
             raise FieldError("max_epochs", f"must be at least 1, got {self.max_epochs}")
-        if self.max_epochs is not None and not 1 <= self.grace_epochs <= self.max_epochs:
+        if self.max_epochs is not None and self.grace_epochs is not None and not 1 <= self.grace_epochs <= self.max_epochs:
             raise FieldError("grace_epochs", f"must be between 1 and max_epochs ({self.max_epochs}), got {self.grace_epochs}")
         if self.patience is not None and self.patience < 1:
             raise FieldError("patience", f"must be at least 1 epoch (or leave it out), got {self.patience}")

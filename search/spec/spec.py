@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import Field, ValidationError, model_validator
 
 from search.spec.records import (AlgorithmSpec, Budget, DatasetSpec, ModelSpec, Objective, ParamSpec, Resources,
-                                 SchedulerSpec, ThroughputSettingsField, TrainSettingsField)
+                                 SchedulerSpec, ThroughputSettingsField, TrainSettingsField, first_rung)
 from search.spec.validation import FieldError, Record, first_error
 from trainers.config import TRAIN_KEYS, Constraint, SettingError, ThroughputSettings, TrainSettings
 from trainers.errors import ConfigError
@@ -149,7 +149,7 @@ class SearchSpec(Record):
             raise FieldError("budget.max_epochs", f"is {budget.max_epochs}, but full_data_epochs "
                              f"{budget.full_data_epochs:g} at train_fraction {self.dataset.train_fraction:g} is {epochs} "
                              "epochs; give one of the two")
-        if not 1 <= budget.grace_epochs <= epochs:
+        if budget.grace_epochs is not None and not 1 <= budget.grace_epochs <= epochs:
             raise FieldError("budget.grace_epochs", f"must be between 1 and max_epochs ({epochs}, from full_data_epochs), "
                              f"got {budget.grace_epochs}")
         object.__setattr__(self, "budget", budget.model_copy(update={"max_epochs": epochs}))
@@ -264,12 +264,23 @@ class SearchSpec(Record):
         return Path(self.storage).expanduser().resolve() / self.name
 
     @property
+    def grace_epochs(self) -> int:
+        """The scheduler's first rung: budget.grace_epochs, or where left out, ``first_rung`` of the
+        epochs under asha or mo_asha (1 without a scheduler, where it stops nothing)."""
+        if self.budget.grace_epochs is not None:
+            return self.budget.grace_epochs
+        return 1 if self.scheduler.name == "none" else first_rung(self.budget.max_epochs)
+
+    @property
     def spec_hash(self) -> str:
         """Identifies what was searched (not where results go or how many trials were asked)."""
         data = to_plain(self)
         for key in ("storage", "source", "description", "profile"):
             data.pop(key, None)
         data["budget"].pop("trials", None)
+        # the rung trained, not how it was given: grace left out hashes as its value (1 before the
+        # default followed the epochs, so those studies keep their hash)
+        data["budget"]["grace_epochs"] = self.grace_epochs
         for section, key in ADDED_KEYS:  # left unset: studies from before the key keep their hash
             if data[section].get(key) is None:
                 data[section].pop(key, None)
@@ -300,7 +311,8 @@ class SearchSpec(Record):
         budget = self.budget
         if budget_changes:
             if "max_epochs" in budget_changes:
-                budget_changes.setdefault("grace_epochs", min(budget.grace_epochs, budget_changes["max_epochs"]))
+                if budget.grace_epochs is not None:  # left out, it follows the new epochs
+                    budget_changes.setdefault("grace_epochs", min(budget.grace_epochs, budget_changes["max_epochs"]))
                 budget_changes["full_data_epochs"] = None  # --max-epochs replaces the scaled count
             budget = _override(Budget, {**dict(budget), **budget_changes})
         dataset = self.dataset if dataset_dir is None else self.dataset.model_copy(update={"data_dir": dataset_dir})

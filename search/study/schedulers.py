@@ -23,7 +23,7 @@ def scheduler_for(spec: SearchSpec, *, confirmation: bool = False):
     scheduler = spec.scheduler
     if confirmation or scheduler.name == "none":
         return FIFOScheduler()
-    rungs = dict(time_attr="training_iteration", max_t=spec.budget.max_epochs, grace_period=spec.budget.grace_epochs,
+    rungs = dict(time_attr="training_iteration", max_t=spec.budget.max_epochs, grace_period=spec.grace_epochs,
                  reduction_factor=scheduler.reduction_factor)
     if scheduler.name == "asha":
         return ASHAScheduler(metric=TRIAL_VALUE_OF["val_acc"], mode="max", **rungs)

@@ -117,7 +117,7 @@ def _plan(spec) -> str:
     scaled = f" ({spec.budget.full_data_epochs:g} of the whole split)" if spec.budget.full_data_epochs else ""
     drawn = " (each trial's seed draws its split)" if data.split_per_trial else ""
     return (f"{trials} x up to {count(spec.budget.max_epochs, 'epoch')}{scaled} "
-            f"(scheduler {spec.scheduler.name}, grace {spec.budget.grace_epochs}{limit}) of "
+            f"(scheduler {spec.scheduler.name}, grace {spec.grace_epochs}{limit}) of "
             f"{' / '.join(m.name for m in spec.candidates)} on {data.train_fraction:.0%} of {data.name}'s training "
             f"images{drawn}, batch {spec.train.batch_size}; each trial asks for {', '.join(asks)}"
             + (f"; then up to {count(spec.budget.confirm.top, 'config')} of the front x "

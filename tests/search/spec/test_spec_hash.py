@@ -114,3 +114,47 @@ def test_mo_ashas_options_enter_the_hash_only_when_set(tmp_path):
         assert spec.scheduler.name == "mo_asha" and all(getattr(spec.scheduler, k) == v for k, v in options.items())
         hashes.add(spec.spec_hash)
     assert len(hashes) == 5  # set, even to its default (crowding, true): the hash records what the file set
+
+
+def test_the_first_rung_left_out_follows_the_epochs_by_hand():
+    from search.spec.records import first_rung
+
+    # max(1, round(epochs / 16)), Python's round: halves to even (24/16 = 1.5 -> 2, 40/16 = 2.5 -> 2)
+    assert [first_rung(e) for e in (1, 8, 23, 24, 40, 52, 56, 200)] == [1, 1, 1, 2, 2, 3, 4, 12]
+
+
+def test_grace_left_out_is_the_first_rung_under_a_stopping_scheduler_and_1_without(tmp_path):
+    from search.study.schedulers import scheduler_for
+
+    long = {**TWO, "budget": {"trials": 2, "max_epochs": 52}}
+    assert _load(tmp_path, long).grace_epochs == 3
+    assert scheduler_for(_load(tmp_path, long))._grace_period == 3  # what MO-ASHA trains to before a stop
+    assert _load(tmp_path, {**long, "scheduler": {"name": "asha"}}).grace_epochs == 3
+    assert _load(tmp_path, {**long, "scheduler": {"name": "none"}}).grace_epochs == 1
+    assert _load(tmp_path, {**long, "budget": {"trials": 2, "max_epochs": 52, "grace_epochs": 1}}).grace_epochs == 1
+    assert _load(tmp_path, TWO).grace_epochs == 1  # GOOD's 1 epoch
+
+
+def test_grace_left_out_hashes_as_the_rung_it_trains(tmp_path):
+    def spec(epochs: int, grace: int | None = None, scheduler: str = "mo_asha") -> SearchSpec:
+        budget = {"trials": 2, "max_epochs": epochs} | ({} if grace is None else {"grace_epochs": grace})
+        return _load(tmp_path, {**TWO, "budget": budget, "scheduler": {"name": scheduler}})
+
+    # up to 23 epochs the rung left out is 1, as the default was: those studies keep their hash
+    assert spec(8).spec_hash == spec(8, 1).spec_hash
+    assert spec(23).spec_hash == spec(23, 1).spec_hash
+    # from 24 it is another search, so another hash, the one of the rung it trains
+    assert spec(52).spec_hash != spec(52, 1).spec_hash
+    assert spec(52).spec_hash == spec(52, 3).spec_hash
+    # without a scheduler no rung stops anything: as before
+    assert spec(52, scheduler="none").spec_hash == spec(52, 1, scheduler="none").spec_hash
+    # a study recorded before (experiment.json holds grace_epochs: 1) resumes as it ran
+    recorded = to_plain(spec(52, 1))
+    assert from_plain(SearchSpec, recorded, SpecLocation("experiment.json")).grace_epochs == 1
+
+
+def test_grace_left_out_follows_a_max_epochs_override(tmp_path):
+    assert _load(tmp_path, TWO).with_overrides(max_epochs=52).grace_epochs == 3
+    given = {**TWO, "budget": {"trials": 2, "max_epochs": 8, "grace_epochs": 2}}
+    assert _load(tmp_path, given).with_overrides(max_epochs=52).grace_epochs == 2  # given: kept
+    assert _load(tmp_path, given).with_overrides(max_epochs=1).grace_epochs == 1  # cut to the epochs

@@ -42,7 +42,7 @@ def test_mo_ashas_options_reach_the_scheduler(tmp_path):
     scheduler = scheduler_for(spec)
     assert scheduler.objectives == [("best_val_acc", "max"), ("throughput", "max")]
     assert scheduler.milestones == MOASHAScheduler(objectives=scheduler.objectives, max_t=spec.budget.max_epochs,
-                                                   grace_period=spec.budget.grace_epochs, reduction_factor=3).milestones
+                                                   grace_period=spec.grace_epochs, reduction_factor=3).milestones
     assert (scheduler._ranking, scheduler._keep_front) == ("hv_contribution", False)
     unset = scheduler_for(_spec(tmp_path, scheduler={"name": "mo_asha"}))
     assert (unset._ranking, unset._keep_front) == ("crowding", True)  # MOASHAScheduler's defaults
