@@ -50,6 +50,8 @@ import warnings
 from importlib import metadata
 from types import SimpleNamespace
 
+from benchmarks._conditional import ConditionalGrid, active_knobs
+
 INSTALL = ("pip install -e '.[bench]' and pip install --no-deps dehb==0.1.2 syne-tune==0.16.0 (see pyproject.toml)")
 STRONG = ("botorch-qNEHVI", "botorch-qNEHVI+MO-ASHA", "botorch-grid", "botorch-grid+MO-ASHA", "gp", "gp+MO-ASHA",
           "smac-ParEGO", "smac-ParEGO+HB", "dehb")
@@ -109,10 +111,28 @@ def positions(grid: dict) -> list[dict]:
     return [{v: i / max(len(values) - 1, 1) for i, v in enumerate(values)} for values in grid.values()]
 
 
+def encode(grid: dict, config: tuple) -> list[float]:
+    """A configuration as a GP's input: each knob's position among its values; in a conditional grid
+    the model one-hot and a knob the model lacks at 0 (the one-hot tells it apart from a lowest value)."""
+    if not isinstance(grid, ConditionalGrid):
+        return [index[v] for index, v in zip(positions(grid), config)]
+    active = active_knobs(grid, config)
+    out = [float(config[0] == m) for m in grid["model"]]
+    for (k, _), index, v in list(zip(grid.items(), positions(grid), config))[1:]:
+        out.append(index[v] if k in active else 0.0)
+    return out
+
+
 def snap(grid: dict, recorded, proposal: tuple) -> tuple:
     """The recorded configuration nearest to a proposal: each knob as its position among its
     values (0 to 1, so every knob weighs the same), Euclidean distance, ties to the first in the
-    recording's order. A recorded proposal is itself."""
+    recording's order. A recorded proposal is itself. In a conditional grid the knobs the proposed
+    model lacks are dropped (None), and the nearest is one of that model's configurations."""
+    if isinstance(grid, ConditionalGrid):
+        active = active_knobs(grid, proposal)
+        proposal = tuple(v if k in active else None for k, v in zip(grid, proposal))
+        if proposal not in recorded:
+            recorded = [c for c in recorded if c[0] == proposal[0]]
     if proposal in recorded:
         return proposal
     position = positions(grid)
@@ -120,6 +140,8 @@ def snap(grid: dict, recorded, proposal: tuple) -> tuple:
     def where(config: tuple) -> list[float]:
         out = []
         for index, values, v in zip(position, grid.values(), config):
+            if v is None or isinstance(v, str):  # a knob the model lacks, or the model: equal in every candidate
+                continue
             if v not in index:  # between recorded values: its place on the line through them
                 v = min(values, key=lambda x: abs(x - v))
             out.append(index[v])
@@ -172,7 +194,7 @@ class DiscreteQNEHVI:
                                       gp=SingleTaskGP, standardize=Standardize,
                                       sampler=SobolQMCNormalSampler, mll=ExactMarginalLogLikelihood)
         self._configs = list(configs)
-        self._x = {c: [index[v] for index, v in zip(positions(grid), c)] for c in self._configs}
+        self._x = {c: encode(grid, c) for c in self._configs}
         self._rng = random.Random(seed)
         self._seed = seed
         self._told: list[tuple[tuple, list[float]]] = []
@@ -217,12 +239,25 @@ class DiscreteQNEHVI:
 
 
 def _config_space(grid: dict, seed: int):
+    """Every knob an ordinal hyperparameter; in a conditional grid ``model`` categorical and each
+    knob active only under the models that have it (ConfigSpace's InCondition)."""
     try:
-        from ConfigSpace import ConfigurationSpace, OrdinalHyperparameter
+        from ConfigSpace import CategoricalHyperparameter, ConfigurationSpace, InCondition, OrdinalHyperparameter
     except ImportError:
         raise _missing("ConfigSpace (with smac or DEHB)") from None
     space = ConfigurationSpace(seed=seed)
-    space.add([OrdinalHyperparameter(k, list(v)) for k, v in grid.items()])
+    if not isinstance(grid, ConditionalGrid):
+        space.add([OrdinalHyperparameter(k, list(v)) for k, v in grid.items()])
+        return space
+    model = CategoricalHyperparameter("model", list(grid["model"]))
+    # a knob of none of the recorded models (a recording under way) has no values: no hyperparameter
+    knobs = {k: OrdinalHyperparameter(k, list(v)) for k, v in grid.items() if k != "model" and v}
+    conditions = []
+    for k, knob in knobs.items():
+        owners = [m for m in grid["model"] if k in grid.models[m]]
+        if len(owners) < len(grid["model"]):
+            conditions.append(InCondition(knob, model, owners))
+    space.add([model, *knobs.values(), *conditions])
     return space
 
 
@@ -274,7 +309,7 @@ class SmacSearch(_Fidelity):
         except ConfigurationSpaceExhaustedException:
             raise Exhausted from None
         self.fidelity = int(round(self._info.budget)) if self._info.budget is not None else self._epochs
-        return tuple(self._info.config[k] for k in self._grid)
+        return tuple(self._info.config.get(k) for k in self._grid)  # a knob the model lacks: None
 
     def done(self, result: dict, reached_max: bool) -> None:
         if result:
@@ -294,7 +329,8 @@ class DehbSearch(_Fidelity):
         self._grid = grid
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            self._dehb = DEHB(cs=_config_space(grid, seed), dimensions=len(grid), min_fidelity=1, max_fidelity=epochs,
+            space = _config_space(grid, seed)
+            self._dehb = DEHB(cs=space, dimensions=len(space), min_fidelity=1, max_fidelity=epochs,
                               eta=2, n_workers=1, seed=seed, output_path=self._dir, log_level="ERROR")
         self._job = None
 
@@ -304,7 +340,7 @@ class DehbSearch(_Fidelity):
             self._job = self._dehb.ask()
             config = self._job["config"]  # a ConfigSpace configuration (DEHB converts its vector)
         self.fidelity = int(round(self._job["fidelity"]))
-        return tuple(config[k] for k in self._grid)
+        return tuple(config.get(k) for k in self._grid)  # a knob the model lacks: None
 
     def done(self, result: dict, reached_max: bool) -> None:
         if result:

@@ -6,6 +6,7 @@
     python -m benchmarks.replay_search --peers strong         # BoTorch, Optuna's GP, SMAC3, DEHB (.[bench])
     python -m benchmarks.replay_search --grid lcbench-126025  # LCBench (record_lcbench), or convit-fashion_mnist
     python -m benchmarks.replay_search --grid convit-wide-seeds  # two trial seeds a configuration: noise
+    python -m benchmarks.replay_search --grid zoo             # every family: a conditional space (_conditional)
     python -m benchmarks.replay_search --proposal-times 50,400  # seconds per proposal, no replay
     python -m benchmarks.replay_search --summary benchmarks/results/replay_search*-<device>.json [--markdown]
     python -m benchmarks.replay_search --grid lcbench-126025 --front  # the true front, share and rungs per member
@@ -92,9 +93,10 @@ import optuna
 from ray.tune.schedulers import ASHAScheduler
 
 from benchmarks import _peers
+from benchmarks._conditional import ConditionalGrid, active_knobs, recorded_grid
 from benchmarks._env import result_path, write_result
 from benchmarks._lcbench import GRIDS as LCBENCH_GRIDS
-from benchmarks.record_curves import DATA_DIR, GRIDS as RECORDED_GRIDS
+from benchmarks.record_curves import DATA_DIR, GRIDS as RECORDED_GRIDS, grid_configs, knob_values
 from search.results.hypervolume import hypervolume
 from search.results.pareto import pareto_mask
 from search.results.store import read_table
@@ -281,9 +283,32 @@ class _OptunaSearch(_Stopping):
             raise _peers.Exhausted  # botorch proposes each point once; the peer ends there too
         self._trial = self._study.ask()
         self._started(number)
+        grid = self._grid
+        if isinstance(grid, ConditionalGrid):  # the model first, then its knobs (as OptunaSpace asks)
+            model = self._trial.suggest_categorical("model", grid["model"])
+            chosen = {k: self._suggest(k, grid[k]) for k in grid.models[model]}
+            return tuple(model if k == "model" else chosen.get(k) for k in grid)
+        return tuple(self._suggest(k, values) for k, values in grid.items())
+
+    def _suggest(self, knob: str, values: list):
         if self._by_index:
-            return tuple(values[self._trial.suggest_int(k, 0, len(values) - 1)] for k, values in self._grid.items())
-        return tuple(self._trial.suggest_categorical(k, values) for k, values in self._grid.items())
+            return values[self._trial.suggest_int(knob, 0, len(values) - 1)]
+        return self._trial.suggest_categorical(knob, values)
+
+    def recorded_trial(self, key: tuple, values: list[float]):
+        """A COMPLETE Optuna trial of a recorded configuration, with the parameters ``ask`` gives it."""
+        from optuna.distributions import CategoricalDistribution, IntDistribution
+
+        params, dists = {}, {}
+        for k, v in zip(self._grid, key):
+            if k not in active_knobs(self._grid, key):
+                continue
+            options = self._grid[k]
+            if self._by_index and k != "model":
+                params[k], dists[k] = options.index(v), IntDistribution(0, len(options) - 1)
+            else:
+                params[k], dists[k] = v, CategoricalDistribution(options)
+        return optuna.trial.create_trial(params=params, distributions=dists, values=values)
 
     def done(self, result: dict, reached_max: bool) -> None:
         self._ended(result)
@@ -314,6 +339,9 @@ class _GridBoSearch(_Stopping):
 
 
 def _search(method: str, grid: dict, epochs: int, seed: int, budget: int, curves: dict):
+    if method in BOTORCH and isinstance(grid, ConditionalGrid):
+        raise SystemExit(f"--methods: {method} is a spec's algorithm: botorch, which refuses a conditional space (several "
+                         "models); leave it out, botorch-grid scores the recorded configurations of every model")
     if method.startswith("botorch-grid"):
         return _GridBoSearch(method, curves, grid, epochs, seed)
     if method.startswith("syne"):
@@ -472,18 +500,8 @@ def proposal_seconds(method: str, *, curves: dict, grid: dict, epochs: int, at: 
     search = _search(method, grid, epochs, seed, 10 * at * epochs, curves)
     try:
         if isinstance(search, _OptunaSearch):
-            from optuna.distributions import CategoricalDistribution, IntDistribution
-
             for i in rng.integers(len(keys), size=at):
-                key = keys[i]
-                if search._by_index:
-                    params = {k: values.index(v) for (k, values), v in zip(grid.items(), key)}
-                    dists = {k: IntDistribution(0, len(values) - 1) for k, values in grid.items()}
-                else:
-                    params = dict(zip(grid, key))
-                    dists = {k: CategoricalDistribution(values) for k, values in grid.items()}
-                search._study.add_trial(optuna.trial.create_trial(params=params, distributions=dists,
-                                                                  values=_point(curves[key], epochs)))
+                search._study.add_trial(search.recorded_trial(keys[i], _point(curves[keys[i]], epochs)))
             fed = at
         elif isinstance(search, _GridBoSearch):  # its GP learns from ``at`` recorded results; it may ask any configuration
             for i in rng.integers(len(keys), size=at):
@@ -749,13 +767,14 @@ def main() -> None:
     if any(m.startswith("syne") for m in methods):
         check = syne_tune_ranking_check()  # Syne Tune missing: one line naming the install, before any replay
         print(f"Syne Tune's rung ranking on a trial that dominates its rung: {check}")
-    grid = GRIDS[args.grid]["grid"]
+    chosen = GRIDS[args.grid]
     curves_file = args.curves or DATA_DIR / f"curves-{args.grid}.parquet"
-    curves, epochs = load_curves(curves_file, grid)
+    curves, epochs = load_curves(curves_file, knob_values(chosen) if "models" in chosen else chosen["grid"])
     # the searchers draw from the recorded values; a proposal that was not recorded (a recording
     # may be a random subset of the grid) is mapped to the nearest recorded configuration (_peers.snap)
-    grid = {k: sorted({key[i] for key in curves}) for i, k in enumerate(grid)}
-    unrecorded = math.prod(len(v) for v in grid.values()) - len(curves)
+    grid = recorded_grid(chosen, curves)
+    points = len(grid_configs(chosen)) if "models" in chosen else math.prod(len(v) for v in chosen["grid"].values())
+    unrecorded = points - len(curves)
     finals = [_point(c, epochs) for c in curves.values()]
     reference = [min(p[0] for p in finals), min(p[1] for p in finals)]
     true_volume = hypervolume(finals, modes=MODES, reference=reference)
