@@ -108,3 +108,16 @@ def test_every_configuration_of_the_zoo_builds_as_recorded():
         model, args = model_and_args(GRIDS["zoo"], config)
         built = build_on_meta(model, args)
         assert isinstance(built, type), (config, built)  # a class, not the exception a build raised
+
+
+def test_botorch_on_a_conditional_grid_fits_its_gp_and_proposes_unasked_recorded_configurations(tmp_path):
+    pytest.importorskip("botorch")
+    curves, _, grid = _recording(tmp_path)
+    bo = _peers.DiscreteQNEHVI(grid, curves, seed=0)
+    bo.startup = 3  # the GP's proposals from the fourth on (the replay's 10 would exhaust this grid)
+    asked = []
+    for _ in range(10):
+        config = bo.propose(set(asked))
+        asked.append(config)
+        bo.tell(config, [curves[config]["best"][-1], curves[config]["log_throughput"]])
+    assert bo._scored_at >= 3 and len(set(asked)) == 10 and set(asked) == set(curves)
