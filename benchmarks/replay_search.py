@@ -36,6 +36,10 @@ Methods (ours last):
   tpe+MO-ASHA-late   the same with MO-ASHA's first rung later on long budgets: at
                      max(1, round(epochs / 16)) epochs (1 on an 8-epoch grid, 3 on LCBench's 52),
                      the rule chosen on LCBench 126025 (not run by default: --methods)
+  tpe-rung+MO-ASHA, tpe-rung+MO-ASHA-late
+                     the same stopping, and TPE fitted to every trial at the highest rung that
+                     8 trials reached (BOHB's rule, one multi-objective TPE per rung), so that a
+                     trial MO-ASHA stopped teaches it what it scored there (not run by default)
   tpe-ordered, tpe-ordered+MO-ASHA
                      TPE told each knob as its position among its ordered values (an int), as a
                      spec's `ordered: true` choice or int range gives it, where `tpe` sees
@@ -115,7 +119,8 @@ METHODS = ("random", "tpe", "nsga2", "random+ASHA", "syne-MOASHA", "syne-MOASHA-
 OURS = ("tpe+MO-ASHA", "tpe-ordered+MO-ASHA", "random+MO-ASHA")
 BOTORCH = ("botorch", "botorch+MO-ASHA")  # the product's algorithm: botorch (search.study.finite_bo)
 LATE = ("tpe+MO-ASHA-late",)  # a candidate: MO-ASHA's first rung at a sixteenth of the epochs
-ALL_METHODS = (*METHODS, *LATE, *BOTORCH, *_peers.STRONG)
+RUNG = ("tpe-rung+MO-ASHA", "tpe-rung+MO-ASHA-late")  # a candidate: TPE fitted at the highest rung with data
+ALL_METHODS = (*METHODS, *LATE, *RUNG, *BOTORCH, *_peers.STRONG)
 SLOW = ("botorch-qNEHVI", "botorch-qNEHVI+MO-ASHA", "botorch-grid", "botorch-grid+MO-ASHA", "gp", "gp+MO-ASHA",
         *BOTORCH)  # a GP proposal takes seconds: fewer seeds
 SYNE_TUNE = "syne-tune==0.16.0"
@@ -266,6 +271,7 @@ class _OptunaSearch(_Stopping):
         sampler = {"random": lambda: optuna.samplers.RandomSampler(seed=seed),
                    "tpe": lambda: optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=8),
                    "tpe-ordered": lambda: optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=8),
+                   "tpe-rung": lambda: optuna.samplers.RandomSampler(seed=seed),  # unused: one TPE per rung
                    "nsga2": lambda: optuna.samplers.NSGAIISampler(seed=seed, population_size=8),
                    "gp": lambda: _peers.gp_sampler("gp", seed),
                    "botorch-qNEHVI": lambda: _peers.gp_sampler("botorch", seed),
@@ -316,6 +322,44 @@ class _OptunaSearch(_Stopping):
         self._study.tell(self._trial, values, state=getattr(optuna.trial.TrialState, state))
 
 
+class _RungTPESearch(_OptunaSearch):
+    """TPE that learns from every trial at the highest rung that enough trials reached, BOHB's rule
+    (Falkner et al. 2018, sec. 4.1: the model of the largest budget with enough observations) with
+    Optuna's multi-objective TPE as the model and our MO-ASHA's rungs as the budgets. A trial
+    MO-ASHA stopped at rung r is an observation at r (its best val_acc there and its throughput);
+    plain TPE sees it only as PRUNED, which ranks below every COMPLETE trial."""
+
+    min_points = 8  # TPE's start-up trials: below them a rung's model would sample at random anyway
+
+    def __init__(self, method: str, grid: dict, epochs: int, seed: int):
+        super().__init__(method, grid, epochs, seed)
+        rungs = [*self._scheduler.milestones, epochs]
+        self._studies = {r: optuna.create_study(directions=["maximize", "maximize"], sampler=optuna.samplers.TPESampler(
+            seed=seed + 7919 * i, multivariate=True, n_startup_trials=self.min_points)) for i, r in enumerate(rungs)}
+        self._observed = dict.fromkeys(rungs, 0)
+
+    def ask(self, number: int) -> tuple:
+        rung = max((r for r, n in self._observed.items() if n >= self.min_points), default=min(self._observed))
+        self._study = self._studies[rung]
+        key = super().ask(number)
+        self._asked = dict(self._trial.params), dict(self._trial.distributions)
+        # a proposal, not an observation: FAIL keeps it out of the rung's model (TPE reads COMPLETE
+        # and PRUNED trials); the trial is added COMPLETE at each rung it reaches (report)
+        self._study.tell(self._trial, state=optuna.trial.TrialState.FAIL)
+        return key
+
+    def report(self, result: dict) -> bool:
+        if result["epoch"] in self._observed:
+            params, distributions = self._asked
+            self._studies[result["epoch"]].add_trial(optuna.trial.create_trial(
+                params=params, distributions=distributions, values=[result["best_val_acc"], result["log_throughput"]]))
+            self._observed[result["epoch"]] += 1
+        return super().report(result)
+
+    def done(self, result: dict, reached_max: bool) -> None:
+        self._ended(result)
+
+
 class _GridBoSearch(_Stopping):
     """BoTorch's qLogNEHVI choosing among the recorded configurations (``_peers.DiscreteQNEHVI``),
     never one it asked before; a COMPLETE trial's objectives are what it learns from, as
@@ -350,6 +394,8 @@ def _search(method: str, grid: dict, epochs: int, seed: int, budget: int, curves
         return _peers.SmacSearch(method, grid, epochs, seed, budget)
     if method == "dehb":
         return _peers.DehbSearch(grid, epochs, seed)
+    if method.startswith("tpe-rung"):
+        return _RungTPESearch(method, grid, epochs, seed)
     return _OptunaSearch(method, grid, epochs, seed)
 
 

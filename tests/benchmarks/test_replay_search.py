@@ -7,12 +7,13 @@ from __future__ import annotations
 import itertools
 import math
 
+import optuna
 import pyarrow as pa
 import pytest
 
 from benchmarks.record_curves import schema
 from benchmarks import _peers
-from benchmarks.replay_search import (LATE, METHODS, at_epochs, epochs_to_reach, friedman, holm, load_curves, ranks,
+from benchmarks.replay_search import (LATE, METHODS, RUNG, at_epochs, epochs_to_reach, friedman, holm, load_curves, ranks,
                                       replay)
 from search.results.hypervolume import hypervolume
 from search.results.store import write_atomic
@@ -41,7 +42,7 @@ def _recording(tmp_path, skip=()):
 _NEEDS = {"botorch": "botorch", "smac": "smac", "dehb": "dehb"}
 
 
-@pytest.mark.parametrize("method", [m for m in (*METHODS, *LATE, *_peers.STRONG) if not m.startswith("syne")])
+@pytest.mark.parametrize("method", [m for m in (*METHODS, *LATE, *RUNG, *_peers.STRONG) if not m.startswith("syne")])
 def test_every_method_keeps_the_budget_and_fronts_hold_full_budget_trials_only(tmp_path, method):
     for prefix, module in _NEEDS.items():
         if method.startswith(prefix):
@@ -381,3 +382,30 @@ def test_the_late_variant_puts_the_first_rung_at_a_sixteenth_of_the_epochs_and_i
     runs = [replay(m, curves=curves, grid=GRID, epochs=epochs, budget=40, seed=1, reference=[0.0, 0.0])
             for m in ("tpe+MO-ASHA", "tpe+MO-ASHA-late")]
     assert runs[0] == runs[1]
+
+
+def test_the_rung_tpe_learns_from_stopped_trials_at_the_highest_rung_that_enough_trials_reached(tmp_path):
+    from benchmarks.replay_search import _RungTPESearch
+
+    curves, epochs = load_curves(_recording(tmp_path), GRID)
+    search = _RungTPESearch("tpe-rung+MO-ASHA", GRID, epochs, seed=0)
+    assert list(search._observed) == [1, 2, 4]  # MO-ASHA's rungs below 4 epochs, and the full budget
+    seen = []
+    for number in range(9):  # nine trials that each stop at the first rung
+        key = _peers.snap(GRID, curves, search.ask(number))
+        assert search._study is search._studies[1]  # no rung has 8 observations yet: the first rung's (random) TPE
+        result = {"epoch": 1, "best_val_acc": curves[key]["best"][0], "log_throughput": curves[key]["log_throughput"]}
+        search.report(result)
+        search.done(result, False)
+        seen.append([result["best_val_acc"], result["log_throughput"]])
+    assert search._observed == {1: 9, 2: 0, 4: 0}
+    rung = search._studies[1]
+    complete = rung.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
+    assert [t.values for t in complete] == seen  # each stopped trial, at what it scored at its rung
+    assert len(rung.get_trials(states=(optuna.trial.TrialState.FAIL,))) == 9  # the proposals, not read by TPE
+    search.ask(9)
+    assert search._study is search._studies[1]  # rung 1 has 9 >= 8 observations; rungs 2 and 4 none
+    for rung in (2, 4):  # once 8 trials reach the full budget, its model proposes
+        search._observed[rung] = 8
+    search.ask(10)
+    assert search._study is search._studies[4]
