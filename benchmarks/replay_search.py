@@ -40,6 +40,8 @@ Methods (ours last):
                      the same stopping, and TPE fitted to every trial at the highest rung that
                      8 trials reached (BOHB's rule, one multi-objective TPE per rung), so that a
                      trial MO-ASHA stopped teaches it what it scored there (not run by default)
+  tpe-rung-stops+MO-ASHA, tpe-rung-stops+MO-ASHA-late
+                     the same, each rung's TPE also told the trials stopped below it as PRUNED
   tpe-ordered, tpe-ordered+MO-ASHA
                      TPE told each knob as its position among its ordered values (an int), as a
                      spec's `ordered: true` choice or int range gives it, where `tpe` sees
@@ -119,7 +121,7 @@ METHODS = ("random", "tpe", "nsga2", "random+ASHA", "syne-MOASHA", "syne-MOASHA-
 OURS = ("tpe+MO-ASHA", "tpe-ordered+MO-ASHA", "random+MO-ASHA")
 BOTORCH = ("botorch", "botorch+MO-ASHA")  # the product's algorithm: botorch (search.study.finite_bo)
 LATE = ("tpe+MO-ASHA-late",)  # a candidate: MO-ASHA's first rung at a sixteenth of the epochs
-RUNG = ("tpe-rung+MO-ASHA", "tpe-rung+MO-ASHA-late")  # a candidate: TPE fitted at the highest rung with data
+RUNG = ("tpe-rung+MO-ASHA", "tpe-rung+MO-ASHA-late", "tpe-rung-stops+MO-ASHA", "tpe-rung-stops+MO-ASHA-late")  # a candidate: TPE fitted at the highest rung with data
 ALL_METHODS = (*METHODS, *LATE, *RUNG, *BOTORCH, *_peers.STRONG)
 SLOW = ("botorch-qNEHVI", "botorch-qNEHVI+MO-ASHA", "botorch-grid", "botorch-grid+MO-ASHA", "gp", "gp+MO-ASHA",
         *BOTORCH)  # a GP proposal takes seconds: fewer seeds
@@ -272,6 +274,7 @@ class _OptunaSearch(_Stopping):
                    "tpe": lambda: optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=8),
                    "tpe-ordered": lambda: optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=8),
                    "tpe-rung": lambda: optuna.samplers.RandomSampler(seed=seed),  # unused: one TPE per rung
+                   "tpe-rung-stops": lambda: optuna.samplers.RandomSampler(seed=seed),
                    "nsga2": lambda: optuna.samplers.NSGAIISampler(seed=seed, population_size=8),
                    "gp": lambda: _peers.gp_sampler("gp", seed),
                    "botorch-qNEHVI": lambda: _peers.gp_sampler("botorch", seed),
@@ -327,7 +330,10 @@ class _RungTPESearch(_OptunaSearch):
     (Falkner et al. 2018, sec. 4.1: the model of the largest budget with enough observations) with
     Optuna's multi-objective TPE as the model and our MO-ASHA's rungs as the budgets. A trial
     MO-ASHA stopped at rung r is an observation at r (its best val_acc there and its throughput);
-    plain TPE sees it only as PRUNED, which ranks below every COMPLETE trial."""
+    plain TPE sees it only as PRUNED, which ranks below every COMPLETE trial. ``tpe-rung-stops``
+    also tells each rung's model the trials stopped below it, as PRUNED (what ours tells its one
+    model): its full-budget model then holds what ours holds, and the lower rungs' models lead
+    until it has 8 observations."""
 
     min_points = 8  # TPE's start-up trials: below them a rung's model would sample at random anyway
 
@@ -337,6 +343,7 @@ class _RungTPESearch(_OptunaSearch):
         self._studies = {r: optuna.create_study(directions=["maximize", "maximize"], sampler=optuna.samplers.TPESampler(
             seed=seed + 7919 * i, multivariate=True, n_startup_trials=self.min_points)) for i, r in enumerate(rungs)}
         self._observed = dict.fromkeys(rungs, 0)
+        self._stops = method.startswith("tpe-rung-stops")
 
     def ask(self, number: int) -> tuple:
         rung = max((r for r, n in self._observed.items() if n >= self.min_points), default=min(self._observed))
@@ -358,6 +365,12 @@ class _RungTPESearch(_OptunaSearch):
 
     def done(self, result: dict, reached_max: bool) -> None:
         self._ended(result)
+        if self._stops and result and not reached_max:  # stopped: PRUNED at every rung above, as ours tells it
+            params, distributions = self._asked
+            for rung, study in self._studies.items():
+                if rung > result["epoch"]:
+                    study.add_trial(optuna.trial.create_trial(params=params, distributions=distributions,
+                                                              state=optuna.trial.TrialState.PRUNED))
 
 
 class _GridBoSearch(_Stopping):

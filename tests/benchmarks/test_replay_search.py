@@ -409,3 +409,20 @@ def test_the_rung_tpe_learns_from_stopped_trials_at_the_highest_rung_that_enough
         search._observed[rung] = 8
     search.ask(10)
     assert search._study is search._studies[4]
+
+
+def test_the_rung_tpe_with_stops_tells_each_higher_rung_a_stopped_trial_as_pruned(tmp_path):
+    from benchmarks.replay_search import _RungTPESearch
+
+    curves, epochs = load_curves(_recording(tmp_path), GRID)
+    for method, pruned in (("tpe-rung+MO-ASHA", 0), ("tpe-rung-stops+MO-ASHA", 1)):
+        search = _RungTPESearch(method, GRID, epochs, seed=0)
+        key = _peers.snap(GRID, curves, search.ask(0))
+        result = {"epoch": 1, "best_val_acc": curves[key]["best"][0], "log_throughput": curves[key]["log_throughput"]}
+        search.report(result)
+        search.done(result, False)  # stopped at rung 1
+        states = {r: [t.state for t in s.get_trials() if t.state != optuna.trial.TrialState.FAIL]
+                  for r, s in search._studies.items()}
+        assert states[1] == [optuna.trial.TrialState.COMPLETE]
+        assert states[2] == states[4] == [optuna.trial.TrialState.PRUNED] * pruned
+        assert search._observed == {1: 1, 2: 0, 4: 0}  # a PRUNED trial is no observation
