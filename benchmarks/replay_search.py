@@ -717,6 +717,51 @@ def summary_over_benchmarks(paths: list[Path], min_seeds: int = 10) -> dict:
     return out
 
 
+def candidate_tests(paths: list[Path], pairs: list[tuple[str, str]]) -> dict:
+    """A candidate variant against the method it would replace, on every benchmark of ``paths``
+    that holds a pair: per benchmark the first of ``pairs`` (candidate, baseline) whose two methods
+    it has, so that a long-budget benchmark can pair a ``-late`` candidate with the late default.
+    Wilcoxon's signed-rank test paired by seed on the final fraction and on the area, and Holm's
+    correction over all of these tests together: the rule of issue 74 keeps a variant that wins,
+    after it, on more benchmarks than it loses."""
+    from scipy import stats
+
+    merged = summary_over_benchmarks(paths, min_seeds=1)["benchmarks"]
+    per_seed: dict[str, dict] = {}
+    for path in paths:  # the per-seed values, as summary_over_benchmarks merges them (first file wins)
+        import json
+
+        r = json.loads(Path(path).read_text())
+        name = f"{r['grid']} ({r['configurations']} configurations, budget {r['budget_epochs']} epochs)"
+        for m, v in r["per_seed"].items():
+            per_seed.setdefault(name, {}).setdefault(m, v)
+    out, flat = {}, []
+    for name in merged:
+        pair = next(((c, b) for c, b in pairs if c in per_seed[name] and b in per_seed[name]), None)
+        if pair is None:
+            continue
+        candidate, baseline = pair
+        row = {"candidate": candidate, "baseline": baseline}
+        for what in ("final", "area"):
+            n = min(len(per_seed[name][candidate][what]), len(per_seed[name][baseline][what]))
+            a, b = np.array(per_seed[name][candidate][what][:n]), np.array(per_seed[name][baseline][what][:n])
+            diffs = a - b
+            row[what] = {"seeds": n, "candidate_median": float(np.median(a)), "baseline_median": float(np.median(b)),
+                         "median_difference": float(np.median(diffs)), "higher": int((diffs > 0).sum()),
+                         "lower": int((diffs < 0).sum()),
+                         "p_value": float(stats.wilcoxon(a, b).pvalue) if np.any(diffs != 0) else 1.0}
+            flat.append(row[what])
+        out[name] = row
+    for row, adjusted in zip(flat, holm([r["p_value"] for r in flat])):
+        row["p_holm"] = adjusted
+    wins = sum(any(r[w]["p_holm"] < 0.05 and r[w]["higher"] > r[w]["lower"] for w in ("final", "area"))
+               for r in out.values())
+    losses = sum(any(r[w]["p_holm"] < 0.05 and r[w]["higher"] < r[w]["lower"] for w in ("final", "area"))
+                 for r in out.values())
+    return {"pairs": [list(p) for p in pairs], "benchmarks": out, "holm_family": len(flat), "wins": wins,
+            "losses": losses}
+
+
 def front_shares(curves: dict, epochs: int) -> list[dict]:
     """The recording's true front, fastest last: each member's final point, the share of the front's
     hypervolume that only it holds (leave-one-out), and its best val_acc at each rung (grace 1,
@@ -796,12 +841,26 @@ def main() -> None:
                         help="no replay: rank the methods over these benchmarks' replay_search JSONs (Friedman)")
     parser.add_argument("--min-seeds", type=int, default=10, help="--summary ranks the methods with this many seeds")
     parser.add_argument("--markdown", action="store_true", help="--summary also prints its tables as markdown")
+    parser.add_argument("--candidate", metavar="CAND=BASE,...", help="with --summary: instead of ranks, test a candidate "
+                        "variant against its baseline on each benchmark (the first pair it holds), Holm over all")
     parser.add_argument("--front", action="store_true", help="no replay: the grid's true front, each member's share of "
                         "its hypervolume and its best val_acc at each rung")
     parser.add_argument("--proposal-times", metavar="N,N", help="no replay: the seconds each method spends proposing "
                         f"once a search holds N trials (e.g. 50,400), for {', '.join(PROPOSERS)} or --methods")
     parser.add_argument("--proposal-repeats", type=int, default=5, help="proposals timed per method and N (slow: 2)")
     args = parser.parse_args()
+    if args.summary and args.candidate:
+        pairs = [tuple(p.split("=", 1)) for p in args.candidate.split(",") if "=" in p]
+        result = candidate_tests(args.summary, pairs)
+        for name, row in result["benchmarks"].items():
+            cells = [f"{w} {r['candidate_median']:.3f} vs {r['baseline_median']:.3f}, {r['median_difference']:+.3f} "
+                     f"({r['higher']}/{r['lower']}), p {r['p_value']:.2g}, Holm {r['p_holm']:.2g}"
+                     for w, r in ((w, row[w]) for w in ("final", "area"))]
+            print(f"{name}: {row['candidate']} vs {row['baseline']}: " + "; ".join(cells))
+        print(f"wins {result['wins']}, losses {result['losses']} (Holm over {result['holm_family']} tests)")
+        if args.result_name:
+            print(f"wrote {write_result(args.result_name, result)}")
+        return
     if args.summary:
         result = summary_over_benchmarks(args.summary, args.min_seeds)
         for what in ("final", "area"):

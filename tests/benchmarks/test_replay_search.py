@@ -426,3 +426,32 @@ def test_the_rung_tpe_with_stops_tells_each_higher_rung_a_stopped_trial_as_prune
         assert states[1] == [optuna.trial.TrialState.COMPLETE]
         assert states[2] == states[4] == [optuna.trial.TrialState.PRUNED] * pruned
         assert search._observed == {1: 1, 2: 0, 4: 0}  # a PRUNED trial is no observation
+
+
+def test_a_candidate_is_tested_against_the_first_baseline_each_benchmark_holds_with_holm_over_all(tmp_path):
+    import json
+
+    from benchmarks.replay_search import candidate_tests
+
+    def bench(path, grid, per_seed):
+        methods = {m: {"seeds": len(v["final"]), "hv_fraction": {"100%": {"median": 0.5}},
+                       "area_fraction": {"median": 0.5}, "epochs_to": {}} for m, v in per_seed.items()}
+        path.write_text(json.dumps({"grid": grid, "configurations": 9, "budget_epochs": 10, "methods": methods,
+                                    "per_seed": per_seed}))
+        return path
+
+    up = [0.1 * (i + 1) for i in range(8)]  # eight seeds, the candidate higher by 0.1 .. 0.8: exact p 2/2**8
+    flat = [0.5] * 8
+    a = bench(tmp_path / "a.json", "long", {"late": {"final": flat, "area": flat}, "ours": {"final": flat, "area": flat},
+                                            "cand-late": {"final": [0.5 + d for d in up], "area": flat}})
+    b = bench(tmp_path / "b.json", "short", {"ours": {"final": flat, "area": flat},
+                                             "cand": {"final": [0.5 - d for d in up], "area": flat}})
+    result = candidate_tests([a, b], [("cand-late", "late"), ("cand", "ours")])
+    rows = list(result["benchmarks"].values())
+    assert [(r["candidate"], r["baseline"]) for r in rows] == [("cand-late", "late"), ("cand", "ours")]
+    assert result["holm_family"] == 4  # final and area on each benchmark
+    assert rows[0]["final"]["p_value"] == pytest.approx(2 / 2 ** 8)  # all eight higher: 2 of 256 sign patterns
+    # Holm: the two tied smallest of four times 4, then max(that, 3 x p): both 4 x 2/256
+    assert rows[0]["final"]["p_holm"] == rows[1]["final"]["p_holm"] == pytest.approx(4 * 2 / 2 ** 8)
+    assert rows[0]["area"]["p_value"] == 1.0 and rows[0]["final"]["higher"] == 8
+    assert (result["wins"], result["losses"]) == (1, 1)
