@@ -762,6 +762,16 @@ def candidate_tests(paths: list[Path], pairs: list[tuple[str, str]]) -> dict:
             "losses": losses}
 
 
+def rung_correlations(curves: dict, epochs: int) -> dict[int, float]:
+    """Per rung (grace 1, reduction factor 2, below the full budget): Spearman's rank correlation of
+    the configurations' best val_acc there with their final one, how well a rung foretells the end."""
+    from scipy.stats import spearmanr
+
+    final = [c["best"][-1] for c in curves.values()]
+    rungs = [2 ** i for i in range(epochs.bit_length()) if 2 ** i < epochs]
+    return {r: float(spearmanr([c["best"][r - 1] for c in curves.values()], final).statistic) for r in rungs}
+
+
 def front_shares(curves: dict, epochs: int) -> list[dict]:
     """The recording's true front, fastest last: each member's final point, the share of the front's
     hypervolume that only it holds (leave-one-out), and its best val_acc at each rung (grace 1,
@@ -910,6 +920,8 @@ def main() -> None:
         for m in front_shares(curves, epochs):
             rungs = ", ".join(f"{r}: {v:.3f}" for r, v in m["at_rungs"].items())
             print(f"  {m['config']}  {m['best_val_acc']:.4f}  {m['log_throughput']:.3f}  {m['share']:.4f}  ({rungs})")
+        print("Spearman's rank correlation of best val_acc at each rung with the final one, over the configurations: "
+              + ", ".join(f"{r}: {rho:.2f}" for r, rho in rung_correlations(curves, epochs).items()))
         return
     if args.proposal_times:
         at = [int(n) for n in args.proposal_times.split(",")]

@@ -455,3 +455,12 @@ def test_a_candidate_is_tested_against_the_first_baseline_each_benchmark_holds_w
     assert rows[0]["final"]["p_holm"] == rows[1]["final"]["p_holm"] == pytest.approx(4 * 2 / 2 ** 8)
     assert rows[0]["area"]["p_value"] == 1.0 and rows[0]["final"]["higher"] == 8
     assert (result["wins"], result["losses"]) == (1, 1)
+
+
+def test_rung_correlations_by_hand():
+    from benchmarks.replay_search import rung_correlations
+
+    # three configurations over 4 epochs: rung 1 ranks them in reverse of the end, rung 2 as the end
+    curves = {"a": {"best": [0.3, 0.1, 0.2, 0.2]}, "b": {"best": [0.2, 0.2, 0.3, 0.5]},
+              "c": {"best": [0.1, 0.3, 0.4, 0.9]}}
+    assert rung_correlations(curves, 4) == {1: pytest.approx(-1.0), 2: pytest.approx(1.0)}
