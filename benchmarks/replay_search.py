@@ -35,7 +35,8 @@ Methods (ours last):
                      quota of the rung's order alone decides (keep_front=False), as published
   tpe+MO-ASHA-late   the same with MO-ASHA's first rung later on long budgets: at
                      max(1, round(epochs / 16)) epochs (1 on an 8-epoch grid, 3 on LCBench's 52),
-                     the rule chosen on LCBench 126025 (not run by default: --methods)
+                     the rule chosen on LCBench 126025 (not run by default: --methods);
+                     tpe-ordered+MO-ASHA-late: the same with TPE's knobs ordered
   tpe-rung+MO-ASHA, tpe-rung+MO-ASHA-late
                      the same stopping, and TPE fitted to every trial at the highest rung that
                      8 trials reached (BOHB's rule, one multi-objective TPE per rung), so that a
@@ -120,7 +121,7 @@ METHODS = ("random", "tpe", "nsga2", "random+ASHA", "syne-MOASHA", "syne-MOASHA-
            "tpe-ordered", "tpe-ordered+MO-ASHA")
 OURS = ("tpe+MO-ASHA", "tpe-ordered+MO-ASHA", "random+MO-ASHA")
 BOTORCH = ("botorch", "botorch+MO-ASHA")  # the product's algorithm: botorch (search.study.finite_bo)
-LATE = ("tpe+MO-ASHA-late",)  # a candidate: MO-ASHA's first rung at a sixteenth of the epochs
+LATE = ("tpe+MO-ASHA-late", "tpe-ordered+MO-ASHA-late")  # candidates: MO-ASHA's first rung at a sixteenth of the epochs
 RUNG = ("tpe-rung+MO-ASHA", "tpe-rung+MO-ASHA-late", "tpe-rung-stops+MO-ASHA", "tpe-rung-stops+MO-ASHA-late")  # a candidate: TPE fitted at the highest rung with data
 ALL_METHODS = (*METHODS, *LATE, *RUNG, *BOTORCH, *_peers.STRONG)
 SLOW = ("botorch-qNEHVI", "botorch-qNEHVI+MO-ASHA", "botorch-grid", "botorch-grid+MO-ASHA", "gp", "gp+MO-ASHA",
