@@ -725,19 +725,18 @@ def candidate_tests(paths: list[Path], pairs: list[tuple[str, str]]) -> dict:
     Wilcoxon's signed-rank test paired by seed on the final fraction and on the area, and Holm's
     correction over all of these tests together: the rule of issue 74 keeps a variant that wins,
     after it, on more benchmarks than it loses."""
+    import json
+
     from scipy import stats
 
-    merged = summary_over_benchmarks(paths, min_seeds=1)["benchmarks"]
     per_seed: dict[str, dict] = {}
-    for path in paths:  # the per-seed values, as summary_over_benchmarks merges them (first file wins)
-        import json
-
+    for path in paths:  # the per-seed values, merged as summary_over_benchmarks merges them (first file wins)
         r = json.loads(Path(path).read_text())
         name = f"{r['grid']} ({r['configurations']} configurations, budget {r['budget_epochs']} epochs)"
         for m, v in r["per_seed"].items():
             per_seed.setdefault(name, {}).setdefault(m, v)
     out, flat = {}, []
-    for name in merged:
+    for name in per_seed:
         pair = next(((c, b) for c, b in pairs if c in per_seed[name] and b in per_seed[name]), None)
         if pair is None:
             continue
