@@ -5,6 +5,7 @@ holds one of each). Each checks its own values; what needs several sections is c
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any
 
 from pydantic import Field, model_validator
@@ -137,6 +138,22 @@ class ParamSpec(Record):
     def to_json(self) -> dict[str, Any]:
         return {k: v for k, v in self.model_dump().items() if v is not None and v is not False}
 
+    def levels(self, n: int) -> tuple[float, ...]:
+        """``n`` values of a continuous range, low and high included: evenly spaced, or evenly in
+        log space for a loguniform one; a range with a step takes its steps instead. Interior values
+        are rounded to 4 significant digits (what the store and the pages show) where that keeps
+        them apart."""
+        assert self.type in ("uniform", "loguniform") and self.low is not None and self.high is not None
+        low, high = float(self.low), float(self.high)
+        if self.step is not None:
+            return tuple(low + k * float(self.step) for k in range(int((high - low) / float(self.step) + 1e-9) + 1))
+        if self.type == "loguniform":
+            inner = [math.exp(math.log(low) + k * (math.log(high) - math.log(low)) / (n - 1)) for k in range(1, n - 1)]
+        else:
+            inner = [low + k * (high - low) / (n - 1) for k in range(1, n - 1)]
+        rounded = [float(f"{v:.4g}") for v in inner]
+        return (low, *(rounded if len({low, *rounded, high}) == n else inner), high)
+
 
 # The hypervolume's reference point where the spec gives none: the worst value a maximised
 # metric can take. Minimised metrics have no natural bound; give `reference:` for them.
@@ -237,6 +254,7 @@ class Budget(Record):
 
 
 GRID_MAX_SEEDS = 100  # a grid's seeds per point, at most
+BOTORCH_MAX_LEVELS = 100  # values per continuous knob under botorch, at most
 
 
 class AlgorithmSpec(Record):
@@ -249,12 +267,18 @@ class AlgorithmSpec(Record):
     n_startup_trials: Annotated[Whole, Field(ge=0)] | None = None  # tpe, gp, botorch: random trials before the model kicks in
     # grid: seeds per point, seed + 0 .. seed + seeds - 1 (None: 1; left out of the hash of other studies)
     seeds: Annotated[Whole, Field(ge=1, le=GRID_MAX_SEEDS)] | None = None
+    # botorch: the values each continuous knob (uniform, loguniform) is searched at, evenly spaced
+    # (in log space for loguniform; ParamSpec.levels); None: botorch takes finite knobs only
+    levels: Annotated[Whole, Field(ge=2, le=BOTORCH_MAX_LEVELS)] | None = None
 
     @model_validator(mode="after")
     def _check(self) -> "AlgorithmSpec":
         if self.n_startup_trials is not None and self.name not in ("tpe", "gp", "botorch"):
             raise FieldError("n_startup_trials", f"only tpe, gp and botorch start with random trials; remove it for "
                              f"{self.name}")
+        if self.levels is not None and self.name != "botorch":
+            raise FieldError("levels", f"only botorch searches continuous knobs at levels; remove it for {self.name}, "
+                             "which samples them as ranges")
         if self.seeds is not None and self.name != "grid":
             raise FieldError("seeds", f"only a grid trains each point with several seeds; remove it for {self.name} "
                              "(or use budget.confirm for further seeds of the front)")

@@ -66,6 +66,7 @@ ADDED_KEYS = (
     ("budget", "full_data_epochs"),  # epochs scaled by the data fraction
     ("dataset", "split_seed"),  # the subset drawn per trial
     ("dataset", "corruptions"),  # the held-out test on corrupted copies too
+    ("algorithm", "levels"),  # botorch on continuous knobs
 )
 
 
@@ -169,22 +170,33 @@ class SearchSpec(Record):
                              f"algorithm: {name}: {otherwise}")
         params = {f"space.{k}": p for k, p in self.space.items()}
         params.update({f"models[0].space.{k}": p for k, p in self.candidates[0].space.items()})
+        if name == "botorch":  # continuous knobs at algorithm.levels values, as the sampler draws them
+            params = {path: self.sampled_param(p) for path, p in params.items()}
         points = 1
         for path, param in params.items():
             knob = path.rsplit(".", 1)[1]
             if param.type in ("uniform", "loguniform"):
                 raise FieldError(path, f"{name}: knob {knob} is continuous; list its values with type: choice"
-                                 + ("" if name == "grid" else f", or {otherwise}"))
+                                 + ("" if name == "grid" else f", or search it at N evenly spaced values with "
+                                    f"algorithm.levels: N (e.g. 5), or {otherwise}"))
             if param.type == "choice" and len(_distinct(param.values or ())) != len(param.values or ()):
                 raise FieldError(path, f"{name}: knob {knob} lists a value twice; list each value once")
             points *= _grid_size(param)
         if points > most:
             sizes = " x ".join(str(_grid_size(p)) for p in params.values())
             raise FieldError("space", f"{name} of {points} points ({sizes} values), more than {most}; "
-                             "list fewer values (type: choice) or give int ranges a larger step")
+                             "list fewer values (type: choice) or give int ranges a larger step"
+                             + (" or continuous knobs fewer algorithm.levels" if self.algorithm.levels else ""))
         return points
 
     # -- derived -------------------------------------------------------------------------
+    def sampled_param(self, param: ParamSpec) -> ParamSpec:
+        """``param`` as the sampler draws it: under botorch with ``algorithm.levels``, a continuous
+        range is an ordered choice of its levels (ParamSpec.levels); any other knob as it is."""
+        if self.algorithm.levels is None or param.type not in ("uniform", "loguniform"):
+            return param
+        return ParamSpec(type="choice", values=param.levels(self.algorithm.levels), ordered=True)
+
     @property
     def candidates(self) -> tuple[ModelSpec, ...]:
         """The models the search chooses from (one for a plain ``model:`` spec)."""

@@ -17,7 +17,8 @@ below the observed minimum. What differs:
   proposed side by side are not the same guess twice.
 
 The knobs are encoded in [0, 1]: an integer (an ``ordered`` choice's position, an int range) by its
-position among its values, an unordered choice one-hot. Until ``n_startup_trials`` trials are
+position among its values, an unordered choice one-hot. A continuous knob reaches it as an ordered
+choice of the spec's ``algorithm.levels`` values (``SearchSpec.sampled_param``). Until ``n_startup_trials`` trials are
 COMPLETE it proposes points drawn at random among those not asked.
 
 benchmarks/replay_search.py measures it as ``botorch+MO-ASHA`` (this sampler) and as the peer

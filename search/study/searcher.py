@@ -238,7 +238,7 @@ def study_searcher(spec: SearchSpec, location: StudyLocation) -> StudySearchGene
     if spec.is_grid:
         return StudySearchGenerator(grid_searcher(spec))
     return StudySearchGenerator(HonestOptunaSearch(
-        space=OptunaSpace(spec.space, {m.name: m.space for m in spec.candidates}),
+        space=optuna_space(spec),
         metric=[TRIAL_VALUE_OF[o.metric] for o in spec.objectives],
         mode=[o.mode for o in spec.objectives],
         sampler=make_sampler(spec),
@@ -256,6 +256,13 @@ def grid_searcher(spec: SearchSpec):
 
     points = spec.grid_points()
     return ReplicateSearcher([{**point, SEED_KEY: seed} for seed in spec.algorithm.grid_seeds for point in points])
+
+
+def optuna_space(spec: SearchSpec) -> "OptunaSpace":
+    """The spec's space as its sampler draws it (``SearchSpec.sampled_param``: botorch's levels)."""
+    sampled = spec.sampled_param
+    return OptunaSpace({k: sampled(p) for k, p in spec.space.items()},
+                       {m.name: {k: sampled(p) for k, p in m.space.items()} for m in spec.candidates})
 
 
 class OptunaSpace:
@@ -315,7 +322,7 @@ def make_sampler(spec: SearchSpec):
     if algorithm.name == "botorch":
         from search.study.finite_bo import STARTUP_TRIALS, FiniteQNEHVISampler
 
-        space = OptunaSpace(spec.space, {m.name: m.space for m in spec.candidates}).distributions()
+        space = optuna_space(spec).distributions()
         return FiniteQNEHVISampler(space, seed=algorithm.seed, n_startup_trials=STARTUP_TRIALS
                                    if algorithm.n_startup_trials is None else algorithm.n_startup_trials)
     # With constraints, rejected trials count as infeasible, so the model learns to avoid them.

@@ -16,7 +16,7 @@ from optuna.trial import TrialState
 
 from search.spec import load_spec
 from search.study.finite_bo import FiniteQNEHVISampler
-from search.study.searcher import OptunaSpace, make_sampler
+from search.study.searcher import OptunaSpace, make_sampler, optuna_space
 from search.views.cli import main
 from tests.search.study.test_grid import _grid_spec, _write
 from trainers.errors import ConfigError
@@ -179,7 +179,17 @@ def _botorch_spec(tmp_path: Path, **changes) -> dict:
 
 @pytest.mark.parametrize("change,message", [
     ({"space": {"lr": {"type": "loguniform", "low": 1e-3, "high": 1e-2}}},
-     "space.lr: botorch: knob lr is continuous; list its values with type: choice, or use tpe or gp"),
+     "space.lr: botorch: knob lr is continuous; list its values with type: choice, or search it at N evenly "
+     "spaced values with algorithm.levels: N (e.g. 5), or use tpe or gp"),
+    ({"algorithm": {"name": "tpe", "levels": 5}},
+     "algorithm.levels: only botorch searches continuous knobs at levels; remove it for tpe"),
+    ({"space": {"lr": {"type": "loguniform", "low": 1e-3, "high": 1e-2}, "gate": {"type": "uniform", "low": 0, "high": 1}},
+      "algorithm": {"name": "botorch", "levels": 150}},
+     "algorithm.levels"),
+    ({"space": {"lr": {"type": "loguniform", "low": 1e-3, "high": 1e-2}, "gate": {"type": "uniform", "low": 0, "high": 1},
+                "depth": {"type": "int", "low": 1, "high": 3}}, "algorithm": {"name": "botorch", "levels": 100}},
+     "space: botorch of 30000 points (100 x 100 x 3 values), more than 20000; list fewer values (type: choice) or "
+     "give int ranges a larger step or continuous knobs fewer algorithm.levels"),
     ({"model": None, "models": [{"name": "ls_convit_nano"}, {"name": "ls_gmm_nano"}]},
      "models: botorch scores the points of one model's space; conditional spaces (several models:) are not supported"),
     ({"objectives": [{"metric": "val_acc", "mode": "max"}]},
@@ -211,15 +221,51 @@ def test_a_botorch_spec_makes_the_sampler_of_its_points(tmp_path):
     assert len(sampler._points) == 6
 
 
+def test_the_levels_of_a_continuous_knob_by_hand():
+    assert _param("uniform", low=0.1, high=3.0).levels(5) == (0.1, 0.825, 1.55, 2.275, 3.0)  # steps of 2.9 / 4
+    # 10 ** (-1 + k / 2): 0.1, 0.31623, 1, 3.1623, 10, interior values to 4 significant digits
+    assert _param("loguniform", low=0.1, high=10.0).levels(5) == (0.1, 0.3162, 1.0, 3.162, 10.0)
+    assert _param("loguniform", low=1e-3, high=5e-3).levels(2) == (1e-3, 5e-3)
+    assert _param("uniform", low=0.0, high=1.0, step=0.25).levels(3) == (0.0, 0.25, 0.5, 0.75, 1.0)  # its steps
+    close = _param("uniform", low=1.0, high=1.0002).levels(5)  # 4 digits would make them one value: kept whole
+    assert len(set(close)) == 5 and close[1] == pytest.approx(1.00005, abs=1e-12)
+
+
+def test_botorch_searches_continuous_knobs_at_their_levels_as_ordered_choices(tmp_path):
+    spec = _botorch_spec(tmp_path, algorithm={"name": "botorch", "seed": 0, "n_startup_trials": 2, "levels": 3})
+    spec["space"]["gate_init"] = {"type": "uniform", "low": -1.0, "high": 3.0}
+    spec = load_spec(_write(tmp_path, spec, "bo.yaml"))
+    assert spec.sampled_param(spec.space["gate_init"]).values == (-1.0, 1.0, 3.0)
+    assert spec.sampled_param(spec.space["local_up_to_layer"]) == spec.space["local_up_to_layer"]
+    sampler = make_sampler(spec)
+    assert sampler._space["gate_init"] == IntDistribution(0, 2) and len(sampler._points) == 3 * 2 * 3
+    study = _study(sampler)
+    for _ in range(4):  # start-up, then the GP
+        trial = study.ask()
+        ordered = optuna_space(spec)(trial) or {}  # suggests every knob; the ordered ones' values
+        config = {**trial.params, **ordered}
+        assert config["gate_init"] in (-1.0, 1.0, 3.0) and config["lr"] in (2.0e-3, 5.0e-3)
+        study.tell(trial, [0.5 + 0.1 * config["local_up_to_layer"] - 0.01 * config["gate_init"] ** 2,
+                           1.0 - 0.2 * config["local_up_to_layer"]])
+    # other levels search other points: another study (a spec without levels keeps the hash it had
+    # before the key existed: the shipped specs' hashes, tests/search/spec/test_spec_hash.py)
+    four = spec.model_copy(update={"algorithm": spec.algorithm.model_copy(update={"levels": 4})})
+    assert four.spec_hash != spec.spec_hash
+
+
 @pytest.mark.ray(seconds=70)
 def test_a_botorch_study_runs_in_ray_and_trains_each_point_once(tmp_path, recwarn):
     from search.results.store import read_table
 
-    path = _write(tmp_path, _botorch_spec(tmp_path), "bo.yaml")
+    # lr a continuous range searched at 2 levels: its ends, the values the finite spec lists
+    spec = _botorch_spec(tmp_path, algorithm={"name": "botorch", "seed": 0, "n_startup_trials": 2, "levels": 2})
+    spec["space"]["lr"] = {"type": "loguniform", "low": 2.0e-3, "high": 5.0e-3}
+    path = _write(tmp_path, spec, "bo.yaml")
     assert main(["run", str(path)]) == 0
     trials = read_table(tmp_path / "results" / "bo" / "trials.parquet").to_pylist()
     points = [(t["local_up_to_layer"], t["lr"]) for t in trials]
     assert len(trials) == 4 and len(set(points)) == 4 and all(t["state"] == "COMPLETE" for t in trials), trials
+    assert {t["lr"] for t in trials} <= {2.0e-3, 5.0e-3}
     journal = optuna.load_study(study_name="bo", storage=optuna.storages.JournalStorage(
         optuna.storages.journal.JournalFileBackend(str(tmp_path / "results" / "bo" / "optuna.journal"))))
     assert [t.state for t in journal.trials] == [TrialState.COMPLETE] * 4  # the GP proposed the last two
