@@ -8,6 +8,9 @@ user would, reads its stdout as it comes and the study's Parquet files at the en
         [--runs 2 --fresh-caches]     # the first run on empty caches (kernels, datasets,
                                       # throughput), the later ones on what it left
         [--cache-home DIR [--append]] # the same, one run per invocation: DIR kept between them
+        [--algorithm botorch --levels 5] # the spec with another sampler (in the profile run);
+                                         # the record adds its proposal seconds at the end
+
 
 Set-up is everything before Tune's first trial (spec, dataset conversion, kernel builds, Ray's
 start); it ends when the run prints its ``study NAME: ...`` line. The first epoch's start is
@@ -30,7 +33,7 @@ from typing import Any, Sequence
 
 from search.results.front import front_groups
 
-__all__ = ["main", "summarise_run", "front_span", "run_once"]
+__all__ = ["main", "summarise_run", "front_span", "run_once", "with_algorithm", "proposal_seconds"]
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -121,7 +124,57 @@ def run_once(*, spec: str, profile: str | None, storage: Path, env: dict[str, st
     record = summarise_run(trials=trials, epochs=epochs, front=front, started_at=started_at,
                            setup_done_s=setup_done_s, finished_s=finished_s, objectives=objectives)
     record["front_as_printed"] = _front_table(lines)
+    record["proposal_seconds_at_end"] = proposal_seconds(spec, profile=profile, study=study)
     return record
+
+
+def with_algorithm(spec: str, *, profile: str | None, algorithm: dict[str, Any], into: Path) -> str:
+    """A copy of ``spec`` in ``into`` whose run (``profile``, else the default profile or the spec
+    as written) takes ``algorithm``'s keys over its own; only that profile changes."""
+    import yaml
+
+    from search.spec.loading import pick_profile
+
+    data = yaml.safe_load((ROOT / spec).read_text())
+    chosen = pick_profile(ROOT / spec, profile=profile)[0]
+    section = data["profiles"][chosen] if chosen else data
+    section["algorithm"] = {**(section.get("algorithm") or {}), **algorithm}
+    if chosen:  # the other profiles keep the file's own algorithm (a botorch space of one may be too big for another)
+        for name, other in data["profiles"].items():
+            if name != chosen and "algorithm" not in other:
+                other["algorithm"] = dict(data.get("algorithm") or {})
+    path = into / Path(spec).name
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return str(path)
+
+
+def proposal_seconds(spec: str, *, profile: str | None, study: Path, repeats: int = 3) -> dict[str, Any] | None:
+    """Wall seconds of the study's sampler proposing one more trial once the run has ended, from its
+    Optuna journal: a fresh sampler each time, so a model-based one fits its model (as after each
+    COMPLETE trial) and scores its candidates. The trials asked here are marked FAIL."""
+    import optuna
+
+    from search.results.location import JOURNAL_FILE
+    from search.spec import load_spec
+    from search.study.searcher import make_sampler, optuna_space
+
+    if not (study / JOURNAL_FILE).exists():  # a grid study samples nothing
+        return None
+    spec_record = load_spec(ROOT / spec, profile=profile)
+    storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(study / JOURNAL_FILE)))
+    name = optuna.get_all_study_names(storage)[0]
+    held = optuna.load_study(study_name=name, storage=storage)
+    states = [t.state.name for t in held.trials]
+    seconds = []
+    for _ in range(repeats):
+        asking = optuna.load_study(study_name=name, storage=storage, sampler=make_sampler(spec_record))
+        start = time.perf_counter()
+        trial = asking.ask()
+        optuna_space(spec_record)(trial)
+        seconds.append(time.perf_counter() - start)
+        asking.tell(trial, state=optuna.trial.TrialState.FAIL)
+    return {"algorithm": spec_record.algorithm.name, "trials": len(states), "complete": states.count("COMPLETE"),
+            "seconds": seconds}
 
 
 def _front_table(lines: list[str]) -> list[str]:
@@ -185,6 +238,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--append", action="store_true",
                         help="add this invocation's runs to the result file's (same spec and profile)")
     parser.add_argument("--result-name", default="main_job")
+    parser.add_argument("--algorithm", help="run the spec with this algorithm.name (its profile's; e.g. botorch)")
+    parser.add_argument("--levels", type=int, help="with --algorithm botorch: algorithm.levels")
     args = parser.parse_args(argv)
     if args.runs < 1:
         parser.error("--runs must be at least 1")
@@ -204,17 +259,21 @@ def main(argv: list[str] | None = None) -> None:
         home = Path(args.cache_home).resolve() if args.cache_home else Path(scratch) / "cache" if args.fresh_caches else None
         if home is not None:
             env["XDG_CACHE_HOME"] = str(home)
+        algorithm = {k: v for k, v in (("name", args.algorithm), ("levels", args.levels)) if v is not None}
+        spec = with_algorithm(args.spec, profile=args.profile, algorithm=algorithm, into=Path(scratch)) \
+            if algorithm else args.spec
         for i in range(args.runs):
             storage = Path(scratch) / f"run{i + 1}"
             storage.mkdir()
             caches = "as found" if home is None else "warm" if home.exists() and any(home.iterdir()) else "fresh"
             print(f"== run {i + 1}/{args.runs} (caches: {caches})", flush=True)
-            record = run_once(spec=args.spec, profile=args.profile, storage=storage, env=env)
+            record = run_once(spec=spec, profile=args.profile, storage=storage, env=env)
             runs.append({"run": i + 1, "caches": caches, **record})
             print(f"== run {i + 1}: {_line(record)}", flush=True)
     runs = previous + [{**r, "run": len(previous) + r["run"]} for r in runs]
     path = write_result(args.result_name, {
-        "config": {"spec": args.spec, "profile": args.profile, "runs": len(runs), "fresh_caches": args.fresh_caches,
+        "config": {"spec": args.spec, "profile": args.profile, "algorithm": algorithm or None, "runs": len(runs),
+                   "fresh_caches": args.fresh_caches,
                    "torch_threads": torch.get_num_threads(), "cpus": os.cpu_count()},
         "runs": runs,
     })

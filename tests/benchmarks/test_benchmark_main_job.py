@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 import benchmarks._env
-from benchmarks.main_job import _front_table, front_span, main, summarise_run
+from benchmarks.main_job import _front_table, front_span, main, proposal_seconds, summarise_run, with_algorithm
 
 T0 = dt.datetime(2030, 1, 1, tzinfo=dt.timezone.utc)
 
@@ -83,3 +83,41 @@ def test_append_to_another_specs_runs_is_refused_before_anything_runs(tmp_path, 
     assert exit_.value.code == 2
     assert "--result-name" in capsys.readouterr().err
     assert earlier.read_bytes() == before and not (tmp_path / "cache").exists()
+
+
+def test_with_algorithm_changes_the_run_profiles_sampler_only(tmp_path):
+    from search.spec import load_spec
+
+    derived = with_algorithm("spaces/convit_locality.yaml", profile=None, algorithm={"name": "botorch", "levels": 5},
+                             into=tmp_path)
+    cpu, gpu = load_spec(derived), load_spec(derived, profile="gpu")
+    assert (cpu.algorithm.name, cpu.algorithm.levels, cpu.algorithm.seed, cpu.algorithm.n_startup_trials) == (
+        "botorch", 5, 0, 8)  # the file's seed and start-up kept
+    assert (gpu.algorithm.name, gpu.algorithm.levels) == ("tpe", None)  # its space at 5 levels: over 20,000 points
+    assert cpu.space == load_spec("spaces/convit_locality.yaml").space
+
+
+def test_proposal_seconds_asks_the_studys_sampler_once_more_from_its_journal(tmp_path):
+    import optuna
+
+    from search.spec import load_spec
+    from search.study.searcher import optuna_space
+
+    derived = with_algorithm("spaces/convit_locality.yaml", profile=None, algorithm={"name": "botorch", "levels": 2},
+                             into=tmp_path)
+    spec = load_spec(derived)
+    study_dir = tmp_path / "study"
+    study_dir.mkdir()
+    storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(study_dir / "optuna.journal")))
+    study = optuna.create_study(study_name=spec.name, storage=storage, directions=["maximize", "maximize"],
+                                sampler=optuna.samplers.RandomSampler(seed=0))
+    for k in range(9):  # past the spec's 8 start-up trials: the next proposal fits BoTorch's GP
+        trial = study.ask()
+        config = {**(optuna_space(spec)(trial) or {}), **trial.params}
+        study.tell(trial, [0.6 + 0.01 * k, 1000.0 / config["depth"]])
+    timed = proposal_seconds(derived, profile=None, study=study_dir, repeats=2)
+    assert timed["algorithm"] == "botorch" and (timed["trials"], timed["complete"]) == (9, 9)
+    assert len(timed["seconds"]) == 2 and all(s > 0 for s in timed["seconds"])
+    states = [t.state.name for t in optuna.load_study(study_name=spec.name, storage=storage).trials]
+    assert states == ["COMPLETE"] * 9 + ["FAIL"] * 2  # the timed asks are not left RUNNING
+    assert proposal_seconds(derived, profile=None, study=tmp_path) is None  # no journal: a grid study
