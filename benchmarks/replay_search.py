@@ -123,7 +123,8 @@ OURS = ("tpe+MO-ASHA", "tpe-ordered+MO-ASHA", "random+MO-ASHA")
 BOTORCH = ("botorch", "botorch+MO-ASHA")  # the product's algorithm: botorch (search.study.finite_bo)
 LATE = ("tpe+MO-ASHA-late", "tpe-ordered+MO-ASHA-late")  # candidates: MO-ASHA's first rung at a sixteenth of the epochs
 RUNG = ("tpe-rung+MO-ASHA", "tpe-rung+MO-ASHA-late", "tpe-rung-stops+MO-ASHA", "tpe-rung-stops+MO-ASHA-late")  # a candidate: TPE fitted at the highest rung with data
-ALL_METHODS = (*METHODS, *LATE, *RUNG, *BOTORCH, *_peers.STRONG)
+GROUP = ("tpe-group", "tpe-group+MO-ASHA")  # a candidate: TPE's group decomposition (differs on conditional grids only)
+ALL_METHODS = (*METHODS, *LATE, *RUNG, *GROUP, *BOTORCH, *_peers.STRONG)
 SLOW = ("botorch-qNEHVI", "botorch-qNEHVI+MO-ASHA", "botorch-grid", "botorch-grid+MO-ASHA", "gp", "gp+MO-ASHA",
         *BOTORCH)  # a GP proposal takes seconds: fewer seeds
 SYNE_TUNE = "syne-tune==0.16.0"
@@ -274,6 +275,10 @@ class _OptunaSearch(_Stopping):
         sampler = {"random": lambda: optuna.samplers.RandomSampler(seed=seed),
                    "tpe": lambda: optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=8),
                    "tpe-ordered": lambda: optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=8),
+                   # Optuna's advice for a conditional space: one multivariate model per group of knobs
+                   # that occur together (each model's own), not only the knobs every trial has
+                   "tpe-group": lambda: optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True,
+                                                                   n_startup_trials=8),
                    "tpe-rung": lambda: optuna.samplers.RandomSampler(seed=seed),  # unused: one TPE per rung
                    "tpe-rung-stops": lambda: optuna.samplers.RandomSampler(seed=seed),
                    "nsga2": lambda: optuna.samplers.NSGAIISampler(seed=seed, population_size=8),

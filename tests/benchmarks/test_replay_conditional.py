@@ -10,7 +10,7 @@ import pytest
 from benchmarks import _peers
 from benchmarks._conditional import ConditionalGrid, active_knobs, recorded_grid
 from benchmarks.record_curves import grid_configs, knob_values, schema
-from benchmarks.replay_search import BOTORCH, LATE, METHODS, RUNG, load_curves, replay
+from benchmarks.replay_search import BOTORCH, GROUP, LATE, METHODS, RUNG, load_curves, replay
 from search.results.hypervolume import hypervolume
 from search.results.store import write_atomic
 
@@ -57,7 +57,7 @@ def test_a_proposal_goes_to_its_models_nearest_recorded_configuration_by_hand(tm
     assert _peers.encode(grid, ("b", None, 32, 0.001)) == [0.0, 1.0, 0.0, 0.5, 0.0]
 
 
-@pytest.mark.parametrize("method", [m for m in (*METHODS, *LATE, *RUNG, *_peers.STRONG) if not m.startswith("syne")])
+@pytest.mark.parametrize("method", [m for m in (*METHODS, *LATE, *RUNG, *GROUP, *_peers.STRONG) if not m.startswith("syne")])
 def test_every_method_asks_recorded_configurations_with_none_where_the_model_lacks_a_knob(tmp_path, method,
                                                                                           monkeypatch):
     for prefix, module in {"botorch": "botorch", "smac": "smac", "dehb": "dehb"}.items():

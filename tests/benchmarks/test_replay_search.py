@@ -13,7 +13,7 @@ import pytest
 
 from benchmarks.record_curves import schema
 from benchmarks import _peers
-from benchmarks.replay_search import (LATE, METHODS, RUNG, at_epochs, epochs_to_reach, friedman, holm, load_curves, ranks,
+from benchmarks.replay_search import (GROUP, LATE, METHODS, RUNG, at_epochs, epochs_to_reach, friedman, holm, load_curves, ranks,
                                       replay)
 from search.results.hypervolume import hypervolume
 from search.results.store import write_atomic
@@ -42,7 +42,7 @@ def _recording(tmp_path, skip=()):
 _NEEDS = {"botorch": "botorch", "smac": "smac", "dehb": "dehb"}
 
 
-@pytest.mark.parametrize("method", [m for m in (*METHODS, *LATE, *RUNG, *_peers.STRONG) if not m.startswith("syne")])
+@pytest.mark.parametrize("method", [m for m in (*METHODS, *LATE, *RUNG, *GROUP, *_peers.STRONG) if not m.startswith("syne")])
 def test_every_method_keeps_the_budget_and_fronts_hold_full_budget_trials_only(tmp_path, method):
     for prefix, module in _NEEDS.items():
         if method.startswith(prefix):
@@ -382,6 +382,14 @@ def test_the_late_variant_puts_the_first_rung_at_a_sixteenth_of_the_epochs_and_i
     runs = [replay(m, curves=curves, grid=GRID, epochs=epochs, budget=40, seed=1, reference=[0.0, 0.0])
             for m in ("tpe+MO-ASHA", "tpe+MO-ASHA-late")]
     assert runs[0] == runs[1]
+
+
+def test_tpes_group_decomposition_is_plain_tpe_on_a_grid_every_trial_asks_whole(tmp_path):
+    curves, epochs = load_curves(_recording(tmp_path), GRID)  # no conditions: one group, the same model
+    for stopping in ("", "+MO-ASHA"):
+        runs = [replay(m + stopping, curves=curves, grid=GRID, epochs=epochs, budget=60, seed=3, reference=[0.0, 0.0])
+                for m in ("tpe", "tpe-group")]
+        assert runs[0] == runs[1]
 
 
 def test_the_rung_tpe_learns_from_stopped_trials_at_the_highest_rung_that_enough_trials_reached(tmp_path):
