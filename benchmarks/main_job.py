@@ -138,11 +138,9 @@ def with_algorithm(spec: str, *, profile: str | None, algorithm: dict[str, Any],
     data = yaml.safe_load((ROOT / spec).read_text())
     chosen = pick_profile(ROOT / spec, profile=profile)[0]
     section = data["profiles"][chosen] if chosen else data
+    # deep-merged over the file's algorithm in that profile only: the others keep the file's (a
+    # botorch space of one may be too big for another)
     section["algorithm"] = {**(section.get("algorithm") or {}), **algorithm}
-    if chosen:  # the other profiles keep the file's own algorithm (a botorch space of one may be too big for another)
-        for name, other in data["profiles"].items():
-            if name != chosen and "algorithm" not in other:
-                other["algorithm"] = dict(data.get("algorithm") or {})
     path = into / Path(spec).name
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return str(path)
