@@ -55,6 +55,13 @@ from benchmarks._conditional import ConditionalGrid, active_knobs
 INSTALL = ("pip install -e '.[bench]' and pip install --no-deps dehb==0.1.2 syne-tune==0.16.0 (see pyproject.toml)")
 STRONG = ("botorch-qNEHVI", "botorch-qNEHVI+MO-ASHA", "botorch-grid", "botorch-grid+MO-ASHA", "gp", "gp+MO-ASHA",
           "smac-ParEGO", "smac-ParEGO+HB", "dehb")
+_IMPORTS = {"botorch-qNEHVI": ("botorch", "optuna_integration"), "botorch": ("botorch",), "gp": (), "smac": ("smac",),
+            "dehb": ("dehb",), "syne": ("syne_tune",)}  # by the method's name's start; the first match
+
+
+def imports(method: str) -> tuple[str, ...]:
+    """The modules ``method`` imports beyond the project's own dependencies (the ``bench`` extra's)."""
+    return next((modules for start, modules in _IMPORTS.items() if method.startswith(start)), ())
 
 
 class Exhausted(Exception):

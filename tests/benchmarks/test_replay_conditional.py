@@ -60,9 +60,8 @@ def test_a_proposal_goes_to_its_models_nearest_recorded_configuration_by_hand(tm
 @pytest.mark.parametrize("method", [m for m in (*METHODS, *LATE, *RUNG, *GROUP, *_peers.STRONG) if not m.startswith("syne")])
 def test_every_method_asks_recorded_configurations_with_none_where_the_model_lacks_a_knob(tmp_path, method,
                                                                                           monkeypatch):
-    for prefix, module in {"botorch": "botorch", "smac": "smac", "dehb": "dehb"}.items():
-        if method.startswith(prefix):
-            pytest.importorskip(module)
+    for module in _peers.imports(method):
+        pytest.importorskip(module)
     curves, epochs, grid = _recording(tmp_path)
     asked, real_snap = [], _peers.snap
 

@@ -39,14 +39,10 @@ def _recording(tmp_path, skip=()):
     return path
 
 
-_NEEDS = {"botorch": "botorch", "smac": "smac", "dehb": "dehb"}
-
-
 @pytest.mark.parametrize("method", [m for m in (*METHODS, *LATE, *RUNG, *GROUP, *_peers.STRONG) if not m.startswith("syne")])
 def test_every_method_keeps_the_budget_and_fronts_hold_full_budget_trials_only(tmp_path, method):
-    for prefix, module in _NEEDS.items():
-        if method.startswith(prefix):
-            pytest.importorskip(module)
+    for module in _peers.imports(method):
+        pytest.importorskip(module)
     curves, epochs = load_curves(_recording(tmp_path), GRID)
     assert len(curves) == 12 and epochs == EPOCHS
     finals = [[c["best"][-1], c["log_throughput"]] for c in curves.values()]
