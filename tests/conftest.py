@@ -17,6 +17,10 @@ import torch
 from tests import _hardware
 
 _XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+# the local clusters the tests start (in this process or in `search run` subprocesses) go without
+# Ray's dashboard: its processes cost a few CPU seconds per start, on a machine saturated by two
+# workers; tests/search/study/test_end_to_end.py turns it on to check the URL that `run` prints
+os.environ.setdefault("LOCALITY_SEARCH_RAY_DASHBOARD", "0")
 RAY_TEST_SECONDS = 30  # a ray test's length where its marker gives none
 
 

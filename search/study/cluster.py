@@ -15,9 +15,10 @@ from trainers import PROJECT_ROOT
 from trainers.errors import ConfigError
 
 __all__ = ["init_ray", "in_checkout", "shipped_code", "check_ray_address", "check_dashboard_host", "dashboard_notes", "ray_token_auth_enabled",
-           "DASHBOARD_FLAG", "SHIP_EXCLUDES"]
+           "dashboard_wanted", "DASHBOARD_FLAG", "DASHBOARD_ENV", "SHIP_EXCLUDES"]
 
 DASHBOARD_FLAG = "--allow-remote-dashboard"
+DASHBOARD_ENV = "LOCALITY_SEARCH_RAY_DASHBOARD"  # 0: a local cluster starts without Ray's dashboard
 
 # Not shipped to a cluster's nodes with the code (on top of what .gitignore leaves out).
 # gitignore patterns: the leading "/" anchors a folder at the project root ("results/" alone would
@@ -100,6 +101,12 @@ def shipped_code() -> dict[str, Any]:
             "excludes": ["__pycache__/", "*.pyc"]}
 
 
+def dashboard_wanted() -> bool:
+    """Whether a local cluster starts Ray's dashboard: yes unless ``LOCALITY_SEARCH_RAY_DASHBOARD=0``
+    (a machine nobody watches, e.g. CI: the dashboard's processes cost a few CPU seconds per start)."""
+    return os.environ.get(DASHBOARD_ENV, "1") != "0"
+
+
 def init_ray(address: str | None, dashboard_host: str, out: TextIO) -> None:
     """Join the cluster at ``address``, or start a local one whose dashboard binds
     ``dashboard_host`` (checked first by `check_dashboard_host`); nothing when Ray is up already."""
@@ -122,7 +129,7 @@ def init_ray(address: str | None, dashboard_host: str, out: TextIO) -> None:
         # (ray.init() would join that one, ignoring the dashboard settings); --address auto joins it.
         checkout = str(PROJECT_ROOT) if in_checkout() else None  # installed: importable as it is
         pythonpath = os.pathsep.join(filter(None, [checkout, os.environ.get("PYTHONPATH")]))
-        init_args.update(address="local", include_dashboard=True, dashboard_host=dashboard_host,
+        init_args.update(address="local", include_dashboard=dashboard_wanted(), dashboard_host=dashboard_host,
                          runtime_env={"env_vars": {"PYTHONPATH": pythonpath}})
     try:
         context = ray.init(**init_args)

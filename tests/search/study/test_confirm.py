@@ -67,7 +67,7 @@ def test_a_kill_during_the_confirmation_resumes_to_exactly_the_replicates_asked_
         search = {t["trial_id"] for t in tables.get("trials.parquet", []) if t["replicate_of"] is None}
         return (exp / "confirm.json").is_file() and any(e["trial_id"] not in search for e in tables.get("epochs.parquet", []))
 
-    _run_and_sigkill(path, _env(tmp_path), until=a_replicate_has_started, what="a replicate's first epoch")
+    _run_and_sigkill(path, _env(tmp_path), until=a_replicate_has_started, what="a replicate's first epoch", watch=exp)
     plan = json.loads((exp / "confirm.json").read_text())
     resumed = subprocess.run([sys.executable, "-m", "search", "resume", str(exp)], cwd=ROOT, env=_env(tmp_path),
                              capture_output=True, text=True, timeout=600)
@@ -122,7 +122,7 @@ def test_a_race_killed_mid_stage_resumes_and_ends_as_its_rule_says(tmp_path):
         search = {t["trial_id"] for t in tables.get("trials.parquet", []) if t["replicate_of"] is None}
         return (exp / "confirm.json").is_file() and any(e["trial_id"] not in search for e in tables.get("epochs.parquet", []))
 
-    _run_and_sigkill(path, _env(tmp_path), until=a_replicate_has_started, what="a replicate's first epoch")
+    _run_and_sigkill(path, _env(tmp_path), until=a_replicate_has_started, what="a replicate's first epoch", watch=exp)
     resumed = subprocess.run([sys.executable, "-m", "search", "resume", str(exp)], cwd=ROOT, env=_env(tmp_path),
                              capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]

@@ -335,6 +335,7 @@ def test_search_rejects_configs_before_training_and_reuses_measurements(tmp_path
     proc = subprocess.run([sys.executable, "-m", "search", "run", str(path)], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "Ray dashboard" not in proc.stdout  # the suite starts Ray without it (tests/conftest.py)
     exp = tmp_path / "results" / "constrained"
     trials = pq.read_table(open(exp / "trials.parquet", "rb")).to_pylist()
     epochs = pq.read_table(open(exp / "epochs.parquet", "rb")).to_pylist()

@@ -39,8 +39,8 @@ def _spec(tmp_path: Path) -> Path:
 
 
 def _run(*args: str, tmp_path: Path) -> subprocess.CompletedProcess:
-    env = dict(os.environ, LOCALITY_SEARCH_CACHE=str(tmp_path / "cache"))
-    env.pop("RAY_ADDRESS", None)  # always the embedded local cluster here
+    env = dict(os.environ, LOCALITY_SEARCH_CACHE=str(tmp_path / "cache"), LOCALITY_SEARCH_RAY_DASHBOARD="1")
+    env.pop("RAY_ADDRESS", None)  # always the embedded local cluster here, with its dashboard (the suite's are off)
     return subprocess.run(
         [sys.executable, "-m", "search", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
     )

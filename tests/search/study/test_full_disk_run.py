@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from tests.search.results.test_full_disk import fill, mounted_tmpfs
-from tests.search.study.test_resume import FILES, ROOT, _env, _read_all
+from tests.search.study.test_resume import FILES, ROOT, _env, _read_all, _version
 
 pytestmark = pytest.mark.ray
 TRIALS = 3
@@ -31,7 +31,8 @@ def test_a_study_on_a_disk_that_fills_stops_in_one_line_and_resumes(tmp_path):
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
         try:
             deadline = time.monotonic() + 300
-            while not _read_all(study).get("epochs.parquet"):  # an epoch is in: the study is under way
+            seen = None  # the store read again only when a file changed (_version)
+            while seen == (seen := _version(study)) or not _read_all(study).get("epochs.parquet"):  # an epoch is in
                 assert driver.poll() is None and time.monotonic() < deadline, "the study did not reach an epoch"
                 time.sleep(0.1)
             filler = fill(fs)

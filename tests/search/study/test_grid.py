@@ -115,7 +115,7 @@ def test_the_grid_visits_every_point_exactly_seeds_times_across_a_sigkill_and_re
         done = len(_read_all(exp).get("trials.parquet", []))  # readable at every poll
         return 1 <= done < 4
 
-    _run_and_sigkill(path, _env(tmp_path), until=a_trial_done_others_left, what="its first trial")
+    _run_and_sigkill(path, _env(tmp_path), until=a_trial_done_others_left, what="its first trial", watch=exp)
     before = _read_all(exp)["trials.parquet"]
     assert 1 <= len(before) < 4
     resumed = subprocess.run([sys.executable, "-m", "search", "resume", str(exp)], cwd=ROOT, env=_env(tmp_path),

@@ -69,7 +69,7 @@ def test_resume_when_tunes_snapshot_names_a_checkpoint_already_deleted(tmp_path)
         assert trial in counts, "the trial ended before its old checkpoints were deleted"
         return counts[trial] >= taken_at + 3
 
-    _run_and_sigkill(path, _env(tmp_path), until=old_checkpoints_of_a_trial_deleted, what="far enough")
+    _run_and_sigkill(path, _env(tmp_path), until=old_checkpoints_of_a_trial_deleted, what="far enough", watch=exp)
     for file in aside.iterdir():  # the driver "died" before its later snapshots reached storage
         shutil.copy2(file, tune_dir / file.name)
     before = {(e["trial_id"], e["epoch"]): e for e in _read_all(exp)["epochs.parquet"]}
