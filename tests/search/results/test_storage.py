@@ -209,7 +209,9 @@ def test_a_study_at_a_uri_killed_then_resumed_on_another_machine_and_read_back(t
         done = rows("trials.parquet")
         return len(done) >= 1 and len(rows("epochs.parquet")) >= 4 * len(done) + 1
 
-    _run_and_sigkill(spec, env, until=a_trial_done_another_mid_way, what="a trial done and another begun")
+    # polled from the S3 server every 0.25 s, not every 0.05: each poll is two requests that this
+    # process's server answers, on the cores the study runs on (a trial's 4 epochs take longer)
+    _run_and_sigkill(spec, env, until=a_trial_done_another_mid_way, what="a trial done and another begun", poll=0.25)
     before = rows("trials.parquet")
     assert 1 <= len(before) < trials_asked
 

@@ -55,8 +55,8 @@ def _version(folder: Path | None) -> tuple | None:
 
 
 def _run_and_sigkill(spec: Path, env: dict[str, str], *, until: Callable[[], bool], what: str,
-                     watch: Path | None = None) -> None:
-    """``search run spec``, SIGKILLed as soon as ``until()`` (polled every 50 ms) is true. With
+                     watch: Path | None = None, poll: float = 0.05) -> None:
+    """``search run spec``, SIGKILLed as soon as ``until()`` (polled every ``poll`` s) is true. With
     ``watch`` (the study folder), ``until()`` runs only when a file there changed: a poll that
     reads the whole store costs a core a quarter of its time, taken from the study it watches."""
     driver = subprocess.Popen([sys.executable, "-m", "search", "run", str(spec)], cwd=ROOT, env=env,
@@ -72,7 +72,7 @@ def _run_and_sigkill(spec: Path, env: dict[str, str], *, until: Callable[[], boo
             assert driver.poll() is None, driver.stdout.read()
             if time.monotonic() > deadline:
                 pytest.fail(f"the study did not get {what} in 300 s")
-            time.sleep(0.05)
+            time.sleep(poll)
         os.kill(driver.pid, signal.SIGKILL)
         driver.wait(timeout=30)
     finally:
