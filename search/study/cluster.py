@@ -103,7 +103,7 @@ def shipped_code() -> dict[str, Any]:
 
 def dashboard_wanted() -> bool:
     """Whether a local cluster starts Ray's dashboard: yes unless ``LOCALITY_SEARCH_RAY_DASHBOARD=0``
-    (a machine nobody watches, e.g. CI: the dashboard's processes cost a few CPU seconds per start)."""
+    (a machine nobody watches, e.g. CI: the dashboard's processes take CPU at every start)."""
     return os.environ.get(DASHBOARD_ENV, "1") != "0"
 
 

@@ -58,7 +58,7 @@ def _run_and_sigkill(spec: Path, env: dict[str, str], *, until: Callable[[], boo
                      watch: Path | None = None, poll: float = 0.05) -> None:
     """``search run spec``, SIGKILLed as soon as ``until()`` (polled every ``poll`` s) is true. With
     ``watch`` (the study folder), ``until()`` runs only when a file there changed: a poll that
-    reads the whole store costs a core a quarter of its time, taken from the study it watches."""
+    reads the whole store takes its CPU from the study it watches."""
     driver = subprocess.Popen([sys.executable, "-m", "search", "run", str(spec)], cwd=ROOT, env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
